@@ -1,0 +1,289 @@
+"""Admission control: bounds, verdicts and the head-of-line policy.
+
+Source: seed 000 (all of it) and seed 002 rule 7 ("each card keeps its floor").
+
+- **Bounds** (seed 000 "Admission bounds and their honesty"): :func:`reservation` gives the bytes a
+  share reserves at its grant under ``declared``, ``current`` or ``growth``.
+- **Verdicts**: :func:`verdict` says :attr:`Fit.FITS`, :attr:`Fit.NO_ROOM_NOW` or
+  :attr:`Fit.NEVER` ("can never fit on this card", like Kubernetes' "unschedulable whatever we
+  evict"). The reserve is subtracted from free bytes (:meth:`Ledger.available`), never compared.
+- **Queue policy** (seed 000 "Head-of-line blocking"): ``strict`` keeps arrival order and holds
+  the head's need free while it accumulates; ``scan`` admits later waiters that fit, and turns a
+  head strict after ``scan_max_skips`` skips or ``scan_max_wait_s`` seconds so it is never
+  starved. Head-of-line is per card: a waiter is only ever held back by earlier waiters that
+  share a card with it, so the cards of a mixed box schedule apart (seed 002 stage B).
+
+Queue order is: extensions of running holders first (the watermark exists for "growth of
+admitted work"), then priority (higher first), then arrival.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .ledger import Ledger
+from .model import Bound, Lease, ShareState
+
+__all__ = ["QueuePolicy", "Policy", "Fit", "WaitKind", "Waiter", "Queue", "reservation",
+           "verdict", "waiter_need", "grant", "admission_pass", "PassResult"]
+
+S = ShareState
+
+
+class QueuePolicy(enum.StrEnum):
+    STRICT = "strict"
+    SCAN = "scan"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The broker's knobs, in seconds and bytes (berth.toml ``[policy]``).
+
+    - ``queue``: ``strict`` or ``scan`` (seed 000 "Head-of-line blocking").
+    - ``scan_max_skips`` / ``scan_max_wait_s``: after this many later admissions past it, or this
+      long waiting, a head turns strict.
+    - ``release_grace_s``: a park or lend not confirmed by then falls back to drain (rule 4).
+    - ``wake_limit_s``: a wake (or a return) not answered by then stops the engine (rule 4).
+    - ``wait_limit_s``: the longest a front holds a request.
+    - ``min_turn_s``: a holder is not displaced before it has held its card this long.
+    - ``juggle_window_s`` / ``juggle_max_swaps``: two engines may take a card from each other at
+      most this many times inside the window; the next swap back waits.
+    - ``hook_residual_guess_bytes``: the residual the ladder expects from a hook park it has never
+      measured for that engine (checkpoint parks leave nothing).
+    - ``read_interval_s``: how often the daemon reads the driver (for the suggested reserve).
+    """
+
+    queue: QueuePolicy = QueuePolicy.SCAN
+    scan_max_skips: int = 8
+    scan_max_wait_s: float = 30.0
+    release_grace_s: float = 20.0
+    wake_limit_s: float = 60.0
+    wait_limit_s: float = 120.0
+    min_turn_s: float = 10.0
+    juggle_window_s: float = 120.0
+    juggle_max_swaps: int = 4
+    hook_residual_guess_bytes: int = 2 << 30
+    read_interval_s: float = 1.0
+
+
+class Fit(enum.StrEnum):
+    FITS = "fits"
+    NO_ROOM_NOW = "no_room_now"
+    NEVER = "never"
+
+
+class WaitKind(enum.StrEnum):
+    GRANT = "grant"     # a new lease's shares: waiting -> active
+    RESUME = "resume"   # a parked lease wants its memory back: parked -> resuming
+    EXTEND = "extend"   # a growth-bound holder passed its reservation
+    RETURN = "return"   # a lender whose borrower is gone grows back: lent -> returning
+
+
+_KIND_RANK = {WaitKind.EXTEND: 0, WaitKind.RETURN: 0, WaitKind.RESUME: 1, WaitKind.GRANT: 1}
+_seq = itertools.count()
+
+
+@dataclass
+class Waiter:
+    """One entry of the waiting queue. ``need`` maps PCI address to the bytes the entry would
+    add to the card's count (see :func:`waiter_need`; ``whole_card`` shares are resolved then)."""
+
+    lease_id: str
+    kind: WaitKind
+    priority: int
+    since: float
+    need: dict[str, int]
+    seq: int = field(default_factory=lambda: next(_seq))
+    skips: int = 0
+    counted_rejected: bool = False
+
+    @property
+    def key(self) -> tuple:
+        return (_KIND_RANK[self.kind], -self.priority, self.since, self.seq)
+
+
+class Queue:
+    """The waiting queue, kept in order (:attr:`Waiter.key`). One entry per lease at most."""
+
+    def __init__(self) -> None:
+        self._items: list[Waiter] = []
+        self._by_lease: dict[str, Waiter] = {}
+
+    def push(self, w: Waiter) -> None:
+        if w.lease_id in self._by_lease:
+            raise ValueError(f"lease {w.lease_id}: already waiting")
+        keys = [x.key for x in self._items]
+        self._items.insert(bisect.bisect_right(keys, w.key), w)
+        self._by_lease[w.lease_id] = w
+
+    def remove(self, lease_id: str) -> Waiter | None:
+        w = self._by_lease.pop(lease_id, None)
+        if w is not None:
+            self._items.remove(w)
+        return w
+
+    def get(self, lease_id: str) -> Waiter | None:
+        return self._by_lease.get(lease_id)
+
+    def __iter__(self):
+        return iter(list(self._items))
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, lease_id: str) -> bool:
+        return lease_id in self._by_lease
+
+
+def reservation(lease: Lease, pci: str, size_bytes: int) -> int:
+    """Bytes a share reserves at its grant under its lease's bound (seed 000).
+
+    ``declared``: the declared maximum ``size_bytes``. ``current``: the measured need only
+    (``lease.need_bytes[pci]``, else the size). ``growth``: need + the growth allowance, at most
+    the size.
+    """
+    need = lease.need_bytes.get(pci, size_bytes)
+    if lease.bound is Bound.DECLARED:
+        return size_bytes
+    if lease.bound is Bound.CURRENT:
+        return min(need, size_bytes)
+    return min(size_bytes, need + lease.growth_allowance_bytes)
+
+
+def waiter_need(ledger: Ledger, w: Waiter) -> dict[str, int]:
+    """Recompute ``w.need`` from the ledger: what granting ``w`` adds to each card's count."""
+    lease = ledger.leases[w.lease_id]
+    if w.kind is WaitKind.GRANT:
+        need = {}
+        for pci, sh in lease.shares.items():
+            if sh.whole_card:
+                c = ledger.cards[pci]
+                need[pci] = c.capacity_bytes - c.stowaway_bytes
+            else:
+                need[pci] = reservation(lease, pci, sh.size_bytes)
+        w.need = need
+    elif w.kind is WaitKind.RESUME:
+        w.need = {pci: max(0, sh.reserved_bytes - sh.residual_bytes)
+                  for pci, sh in lease.shares.items() if sh.state is S.PARKED}
+    elif w.kind is WaitKind.RETURN:
+        w.need = {pci: sh.lent_bytes for pci, sh in lease.shares.items()
+                  if sh.state is S.LENT and sh.lent_to is None}
+    return w.need
+
+
+def verdict(ledger: Ledger, pci: str, need_bytes: int, for_lease: str | None = None) -> Fit:
+    """Whether ``need_bytes`` more may be counted on ``pci`` for ``for_lease`` now.
+
+    ``NEVER`` when the need exceeds the card's capacity (total − reserve − baseline − claims),
+    ``FITS`` when it is within :meth:`Ledger.available`, else ``NO_ROOM_NOW``.
+    """
+    if need_bytes > ledger.cards[pci].capacity_bytes:
+        return Fit.NEVER
+    if need_bytes <= ledger.available(pci, for_lease):
+        return Fit.FITS
+    return Fit.NO_ROOM_NOW
+
+
+def grant(ledger: Ledger, w: Waiter, now: float) -> None:
+    """Apply a grant to the ledger: shares move waiting -> active (reserving ``w.need``),
+    parked -> resuming, lent -> returning, or an extension raises the reservation. Clears the
+    waiter's earmark.
+    """
+    lease = ledger.leases[w.lease_id]
+    for pci, need in w.need.items():
+        if w.kind is WaitKind.GRANT:
+            sh = lease.shares[pci]
+            size = need if sh.whole_card else sh.size_bytes
+            ledger.move(w.lease_id, pci, S.ACTIVE, now, reserved_bytes=need, size_bytes=size)
+        elif w.kind is WaitKind.RESUME:
+            ledger.move(w.lease_id, pci, S.RESUMING, now)
+        elif w.kind is WaitKind.RETURN:
+            ledger.move(w.lease_id, pci, S.RETURNING, now, lent_bytes=0, lent_to=None)
+        else:
+            sh = lease.shares[pci]
+            ledger.update(w.lease_id, pci, reserved_bytes=sh.reserved_bytes + need)
+    if w.kind is WaitKind.GRANT:
+        lease.granted_at = now
+    lease.last_used_at = now
+    ledger.earmark(w.lease_id, {})
+
+
+@dataclass
+class PassResult:
+    """What one admission pass decided. ``granted`` were applied to the ledger already;
+    ``never`` are waiters that can never fit (with a reason); ``rejected_with_free`` counts the
+    waiters refused for the first time while free bytes above the watermark stood on all their
+    cards (seed 000 "Measuring whether the policy works")."""
+
+    granted: list[Waiter] = field(default_factory=list)
+    never: list[tuple[Waiter, str]] = field(default_factory=list)
+    rejected_with_free: int = 0
+
+
+def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
+                   make_room: Callable[[Waiter], bool] | None = None,
+                   room_in_flight: Callable[[Waiter], bool] | None = None) -> PassResult:
+    """One pass over the queue in order; grants what the policy admits.
+
+    Steps, numbered as in the code:
+
+    1. a waiter that can never fit on one of its cards is taken out (``never``);
+    2. a waiter that fits and is not held back by an earlier waiter on its cards is granted;
+    3. a waiter that does not fit yet but whose room is being made (``room_in_flight``) holds its
+       cards: nothing behind it on those cards is admitted, whatever the policy;
+    4. a waiter that does not fit (or is held back) is refused for now; ``make_room`` may start
+       making room for it (the ladder), and a waiter with room being made holds its cards;
+    5. under ``strict`` a refused waiter holds its cards; under ``scan`` only once it has been
+       skipped ``scan_max_skips`` times or waited ``scan_max_wait_s``.
+
+    Decisions are made here, inside the single writer, never from a snapshot taken outside it.
+    """
+    res = PassResult()
+    held: set[str] = set()        # cards held for an earlier waiter
+    skippable: list[Waiter] = []  # earlier refused waiters that a later grant skips past
+    for w in queue:
+        need = waiter_need(ledger, w)
+        cards = set(need)
+        verdicts = {pci: verdict(ledger, pci, b, w.lease_id) for pci, b in need.items()}
+        # (1)
+        never = [pci for pci, v in verdicts.items() if v is Fit.NEVER]
+        if never:
+            pci = never[0]
+            c = ledger.cards[pci]
+            res.never.append((w, f"needs {need[pci]} bytes on {c.name} ({pci}), more than its "
+                                 f"capacity of {c.capacity_bytes} bytes (total − reserve − "
+                                 f"baseline − claims)"))
+            queue.remove(w.lease_id)
+            continue
+        fits = all(v is Fit.FITS for v in verdicts.values())
+        # (2)
+        if fits and not (cards & held):
+            queue.remove(w.lease_id)
+            grant(ledger, w, now)
+            res.granted.append(w)
+            for earlier in skippable:
+                if set(earlier.need) & cards:
+                    earlier.skips += 1
+            continue
+        # (3)
+        if room_in_flight is not None and room_in_flight(w):
+            held |= cards
+            continue
+        # (4)
+        if not w.counted_rejected and all(ledger.available(p, w.lease_id) > 0 for p in cards):
+            w.counted_rejected = True
+            res.rejected_with_free += 1
+        started = False
+        if not fits and not (cards & held) and make_room is not None:
+            started = make_room(w)
+        # (5)
+        if started or policy.queue is QueuePolicy.STRICT or (
+                w.skips >= policy.scan_max_skips or now - w.since >= policy.scan_max_wait_s):
+            held |= cards
+        else:
+            skippable.append(w)
+    return res

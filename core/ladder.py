@@ -1,0 +1,280 @@
+"""Making room: a pure plan for a waiter that does not fit (seed 002 "Making room").
+
+The rungs, cheapest first, are data (:data:`RUNGS`), not plugin load order:
+
+1. ``fit``: it fits now; grant.
+2. ``beside_residual``: it fits beside a parked residual; grant beside it.
+3. ``lend``: a holder that can lend gives the waiter's size on that card, and keeps serving.
+4. ``park``: holders sleep in RAM (hook or checkpoint), if the host RAM budget admits it.
+5. ``drain``: holders stop (those that can park still park, if RAM admits them).
+
+A card takes the first rung that works for it; a multi-card waiter gets a plan for every card or
+none. Whether a holder has to make room at all is decided by :func:`displaceable` (priority,
+minimum turn, hold, juggle guard); the rungs decide only how. Each :class:`Step` names its
+fallback (rule 4: a park or lend that does not free the memory within the release grace falls
+back to a drain).
+
+Pure: no I/O, no clock, no logging. Time is the ``now`` argument.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .admission import Policy, Waiter
+from .ledger import Ledger, counted_bytes
+from .model import Lease, ParkMechanism, ShareState
+
+__all__ = ["Rung", "RUNGS", "Action", "Step", "Plan", "NoPlan", "plan", "displaceable",
+           "expected_residual", "SwapLog"]
+
+S = ShareState
+
+
+class Rung(enum.StrEnum):
+    FIT = "fit"
+    BESIDE_RESIDUAL = "beside_residual"
+    LEND = "lend"
+    PARK = "park"
+    DRAIN = "drain"
+
+
+#: The ladder's order: the cheapest way to make room first (seed 002 "Making room").
+RUNGS: tuple[Rung, ...] = (Rung.FIT, Rung.BESIDE_RESIDUAL, Rung.LEND, Rung.PARK, Rung.DRAIN)
+
+
+class Action(enum.StrEnum):
+    LEND = "lend"
+    PARK = "park"
+    DRAIN = "drain"
+
+
+_FALLBACK = {Action.LEND: Action.DRAIN, Action.PARK: Action.DRAIN, Action.DRAIN: None}
+_RUNG_OF = {Action.LEND: Rung.LEND, Action.PARK: Rung.PARK, Action.DRAIN: Rung.DRAIN}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One holder making room. ``cards``: the PCI addresses it acts on (a park or drain acts on
+    the whole lease; a lend on one card). ``lend_bytes``: N for a lend. ``frees_bytes``: what the
+    ladder expects the step to take off each card's count. ``fallback``: the action to take if
+    the step is not confirmed within the grace (``None`` for a drain)."""
+
+    lease_id: str
+    engine: str
+    action: Action
+    cards: tuple[str, ...]
+    frees_bytes: dict[str, int]
+    lend_bytes: int = 0
+    fallback: Action | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A way to make room for ``waiter`` (lease id): ``rung`` is the costliest rung used."""
+
+    waiter: str
+    rung: Rung
+    steps: tuple[Step, ...] = ()
+
+
+@dataclass(frozen=True)
+class NoPlan:
+    """No way to make room now. ``reason`` names what stood in the way per card."""
+
+    waiter: str
+    reason: str
+
+
+@dataclass
+class SwapLog:
+    """Who took a card from whom and when, for the juggle guard: ``(taker, victim) -> [times]``
+    by engine name (a drained engine comes back as a new lease under the same name)."""
+
+    swaps: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+
+    def record(self, taker: str, victim: str, now: float) -> None:
+        self.swaps.setdefault((taker, victim), []).append(now)
+
+    def count(self, a: str, b: str, since: float) -> int:
+        """Swaps between engines ``a`` and ``b``, either way, at or after ``since``."""
+        return sum(1 for k in ((a, b), (b, a)) for t in self.swaps.get(k, ()) if t >= since)
+
+    def prune(self, before: float) -> None:
+        for k in list(self.swaps):
+            kept = [t for t in self.swaps[k] if t >= before]
+            if kept:
+                self.swaps[k] = kept
+            else:
+                del self.swaps[k]
+
+
+def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
+                 swaps: SwapLog | None = None) -> str | None:
+    """``None`` if ``holder`` may be made to give room to ``waiter`` now, else the reason.
+
+    Numbered as in the code: (1) never itself; (2) an operator hold protects; (3) a holder of
+    higher priority is never displaced (equal priority may be, as llama-swap swaps models);
+    (4) a holder keeps its card for its minimum turn; (5) the juggle guard: two engines swap a
+    card at most ``juggle_max_swaps`` times inside ``juggle_window_s``.
+    """
+    if holder.id == waiter.id:                                               # (1)
+        return "itself"
+    if holder.held:                                                          # (2)
+        return f"{holder.engine} is held"
+    if holder.priority > waiter.priority:                                    # (3)
+        return f"{holder.engine} has higher priority ({holder.priority} > {waiter.priority})"
+    turn_start = max(holder.granted_at or 0.0, _last_resume(holder))
+    if now - turn_start < policy.min_turn_s:                                 # (4)
+        return f"{holder.engine} is inside its minimum turn"
+    if swaps is not None and policy.juggle_max_swaps >= 0:                   # (5)
+        n = swaps.count(holder.engine, waiter.engine, now - policy.juggle_window_s)
+        if n >= policy.juggle_max_swaps and holder.engine != waiter.engine:
+            return (f"juggle guard: {holder.engine} and {waiter.engine} swapped {n} times "
+                    f"in {policy.juggle_window_s:.0f}s")
+    return None
+
+
+def _last_resume(lease: Lease) -> float:
+    t = 0.0
+    for sh in lease.shares.values():
+        for src, dst, at in reversed(sh.history):
+            if dst is S.ACTIVE and src in (S.RESUMING, S.RETURNING):
+                t = max(t, at)
+                break
+    return t
+
+
+def expected_residual(lease: Lease, pci: str, policy: Policy) -> int:
+    """Bytes the ladder expects a park to leave on ``pci``: none for a checkpoint; for a hook,
+    the residual last measured for this lease, else ``policy.hook_residual_guess_bytes`` capped
+    at half the share."""
+    sh = lease.shares[pci]
+    if lease.caps.park is ParkMechanism.CHECKPOINT:
+        return 0
+    if sh.residual_bytes:
+        return sh.residual_bytes
+    return min(policy.hook_residual_guess_bytes, counted_bytes(sh) // 2)
+
+
+def _lendable(lease: Lease, pci: str) -> int:
+    sh = lease.shares[pci]
+    limit = lease.caps.lend_max_bytes
+    if limit is None:
+        limit = sh.reserved_bytes - sh.used_bytes if sh.used_bytes is not None \
+            else sh.reserved_bytes // 2
+    return max(0, min(limit, sh.reserved_bytes))
+
+
+def _ram_cost(lease: Lease, policy: Policy) -> int:
+    return sum(max(0, counted_bytes(sh) - expected_residual(lease, p, policy))
+               for p, sh in lease.shares.items())
+
+
+def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
+         swaps: SwapLog | None = None, busy_cards: frozenset[str] = frozenset()) -> Plan | NoPlan:
+    """Plan room for waiter ``w`` (its ``need`` already computed) by the cheapest rungs.
+
+    ``busy_cards``: cards on which room is already being made for another waiter; no plan is
+    made on them. Returns :class:`Plan` (``rung`` ``fit``/``beside_residual`` with no steps when
+    nothing need move) or :class:`NoPlan` with the reason.
+    """
+    waiter = ledger.leases[w.lease_id]
+    short = {p: b - ledger.available(p, w.lease_id) for p, b in w.need.items()}
+    short = {p: s for p, s in short.items() if s > 0}
+    if not short:
+        beside = any(sh.state is S.PARKED and sh.reserved_bytes > sh.residual_bytes
+                     for p in w.need for _, sh in ledger.shares_on(p))
+        return Plan(w.lease_id, Rung.BESIDE_RESIDUAL if beside else Rung.FIT)
+    busy = [p for p in short if p in busy_cards]
+    if busy:
+        return NoPlan(w.lease_id, f"room is already being made on {', '.join(busy)}")
+
+    # Candidates per card: active holders that may be displaced, in victim order (lowest
+    # priority first, then least recently used, then the largest).
+    reasons: dict[str, list[str]] = {}
+    cands: dict[str, list[Lease]] = {}
+    for p in short:
+        found = []
+        for lease, sh in ledger.shares_on(p):
+            if sh.state is not S.ACTIVE or lease.id == waiter.id:
+                continue
+            why = displaceable(lease, waiter, policy, now, swaps)
+            if why is None:
+                found.append(lease)
+            else:
+                reasons.setdefault(p, []).append(why)
+        found.sort(key=lambda le: (le.priority, le.last_used_at, -counted_bytes(le.shares[p])))
+        cands[p] = found
+
+    steps: dict[str, Step] = {}   # by lease id
+    rung = Rung.FIT
+    ram_left = ledger.ram_available_bytes()
+
+    def frees(lease: Lease, action: Action) -> dict[str, int]:
+        if action is Action.DRAIN:
+            return {p: counted_bytes(sh) for p, sh in lease.shares.items()}
+        return {p: max(0, counted_bytes(sh) - expected_residual(lease, p, policy))
+                for p, sh in lease.shares.items()}
+
+    for p, gap in short.items():
+        # (3) lend: one holder gives the waiter's size on this card and keeps serving.
+        need = w.need[p]
+        lender = next((le for le in cands[p] if le.caps.can_lend() and le.id not in steps
+                       and _lendable(le, p) >= need), None)
+        if lender is not None and need >= gap:
+            steps[lender.id] = Step(lender.id, lender.engine, Action.LEND, (p,), {p: need},
+                                    lend_bytes=need, fallback=_FALLBACK[Action.LEND])
+            rung = max(rung, Rung.LEND, key=RUNGS.index)
+            continue
+        # (4) park, then (5) drain: greedily, in victim order.
+        for allow_drain in (False, True):
+            trial: dict[str, Step] = {}
+            # Victims already chosen for an earlier card may span this one too.
+            got = sum(st.frees_bytes.get(p, 0) for st in steps.values())
+            ram = ram_left
+            for le in cands[p]:
+                if got >= gap:
+                    break
+                if le.id in steps:
+                    continue
+                action = None
+                whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
+                if le.caps.can_park() and whole and (ram is None or _ram_cost(le, policy) <= ram):
+                    action = Action.PARK
+                elif allow_drain:
+                    action = Action.DRAIN
+                if action is None:
+                    continue
+                f = frees(le, action)
+                if f.get(p, 0) <= 0:
+                    continue
+                if action is Action.PARK and ram is not None:
+                    ram -= _ram_cost(le, policy)
+                trial[le.id] = Step(le.id, le.engine, action, tuple(le.shares), f,
+                                    fallback=_FALLBACK[action])
+                got += f[p]
+            if got >= gap:
+                trial = _prune(trial, p, gap, got)
+                for st in trial.values():
+                    steps[st.lease_id] = st
+                    rung = max(rung, _RUNG_OF[st.action], key=RUNGS.index)
+                    if st.action is Action.PARK and ram_left is not None:
+                        ram_left -= _ram_cost(ledger.leases[st.lease_id], policy)
+                break
+        else:
+            why = "; ".join(sorted(set(reasons.get(p, [])))) or "no holder can make room"
+            card = ledger.cards[p]
+            return NoPlan(w.lease_id, f"{card.name}: short {gap} bytes; {why}")
+    return Plan(w.lease_id, rung, tuple(steps.values()))
+
+
+def _prune(trial: dict[str, Step], p: str, gap: int, got: int) -> dict[str, Step]:
+    """Drop victims, most valuable first, while the rest still cover ``gap`` on ``p``."""
+    for lid in reversed(list(trial)):
+        f = trial[lid].frees_bytes.get(p, 0)
+        if got - f >= gap:
+            got -= f
+            del trial[lid]
+    return trial

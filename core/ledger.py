@@ -1,0 +1,234 @@
+"""Budgets and counting rules: how many bytes each share counts on its card.
+
+Source: seed 002 "The data model" (counting rules), rules 1, 2 and 7; seed 000 "The watermark".
+
+A card's **budget** is ``total − reserve − baseline − stowaways − claims − Σ counted(share)``.
+What a share may be granted is its card's **available** bytes: the budget, but never more than
+what the last driver read says is free minus the reserve (the seed's "admits a lease against what
+the driver says is free, minus each card's reserve"), minus bytes earmarked for other waiters
+whose room is being made. The reserve is subtracted, never merely compared (seed 000).
+
+Counting rule per state (``reserved`` is what admission reserved; ``used`` the driver's last read of
+the holder's own use, 0 when unknown; ``N`` the lent bytes):
+
+=============  ===========================  ====================================================
+state          counts                        why
+=============  ===========================  ====================================================
+waiting        0                             nothing granted yet
+active         max(reserved, used)           its reservation, or its real use if it overran it
+draining       max(reserved − N', used)      it may still use everything until it is gone
+released       max(reserved − N', used)      rule 1: free only once a driver read shows it free
+freed          0                             a driver read confirmed it free
+parking        max(reserved, used)           not free until the driver shows it left
+parked         residual                      "parked counts the residual the driver measures"
+resuming       max(reserved, used)           rule 2: room was confirmed before the wake began
+lending(N)     max(reserved, used)           N has not left the holder yet; no borrower yet
+lent(N)        max(reserved − N, used)       "lent(N) counts the share's size minus N"
+returning      max(reserved, used)           entered only after the borrower's N is confirmed gone
+=============  ===========================  ====================================================
+
+``N'`` is the N still out on loan: a lent share that drains or dies keeps counting ``reserved − N``
+because its borrower still holds (and counts) N. The borrower's share counts N as its reservation.
+So a lend conserves bytes: lender + borrower count the lender's reservation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .model import Card, Lease, Share, ShareState, move
+
+__all__ = ["Ledger", "counted_bytes", "CardView"]
+
+S = ShareState
+_FULL_STATES = frozenset({S.ACTIVE, S.PARKING, S.RESUMING, S.LENDING, S.RETURNING})
+_MINUS_LENT_STATES = frozenset({S.LENT, S.DRAINING, S.RELEASED})
+
+
+def counted_bytes(share: Share) -> int:
+    """Bytes ``share`` counts on its card under the counting rules above."""
+    st = share.state
+    used = share.used_bytes or 0
+    if st in _FULL_STATES:
+        return max(share.reserved_bytes, used)
+    if st in _MINUS_LENT_STATES:
+        return max(share.reserved_bytes - share.lent_bytes, used)
+    if st is S.PARKED:
+        return share.residual_bytes
+    return 0  # waiting, freed
+
+
+@dataclass(frozen=True)
+class CardView:
+    """One card's figures in bytes, as the board shows them (DESIGN.md status keys)."""
+
+    pci: str
+    name: str
+    total_bytes: int
+    reserve_bytes: int
+    baseline_bytes: int
+    stowaway_bytes: int
+    claim_bytes: int
+    counted_bytes: int
+    budget_bytes: int
+    free_bytes: int | None
+    available_bytes: int
+    earmarked_bytes: int
+
+
+@dataclass
+class Ledger:
+    """Cards and leases, with each card's counted bytes cached and kept exact.
+
+    Every change that can alter what a share counts goes through :meth:`move` or :meth:`update`,
+    which take the share's old count off its card and put the new one on. :meth:`check` recomputes
+    everything from scratch and raises ``AssertionError`` on a mismatch (used by tests).
+
+    ``earmarks`` maps a waiter's lease id to ``{pci: bytes}`` held free for it while its room is
+    being made. ``ram_budget_bytes`` is the host RAM parks may use (``None``: no limit known).
+    """
+
+    cards: dict[str, Card] = field(default_factory=dict)
+    leases: dict[str, Lease] = field(default_factory=dict)
+    earmarks: dict[str, dict[str, int]] = field(default_factory=dict)
+    ram_budget_bytes: int | None = None
+    _counted: dict[str, int] = field(default_factory=dict)
+    _earmarked: dict[str, int] = field(default_factory=dict)
+
+    # -- cards ----------------------------------------------------------------------------
+    def add_card(self, card: Card) -> None:
+        if card.pci in self.cards:
+            raise ValueError(f"card {card.pci}: already known")
+        self.cards[card.pci] = card
+        self._counted.setdefault(card.pci, 0)
+        self._earmarked.setdefault(card.pci, 0)
+
+    def card(self, key: str) -> Card:
+        """A card by PCI address or short name. Raises ``KeyError`` naming the key."""
+        if key in self.cards:
+            return self.cards[key]
+        for c in self.cards.values():
+            if c.name == key:
+                return c
+        raise KeyError(f"card {key!r}: no such card (known: "
+                       f"{', '.join(f'{c.name}={c.pci}' for c in self.cards.values())})")
+
+    # -- leases ---------------------------------------------------------------------------
+    def add_lease(self, lease: Lease) -> None:
+        if lease.id in self.leases:
+            raise ValueError(f"lease {lease.id}: already known")
+        for pci in lease.shares:
+            if pci not in self.cards:
+                raise KeyError(f"lease {lease.id}: card {pci!r} is not known")
+        self.leases[lease.id] = lease
+        for pci, share in lease.shares.items():
+            self._counted[pci] += counted_bytes(share)
+
+    def drop_lease(self, lease_id: str) -> Lease:
+        """Forget a lease whose shares all count 0 (waiting or freed). Raises ``ValueError``."""
+        lease = self.leases[lease_id]
+        for share in lease.shares.values():
+            if counted_bytes(share):
+                raise ValueError(f"lease {lease_id}: share on {share.card} still counts "
+                                 f"{counted_bytes(share)} bytes in state {share.state}")
+        self.earmark(lease_id, {})
+        return self.leases.pop(lease_id)
+
+    def move(self, lease_id: str, pci: str, dst: ShareState, now: float, **changes) -> Share:
+        """Move one share to ``dst`` (see :func:`berth.model.move`) and apply ``changes`` to its
+        fields in the same step, keeping the card's count exact. Raises ``IllegalTransition``."""
+        share = self.leases[lease_id].shares[pci]
+        before = counted_bytes(share)
+        move(share, dst, now)
+        for k, v in changes.items():
+            setattr(share, k, v)
+        self._counted[pci] += counted_bytes(share) - before
+        return share
+
+    def update(self, lease_id: str, pci: str, **changes) -> Share:
+        """Change a share's fields (``used_bytes``, ``reserved_bytes``, ...) without a move."""
+        share = self.leases[lease_id].shares[pci]
+        before = counted_bytes(share)
+        for k, v in changes.items():
+            setattr(share, k, v)
+        self._counted[pci] += counted_bytes(share) - before
+        return share
+
+    # -- earmarks -------------------------------------------------------------------------
+    def earmark(self, lease_id: str, need: dict[str, int]) -> None:
+        """Hold ``need`` ({pci: bytes}) free for waiter ``lease_id``; ``{}`` clears it."""
+        for pci, b in self.earmarks.pop(lease_id, {}).items():
+            self._earmarked[pci] -= b
+        if need:
+            self.earmarks[lease_id] = dict(need)
+            for pci, b in need.items():
+                self._earmarked[pci] += b
+
+    # -- figures --------------------------------------------------------------------------
+    def counted(self, pci: str) -> int:
+        """Σ counted bytes of every share on the card."""
+        return self._counted[pci]
+
+    def budget(self, pci: str) -> int:
+        """total − reserve − baseline − stowaways − claims − Σ counted, in bytes (may be < 0)."""
+        c = self.cards[pci]
+        return c.capacity_bytes - c.stowaway_bytes - self._counted[pci]
+
+    def available(self, pci: str, for_lease: str | None = None) -> int:
+        """Bytes that may be granted on ``pci`` to ``for_lease`` now.
+
+        ``min(budget, driver free − reserve) − earmarks of other waiters``. Before the first
+        driver read nothing is free (rule 1). May be negative.
+        """
+        c = self.cards[pci]
+        if c.free_bytes is None:
+            return min(0, self.budget(pci))
+        room = min(self.budget(pci), c.free_bytes - c.reserve_bytes)
+        held = self._earmarked[pci]
+        if for_lease is not None:
+            held -= self.earmarks.get(for_lease, {}).get(pci, 0)
+        return room - held
+
+    def parked_in_ram_bytes(self) -> int:
+        """Host bytes held by parked or parking shares (their size less the residual)."""
+        total = 0
+        for lease in self.leases.values():
+            for sh in lease.shares.values():
+                if sh.state in (S.PARKED, S.PARKING, S.RESUMING):
+                    total += max(0, sh.reserved_bytes - sh.residual_bytes)
+        return total
+
+    def ram_available_bytes(self) -> int | None:
+        if self.ram_budget_bytes is None:
+            return None
+        return self.ram_budget_bytes - self.parked_in_ram_bytes()
+
+    def shares_on(self, pci: str):
+        """Yield ``(lease, share)`` for every share on the card."""
+        for lease in self.leases.values():
+            share = lease.shares.get(pci)
+            if share is not None:
+                yield lease, share
+
+    def view(self, pci: str) -> CardView:
+        c = self.cards[pci]
+        return CardView(pci=c.pci, name=c.name, total_bytes=c.total_bytes,
+                        reserve_bytes=c.reserve_bytes, baseline_bytes=c.baseline_bytes,
+                        stowaway_bytes=c.stowaway_bytes, claim_bytes=c.claim_bytes,
+                        counted_bytes=self._counted[pci], budget_bytes=self.budget(pci),
+                        free_bytes=c.free_bytes, available_bytes=self.available(pci),
+                        earmarked_bytes=self._earmarked[pci])
+
+    def check(self) -> None:
+        """Recompute every cached figure; raise ``AssertionError`` on any mismatch."""
+        counted = {pci: 0 for pci in self.cards}
+        for lease in self.leases.values():
+            for pci, sh in lease.shares.items():
+                assert sh.card == pci, f"lease {lease.id}: share keyed {pci} names {sh.card}"
+                counted[pci] += counted_bytes(sh)
+        assert counted == self._counted, f"counted cache {self._counted} != {counted}"
+        marks = {pci: 0 for pci in self.cards}
+        for need in self.earmarks.values():
+            for pci, b in need.items():
+                marks[pci] += b
+        assert marks == self._earmarked, f"earmark cache {self._earmarked} != {marks}"

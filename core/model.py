@@ -1,0 +1,304 @@
+"""The lease model: cards, leases, shares and the share state machine, as pure data.
+
+Source: seed 002 "The data model" and "Capabilities". Nothing here does I/O or reads a clock;
+times are passed in as ``now`` (seconds, any monotonic origin).
+
+A *card* is named by its normalised PCI address. A *lease* belongs to one engine run and holds one
+*share* per card it uses. A share's state is one machine, so it can never be parked and lending at
+once::
+
+    waiting ─▶ active ─┬─▶ draining ─▶ released ─▶ freed
+                       ├─▶ parking ─▶ parked ─▶ resuming ─▶ active
+                       └─▶ lending(N) ─▶ lent(N) ─▶ returning ─▶ active
+
+:data:`TRANSITIONS` is that diagram, plus the edges the seed's own rules name (each labelled
+below); :func:`move` is the only place a share's state changes.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ShareState", "Bound", "ParkMechanism", "TRANSITIONS", "DIAGRAM_EDGES", "RULE_EDGES",
+    "IllegalTransition", "Capabilities", "Share", "Lease", "Card", "normalize_pci", "move",
+    "LIVE_STATES", "ASLEEP_STATES", "SETTLED_STATES", "HOLDING_STATES",
+]
+
+
+class ShareState(enum.StrEnum):
+    """The seed's share states (seed 002 "The data model"), spelled as the seed spells them."""
+
+    WAITING = "waiting"
+    ACTIVE = "active"
+    DRAINING = "draining"
+    RELEASED = "released"
+    FREED = "freed"
+    PARKING = "parking"
+    PARKED = "parked"
+    RESUMING = "resuming"
+    LENDING = "lending"
+    LENT = "lent"
+    RETURNING = "returning"
+
+
+S = ShareState
+
+#: The diagram of seed 002, edge for edge.
+DIAGRAM_EDGES: frozenset[tuple[ShareState, ShareState]] = frozenset({
+    (S.WAITING, S.ACTIVE),        # a grant
+    (S.ACTIVE, S.DRAINING),       # drain: the holder stops
+    (S.DRAINING, S.RELEASED),     # the process is gone
+    (S.RELEASED, S.FREED),        # a driver read confirms the memory free (rule 1)
+    (S.ACTIVE, S.PARKING),        # park or checkpoint begins
+    (S.PARKING, S.PARKED),        # a driver read confirms the memory left
+    (S.PARKED, S.RESUMING),       # room confirmed, the wake begins
+    (S.RESUMING, S.ACTIVE),       # the wake answered
+    (S.ACTIVE, S.LENDING),        # lend(N) begins
+    (S.LENDING, S.LENT),          # a driver read confirms N bytes left the holder
+    (S.LENT, S.RETURNING),        # the borrower's memory is confirmed gone (rule 2)
+    (S.RETURNING, S.ACTIVE),      # the holder grew back
+})
+
+#: Edges the seed's rules require beyond the diagram. Each names its rule.
+RULE_EDGES: frozenset[tuple[ShareState, ShareState]] = frozenset({
+    # Rule 4, "every sleep has a way back and a fallback": a park or lend that does not free the
+    # memory within the release grace falls back to a drain; a wake that does not answer, and a
+    # return that does not, stop the engine.
+    (S.PARKING, S.DRAINING),
+    (S.LENDING, S.DRAINING),
+    (S.RESUMING, S.DRAINING),
+    (S.RETURNING, S.DRAINING),
+    # "A share that loads more than it may while asleep goes back to active and is reported
+    # (lease.unparked), so the next drain parks it again."
+    (S.PARKED, S.ACTIVE),
+    # An operator or the ladder may drain a sleeping or lent holder outright (a parked engine is
+    # still a process; "drain: the holder stops").
+    (S.PARKED, S.DRAINING),
+    (S.LENT, S.DRAINING),
+    # Rule 1, "the driver decides": a process that dies on its own in any live state leaves
+    # memory that counts until a driver read shows it free.
+    (S.ACTIVE, S.RELEASED),
+    (S.PARKING, S.RELEASED),
+    (S.PARKED, S.RELEASED),
+    (S.RESUMING, S.RELEASED),
+    (S.LENDING, S.RELEASED),
+    (S.LENT, S.RELEASED),
+    (S.RETURNING, S.RELEASED),
+    # A waiter withdrawn before its grant never held memory.
+    (S.WAITING, S.FREED),
+})
+
+#: Allowed next states, by state.
+TRANSITIONS: dict[ShareState, frozenset[ShareState]] = {
+    st: frozenset(b for (a, b) in DIAGRAM_EDGES | RULE_EDGES if a == st) for st in ShareState
+}
+
+#: States whose holder process may still touch the card.
+LIVE_STATES = frozenset({S.ACTIVE, S.DRAINING, S.PARKING, S.PARKED, S.RESUMING, S.LENDING,
+                         S.LENT, S.RETURNING})
+#: States in which the engine is asleep or on its way there (its front must hold requests).
+ASLEEP_STATES = frozenset({S.PARKING, S.PARKED, S.RESUMING})
+#: States that are not waiting on an effect to complete.
+SETTLED_STATES = frozenset({S.WAITING, S.ACTIVE, S.PARKED, S.LENT, S.FREED})
+#: States that count bytes on the card (everything but waiting and freed).
+HOLDING_STATES = frozenset(ShareState) - {S.WAITING, S.FREED}
+
+
+class Bound(enum.StrEnum):
+    """Admission bounds of seed 000 "Admission bounds and their honesty"."""
+
+    DECLARED = "declared"   # reserve the declared maximum: the only guarantee
+    CURRENT = "current"     # reserve the measured need only
+    GROWTH = "growth"       # measured need + an allowance; extended when use passes it
+
+
+class ParkMechanism(enum.StrEnum):
+    """How an engine's memory moves to RAM and back (seed 002 "Capabilities")."""
+
+    HOOK = "hook"
+    CHECKPOINT = "checkpoint"
+
+
+class IllegalTransition(ValueError):
+    """A share was asked to take an edge the state machine does not have.
+
+    Attributes ``share`` (the :class:`Share`), ``src`` and ``dst`` (:class:`ShareState`).
+    """
+
+    def __init__(self, share: "Share", src: ShareState, dst: ShareState):
+        self.share, self.src, self.dst = share, src, dst
+        allowed = ", ".join(sorted(TRANSITIONS[src])) or "none"
+        super().__init__(f"share on {share.card}: illegal transition {src} -> {dst} "
+                         f"(allowed from {src}: {allowed})")
+
+
+_PCI_RE = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
+
+
+def normalize_pci(text: str | bytes) -> str:
+    """Normalise a PCI address so every spelling of one card is one key.
+
+    ``"00000000:05:00.0"`` (NVML ``busId``), ``"0000:05:00.0"`` (sysfs, ``busIdLegacy``),
+    ``"05:00.0"`` and upper or lower case all give ``"0000:05:00.0"``. ``bytes`` from older
+    pynvml bindings are decoded. Raises ``ValueError`` naming the value otherwise.
+    Source: reference/park-mechanisms.md "PCI bus IDs".
+    """
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    m = _PCI_RE.match(text.strip()) if isinstance(text, str) else None
+    if not m:
+        raise ValueError(f"pci: expected a PCI address like '0000:05:00.0', got {text!r}")
+    domain, bus, dev, fn = (int(m.group(1) or "0", 16), int(m.group(2), 16),
+                            int(m.group(3), 16), int(m.group(4)))
+    if dev > 0x1F:
+        raise ValueError(f"pci: device number {dev:#x} is out of range in {text!r}")
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn}"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine entry declared it can do; the broker uses nothing it did not declare.
+
+    - ``park``: ``None``, ``"hook"`` or ``"checkpoint"`` (seed 002 "Capabilities").
+    - ``lend``: ``True`` when the engine speaks the lend hook of the Berth protocol.
+    - ``lend_max_bytes``: the most it may lend on one card; ``None`` lets the ladder lend up to
+      the share's size less its measured use (half its size while use is unknown).
+    - ``front``: where its requests enter (``"host:port"``, ``"gateway"``, ``"comfyui-port"``).
+      Rule 3: park and lend need a front; :meth:`can_sleep` says whether both hold.
+    """
+
+    park: ParkMechanism | None = None
+    lend: bool = False
+    lend_max_bytes: int | None = None
+    front: str | None = None
+
+    def can_park(self) -> bool:
+        return self.park is not None and self.front is not None
+
+    def can_lend(self) -> bool:
+        return self.lend and self.front is not None
+
+    def as_dict(self) -> dict:
+        return {"park": self.park.value if self.park else None, "lend": self.lend,
+                "lend_max_bytes": self.lend_max_bytes, "front": self.front}
+
+
+@dataclass
+class Share:
+    """The lease on one card: a size and a state (seed 002 "The data model").
+
+    Sizes are bytes. ``size_bytes`` is the declared maximum (``whole_card`` when the lease asked
+    for the card; it is then set at the grant). ``reserved_bytes`` is what admission reserved under
+    the lease's bound; ``used_bytes`` the last driver read of the holder's use (``None`` while
+    unknown). ``lent_bytes`` is N in lending(N)/lent(N); ``residual_bytes`` is what a parked share
+    leaves on the card, as the driver measured it. ``lent_to``/``borrowed_from`` link a lend's two
+    shares by lease id.
+    """
+
+    card: str
+    size_bytes: int
+    state: ShareState = S.WAITING
+    whole_card: bool = False
+    reserved_bytes: int = 0
+    used_bytes: int | None = None
+    lent_bytes: int = 0
+    residual_bytes: int = 0
+    lent_to: str | None = None
+    borrowed_from: str | None = None
+    since: float = 0.0
+    history: list[tuple[ShareState, ShareState, float]] = field(default_factory=list)
+
+    HISTORY_KEEP = 64
+
+
+def move(share: Share, dst: ShareState, now: float) -> tuple[ShareState, ShareState]:
+    """Move ``share`` to ``dst`` along a legal edge; the only place a share's state changes.
+
+    Records the edge and the time in ``share.history`` (the newest :attr:`Share.HISTORY_KEEP`).
+    Returns ``(src, dst)``. Raises :class:`IllegalTransition` for an edge not in
+    :data:`TRANSITIONS`; the share is then unchanged.
+    """
+    src = share.state
+    if dst not in TRANSITIONS[src]:
+        raise IllegalTransition(share, src, dst)
+    share.state = dst
+    share.since = now
+    share.history.append((src, dst, now))
+    if len(share.history) > Share.HISTORY_KEEP:
+        del share.history[: len(share.history) - Share.HISTORY_KEEP]
+    return src, dst
+
+
+@dataclass
+class Lease:
+    """One engine run's claim on memory: one :class:`Share` per card, keyed by PCI address.
+
+    ``priority``: higher wins. ``pid``/``start_time``: the process identity (PID plus its start
+    time in seconds since the epoch, as psutil reports it), ``None`` until attached.
+    ``growth_allowance_bytes`` is the allowance A of seed 000 for ``Bound.GROWTH``.
+    ``need_bytes`` is the current need per card for ``current``/``growth`` (defaults to the size).
+    ``held`` is an operator hold: a held lease is never displaced.
+    """
+
+    id: str
+    engine: str
+    shares: dict[str, Share]
+    priority: int = 0
+    bound: Bound = Bound.DECLARED
+    growth_allowance_bytes: int = 0
+    need_bytes: dict[str, int] = field(default_factory=dict)
+    caps: Capabilities = field(default_factory=Capabilities)
+    pid: int | None = None
+    start_time: float | None = None
+    requested_at: float = 0.0
+    granted_at: float | None = None
+    last_used_at: float = 0.0
+    held: bool = False
+
+    @property
+    def cards(self) -> list[str]:
+        return list(self.shares)
+
+    def states(self) -> set[ShareState]:
+        return {s.state for s in self.shares.values()}
+
+    def is_waiting(self) -> bool:
+        return all(s.state is S.WAITING for s in self.shares.values())
+
+    def is_over(self) -> bool:
+        return all(s.state is S.FREED for s in self.shares.values())
+
+
+@dataclass
+class Card:
+    """One card, named by its normalised PCI address (seed 002 "Card").
+
+    Bytes: ``total_bytes`` from the driver; ``reserve_bytes`` the floor, never granted (seed 000
+    "The watermark"); ``baseline_bytes`` what the card uses with nothing leased;
+    ``stowaway_bytes`` what processes outside any lease hold; ``claims`` bytes the operator sets
+    aside for users outside Berth, by name. ``free_bytes`` is the last driver read (``None``
+    before the first) and ``read_at`` its time.
+    """
+
+    pci: str
+    name: str
+    total_bytes: int
+    reserve_bytes: int = 0
+    baseline_bytes: int = 0
+    stowaway_bytes: int = 0
+    claims: dict[str, int] = field(default_factory=dict)
+    free_bytes: int | None = None
+    read_at: float | None = None
+    uuid: str | None = None
+
+    @property
+    def claim_bytes(self) -> int:
+        return sum(self.claims.values())
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The most any set of shares could ever count here: total − reserve − baseline − claims."""
+        return self.total_bytes - self.reserve_bytes - self.baseline_bytes - self.claim_bytes
