@@ -1,0 +1,49 @@
+"""The ``berth`` command. Each area registers its own subcommands (``register(subparsers)``)
+so the folder layout shows the architecture; this module only assembles them."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main", "daemon_main", "build_parser"]
+
+#: Modules that add subcommands, in the order ``berth --help`` lists them.
+_COMMAND_MODULES = (
+    "berth.sim.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="berth", description="Berth: a GPU-memory broker for local inference engines.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:   # an area not built yet in this checkout
+            if e.name != name:
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    rc = args.func(args)
+    return int(rc or 0)
+
+
+def daemon_main(argv: list[str] | None = None) -> int:
+    """``berthd`` is ``berth daemon``."""
+    return main(["daemon", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
