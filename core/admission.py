@@ -229,7 +229,9 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
                    room_in_flight: Callable[[Waiter], bool] | None = None) -> PassResult:
     """One pass over the queue in order; grants what the policy admits.
 
-    Steps, numbered as in the code:
+    Waiters for whom room has been made (they hold an earmark) go first: holders were already
+    displaced for them, and a later arrival, whatever its priority, must not strand that room.
+    Then the rest, in queue order. Steps, numbered as in the code:
 
     1. a waiter that can never fit on one of its cards is taken out (``never``);
     2. a waiter that fits and is not held back by an earlier waiter on its cards is granted;
@@ -238,14 +240,18 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
     4. a waiter that does not fit (or is held back) is refused for now; ``make_room`` may start
        making room for it (the ladder), and a waiter with room being made holds its cards;
     5. under ``strict`` a refused waiter holds its cards; under ``scan`` only once it has been
-       skipped ``scan_max_skips`` times or waited ``scan_max_wait_s``.
+       skipped ``scan_max_skips`` times or waited ``scan_max_wait_s``. A waiter that would not
+       fit even on its emptied cards (stowaways in the way) holds nothing.
 
     Decisions are made here, inside the single writer, never from a snapshot taken outside it.
     """
     res = PassResult()
     held: set[str] = set()        # cards held for an earlier waiter
     skippable: list[Waiter] = []  # earlier refused waiters that a later grant skips past
-    for w in queue:
+    order = list(queue)
+    order = [w for w in order if w.lease_id in ledger.earmarks] + \
+            [w for w in order if w.lease_id not in ledger.earmarks]
+    for w in order:
         need = waiter_need(ledger, w)
         cards = set(need)
         verdicts = {pci: verdict(ledger, pci, b, w.lease_id) for pci, b in need.items()}
@@ -265,9 +271,12 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
             queue.remove(w.lease_id)
             grant(ledger, w, now)
             res.granted.append(w)
-            for earlier in skippable:
+            for earlier in list(skippable):
                 if set(earlier.need) & cards:
                     earlier.skips += 1
+                    if earlier.skips >= policy.scan_max_skips:   # it turns strict now
+                        held |= set(earlier.need)
+                        skippable.remove(earlier)
             continue
         # (3)
         if room_in_flight is not None and room_in_flight(w):
@@ -280,10 +289,13 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
         started = False
         if not fits and not (cards & held) and make_room is not None:
             started = make_room(w)
-        # (5)
-        if started or policy.queue is QueuePolicy.STRICT or (
-                w.skips >= policy.scan_max_skips or now - w.since >= policy.scan_max_wait_s):
+        # (5) A waiter that would not fit even on its emptied cards (stowaways stand in the
+        # way) holds nothing: holding memory idle for it would only starve the others.
+        hopeless = any(b > ledger.cards[p].capacity_bytes - ledger.cards[p].stowaway_bytes
+                       for p, b in need.items())
+        if started or (not hopeless and (policy.queue is QueuePolicy.STRICT or (
+                w.skips >= policy.scan_max_skips or now - w.since >= policy.scan_max_wait_s))):
             held |= cards
-        else:
+        elif not hopeless:
             skippable.append(w)
     return res

@@ -28,7 +28,8 @@ returning      max(reserved, used)           entered only after the borrower's N
 =============  ===========================  ====================================================
 
 ``N'`` is the N still out on loan: a lent share that drains or dies keeps counting ``reserved − N``
-because its borrower still holds (and counts) N. The borrower's share counts N as its reservation.
+because its borrower still holds (and counts) N. A parked share that drains or dies holds only
+its residual on the card, so the scheduler sets its reservation to the residual on that edge. The borrower's share counts N as its reservation.
 So a lend conserves bytes: lender + borrower count the lender's reservation.
 """
 

@@ -131,6 +131,19 @@ class Room:
 _UNPARK_SLACK = 64 << 20
 
 
+def _ending(sh: Share) -> dict:
+    """Field changes for a share that starts to end (draining, or released by an exit): it keeps
+    counting what it holds on the card. A parked share holds only its residual; a lent share
+    keeps N out on loan (its borrower counts N); a lend still in flight is called off."""
+    if sh.state is S.PARKED:
+        return {"reserved_bytes": sh.residual_bytes}
+    if sh.state is S.LENT:
+        return {}
+    if sh.state is S.DRAINING:
+        return {}
+    return {"lent_bytes": 0}
+
+
 class Scheduler:
     """The single writer of lease state. Not thread-safe: call it from one task.
 
@@ -307,7 +320,7 @@ class Scheduler:
             if sh.state is S.WAITING:
                 self.ledger.move(lease_id, pci, S.FREED, now)
             elif sh.state in LIVE_STATES:
-                self.ledger.move(lease_id, pci, S.RELEASED, now)
+                self.ledger.move(lease_id, pci, S.RELEASED, now, **_ending(sh))
                 fx.append(self._watch(lease, pci, "freed", 0, now, self.policy.release_grace_s))
         fx.append(Note(lease_id, "exit", f"{lease.engine} exited"))
         if lease.is_over():
@@ -550,8 +563,7 @@ class Scheduler:
         moved = False
         for pci, sh in lease.shares.items():
             if sh.state in LIVE_STATES and sh.state is not S.DRAINING:
-                changes = {} if sh.state is S.LENT else {"lent_bytes": 0}
-                self.ledger.move(lease.id, pci, S.DRAINING, now, **changes)
+                self.ledger.move(lease.id, pci, S.DRAINING, now, **_ending(sh))
                 for op in (Op.PARK, Op.LEND, Op.WAKE, Op.RETURN):
                     self.deadlines.pop((lease.id, pci, op), None)
                 self.deadlines[(lease.id, pci, Op.DRAIN)] = now + self.policy.release_grace_s

@@ -50,16 +50,22 @@ class CardInfo:
 class Reading:
     """One read of one card: ``free_bytes``, and ``processes`` mapping PID (in Berth's own PID
     namespace) to bytes, or to ``None`` when the driver cannot say per process. ``at`` is the
-    reader's monotonic clock (seconds) when the read completed."""
+    reader's monotonic clock (seconds) when the read completed. ``processes_known`` is False when
+    the driver could not list the card's processes at all (NVML ``NOT_SUPPORTED``): an empty
+    ``processes`` then proves nothing, and only free bytes can confirm an event."""
 
     pci: str
     at: float
     free_bytes: int
     total_bytes: int
     processes: dict[int, int | None] = field(default_factory=dict)
+    processes_known: bool = True
 
     def use_of(self, pids: set[int]) -> int | None:
-        """Σ use of ``pids`` on the card: 0 if none is present, ``None`` if any is unknown."""
+        """Σ use of ``pids`` on the card: 0 if none is present, ``None`` if any is unknown (or
+        the process list itself is unknown)."""
+        if not self.processes_known:
+            return None
         total = 0
         for pid in pids:
             if pid in self.processes:
