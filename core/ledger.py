@@ -95,6 +95,7 @@ class Ledger:
     ram_budget_bytes: int | None = None
     _counted: dict[str, int] = field(default_factory=dict)
     _earmarked: dict[str, int] = field(default_factory=dict)
+    _on_card: dict[str, dict[str, Lease]] = field(default_factory=dict)
 
     # -- cards ----------------------------------------------------------------------------
     def add_card(self, card: Card) -> None:
@@ -103,6 +104,7 @@ class Ledger:
         self.cards[card.pci] = card
         self._counted.setdefault(card.pci, 0)
         self._earmarked.setdefault(card.pci, 0)
+        self._on_card.setdefault(card.pci, {})
 
     def card(self, key: str) -> Card:
         """A card by PCI address or short name. Raises ``KeyError`` naming the key."""
@@ -124,6 +126,7 @@ class Ledger:
         self.leases[lease.id] = lease
         for pci, share in lease.shares.items():
             self._counted[pci] += counted_bytes(share)
+            self._on_card[pci][lease.id] = lease
 
     def drop_lease(self, lease_id: str) -> Lease:
         """Forget a lease whose shares all count 0 (waiting or freed). Raises ``ValueError``."""
@@ -133,6 +136,8 @@ class Ledger:
                 raise ValueError(f"lease {lease_id}: share on {share.card} still counts "
                                  f"{counted_bytes(share)} bytes in state {share.state}")
         self.earmark(lease_id, {})
+        for pci in lease.shares:
+            self._on_card[pci].pop(lease_id, None)
         return self.leases.pop(lease_id)
 
     def move(self, lease_id: str, pci: str, dst: ShareState, now: float, **changes) -> Share:
@@ -206,10 +211,8 @@ class Ledger:
 
     def shares_on(self, pci: str):
         """Yield ``(lease, share)`` for every share on the card."""
-        for lease in self.leases.values():
-            share = lease.shares.get(pci)
-            if share is not None:
-                yield lease, share
+        for lease in list(self._on_card[pci].values()):
+            yield lease, lease.shares[pci]
 
     def view(self, pci: str) -> CardView:
         c = self.cards[pci]
@@ -228,6 +231,11 @@ class Ledger:
                 assert sh.card == pci, f"lease {lease.id}: share keyed {pci} names {sh.card}"
                 counted[pci] += counted_bytes(sh)
         assert counted == self._counted, f"counted cache {self._counted} != {counted}"
+        index = {pci: set() for pci in self.cards}
+        for lease in self.leases.values():
+            for pci in lease.shares:
+                index[pci].add(lease.id)
+        assert index == {p: set(d) for p, d in self._on_card.items()}, "card index is stale"
         marks = {pci: 0 for pci in self.cards}
         for need in self.earmarks.values():
             for pci, b in need.items():
