@@ -183,7 +183,10 @@ class NvmlDriver(Driver):
             for index in range(nv.nvmlDeviceGetCount()):
                 h = nv.nvmlDeviceGetHandleByIndex(index)
                 raw = _text(nv.nvmlDeviceGetPciInfo(h).busId)
-                pci = normalize_pci(raw)
+                try:
+                    pci = normalize_pci(raw)
+                except ValueError as e:
+                    raise DriverError(f"NVML card {index} has an unreadable bus ID: {e}") from None
                 self._bus_ids[pci] = raw
                 h = self._handle(pci)
                 mem = self._memory(h)

@@ -45,14 +45,15 @@ from .. import paths
 from ..model import normalize_pci
 
 __all__ = ["CardSpec", "CardState", "ProcState", "Snapshot", "SimCards", "SimError", "SimOOM",
-           "SimBusy", "sim_uuid", "RUNNING", "LOCKED", "CHECKPOINTED", "FAILED"]
+           "SimBusy", "sim_uuid", "RUNNING", "LOCKED", "CHECKPOINTED"]
 
 STATE_FILE = "cards.json"
 LOCK_FILE = "cards.lock"
 _VERSION = 1
 
-#: Checkpoint states of a process (``CUprocessState``: RUNNING 0, LOCKED 1, CHECKPOINTED 2, FAILED 3).
-RUNNING, LOCKED, CHECKPOINTED, FAILED = "running", "locked", "checkpointed", "failed"
+#: Checkpoint states of a process (``CUprocessState`` RUNNING 0, LOCKED 1, CHECKPOINTED 2; the
+#: simulation has no uncorrectable errors, so it never enters FAILED 3).
+RUNNING, LOCKED, CHECKPOINTED = "running", "locked", "checkpointed"
 
 _GIB = float(1 << 30)
 _NOT_DECLARED = ("no simulated cards in {dir}: run `berth sim init --card gpu0=24GiB`, or declare "
@@ -245,9 +246,6 @@ class SimCards:
             st.dirty = True
         return self
 
-    def exists(self) -> bool:
-        return (self.directory / STATE_FILE).exists()
-
     # ---- reading ---------------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
@@ -298,11 +296,6 @@ class SimCards:
             return None
         p = self._load_unlocked()["procs"].get(_key(pid, start))
         return None if p is None else p["state"]
-
-    def is_stuck(self, pid: int) -> bool:
-        """True after a restore failed for lack of room (reference "Failure classes")."""
-        with self._txn() as st:
-            return bool(self._proc(st.data, pid)["stuck"])
 
     def bytes_of(self, pid: int) -> int:
         """Bytes ``pid`` holds, on cards and in the host area together."""

@@ -8,7 +8,8 @@ classes). Installed as ``berth-sim-cuda-checkpoint``; the command line is the re
     berth-sim-cuda-checkpoint --action lock|checkpoint|restore|unlock --pid P [--timeout MS]
 
 States and cycle: running → lock → locked → checkpoint → checkpointed → restore → locked →
-unlock → running. ``--toggle`` is lock+checkpoint from ``running`` and restore+unlock from
+unlock → running (the simulation has no uncorrectable errors, so ``--get-state`` never prints
+``failed``). ``--toggle`` is lock+checkpoint from ``running`` and restore+unlock from
 ``checkpointed``. ``--timeout`` applies to lock only (the simulated lock has no submitted work to
 wait for, so it never times out by itself).
 
@@ -67,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--toggle", action="store_true",
                       help="lock+checkpoint a running process, or restore+unlock a checkpointed one")
     what.add_argument("--get-state", action="store_true",
-                      help="print running, locked, checkpointed or failed")
+                      help="print running, locked or checkpointed")
     what.add_argument("--action", choices=["lock", "checkpoint", "restore", "unlock"])
     p.add_argument("--pid", type=int, required=True, help="the process (a PID, not a thread ID)")
     p.add_argument("--timeout", type=int, metavar="MS", help="lock timeout in milliseconds")

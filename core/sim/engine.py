@@ -122,6 +122,7 @@ class StubEngine:
                 "kv_bytes": self.kv_alloc_bytes, "in_flight": self.in_flight}
 
     async def park(self) -> dict:
+        """Free everything but the residual (``--park-noop``: nothing). 409 while lent or busy."""
         async with self._mem:
             if self.parked:
                 return self.state()
@@ -138,6 +139,7 @@ class StubEngine:
             return self.state()
 
     async def wake(self) -> dict:
+        """Allocate the weights (and the KV pool) again; an OOM is a 500 and stays parked."""
         if self.wake_hang:
             await asyncio.Event().wait()   # --wake-hang: never answers
         async with self._mem:
@@ -154,6 +156,8 @@ class StubEngine:
             return self.state()
 
     async def lend(self, pci: str, nbytes: int) -> dict:
+        """Give ``nbytes`` of the unused KV cache back to the card and keep serving (409 if
+        there is not that much unused, or while parked)."""
         async with self._mem:
             self._check_card(pci)
             if self.parked:
@@ -168,6 +172,7 @@ class StubEngine:
             return self.state()
 
     async def return_(self, pci: str, nbytes: int) -> dict:
+        """Grow the KV cache back by ``nbytes`` of what was lent (an OOM is a 500)."""
         async with self._mem:
             self._check_card(pci)
             if nbytes > self.lent_bytes:
@@ -204,8 +209,6 @@ class StubEngine:
                        ) -> AsyncIterator[str]:
         """Yield up to ``max_tokens`` words; ``taken[0]`` counts the KV bytes this request holds
         (the caller gives them back). Raises SimOOM when the KV cache cannot grow."""
-        if self.parked:
-            await self.wake()   # a request reached a parked engine: load again
         if not await self._kv(prompt_tokens):
             return
         taken[0] += prompt_tokens * self.kv_per_token_bytes
@@ -218,6 +221,7 @@ class StubEngine:
             yield _VOCAB[i % len(_VOCAB)]
 
     def give_back_kv(self, nbytes: int) -> None:
+        """A request ended: its KV bytes go back to the engine's cache, not to the card."""
         self.kv_used_bytes -= nbytes
 
 
@@ -285,7 +289,7 @@ def _chunk(cid: str, created: int, model: str, delta: dict, finish: str | None) 
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-async def chat(request: web.Request) -> web.StreamResponse:
+async def _chat(request: web.Request) -> web.StreamResponse:
     eng = request.app[ENGINE]
     body = await _body(request, required=True)
     prompt, max_tokens = _prompt_tokens(body), _max_tokens(body)
@@ -294,6 +298,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         raise _Reject(400, f"stream: expected true or false, got {stream!r}")
     if not eng.loaded:
         raise _Reject(503, "Loading model", "unavailable_error")
+    if eng.parked:
+        await eng.wake()   # a request reached a parked engine around Berth: load again
     cid, created = f"chatcmpl-{uuidlib.uuid4().hex[:24]}", int(time.time())
     taken = [0]
     words: list[str] = []
@@ -320,8 +326,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
                 words.append(w)
                 await resp.write(_chunk(cid, created, eng.model,
                                         {"content": w if len(words) == 1 else " " + w}, None))
-        except SimOOM as e:
-            err = _error_body(500, str(e), "server_error")
+        except (SimOOM, _Reject) as e:
+            err = _error_body(getattr(e, "status", 500), str(e), getattr(e, "type", "server_error"))
             await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
         else:
             await resp.write(_chunk(cid, created, eng.model, {}, "length"))
@@ -333,19 +339,19 @@ async def chat(request: web.Request) -> web.StreamResponse:
         eng.give_back_kv(taken[0])
 
 
-async def models(request: web.Request) -> web.Response:
+async def _models(request: web.Request) -> web.Response:
     eng = request.app[ENGINE]
     return web.json_response({"object": "list", "data": [
         {"id": eng.model, "object": "model", "created": 0, "owned_by": "berth-sim"}]})
 
 
-async def health(request: web.Request) -> web.Response:
+async def _health(request: web.Request) -> web.Response:
     if not request.app[ENGINE].loaded:
         return web.json_response(_error_body(503, "Loading model", "unavailable_error"), status=503)
     return web.json_response({"status": "ok"})
 
 
-async def berth_route(request: web.Request) -> web.Response:
+async def _berth_route(request: web.Request) -> web.Response:
     eng = request.app[ENGINE]
     if not request.app[PROTOCOL]:
         raise _Reject(404, "this engine does not speak the Berth protocol (start it with --protocol)",
@@ -379,10 +385,10 @@ def make_app(engine: StubEngine, protocol: bool) -> web.Application:
     """The aiohttp application: OpenAI routes, ``/health`` and ``/berth/v1/{op}``."""
     app = web.Application(middlewares=[_errors])
     app[ENGINE], app[PROTOCOL] = engine, protocol
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    app.router.add_route("*", "/berth/v1/{op}", berth_route)
+    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_route("*", "/berth/v1/{op}", _berth_route)
     return app
 
 

@@ -14,6 +14,7 @@ PID is not visible), kills the process and prints how many milliseconds passed b
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import signal
@@ -58,10 +59,9 @@ class NoGpu(Exception):
 
 
 def _allocator(uuid: str) -> tuple[subprocess.Popen, str]:
-    try:
-        import torch  # noqa: F401
+    if importlib.util.find_spec("torch") is not None:
         code, how = _TORCH.format(n=ALLOC_BYTES), "torch"
-    except ImportError:
+    else:
         code, how = _CTYPES.format(n=ALLOC_BYTES), "ctypes libcuda"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=uuid)
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
