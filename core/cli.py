@@ -11,7 +11,13 @@ __all__ = ["main", "daemon_main", "build_parser"]
 
 #: Modules that add subcommands, in the order ``berth --help`` lists them.
 _COMMAND_MODULES = (
+    "berth.daemon",
+    "berth.board",
+    "berth.run",
     "berth.sim.cli",
+    "berth_hosts.llama_swap.cli",
+    "berth_hosts.supervisor.cli",
+    "berth.demo",
 )
 
 

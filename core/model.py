@@ -89,6 +89,11 @@ RULE_EDGES: frozenset[tuple[ShareState, ShareState]] = frozenset({
     (S.RETURNING, S.RELEASED),
     # A waiter withdrawn before its grant never held memory.
     (S.WAITING, S.FREED),
+    # Rule 5, "state survives the daemon": a share caught mid-transition when berthd died is
+    # settled by a driver read on restart. A park or lend whose memory never left settles
+    # back to active (issue 4).
+    (S.PARKING, S.ACTIVE),
+    (S.LENDING, S.ACTIVE),
 })
 
 #: Allowed next states, by state.
@@ -236,8 +241,10 @@ def move(share: Share, dst: ShareState, now: float) -> tuple[ShareState, ShareSt
 class Lease:
     """One engine run's claim on memory: one :class:`Share` per card, keyed by PCI address.
 
-    ``priority``: higher wins. ``pid``/``start_time``: the process identity (PID plus its start
-    time in seconds since the epoch, as psutil reports it), ``None`` until attached.
+    ``priority``: higher wins. ``pid``/``start_time``: the engine's process identity (PID plus
+    its start time in seconds since the epoch, as psutil reports it), ``None`` until attached.
+    ``owner_pid``/``owner_start_time``: the process that asked for the lease (``berth run`` or
+    a host plugin), so a lease still waiting can be re-attached or dropped after a restart.
     ``growth_allowance_bytes`` is the allowance A of seed 000 for ``Bound.GROWTH``.
     ``need_bytes`` is the current need per card for ``current``/``growth`` (defaults to the size).
     ``held`` is an operator hold: a held lease is never displaced.
@@ -253,6 +260,8 @@ class Lease:
     caps: Capabilities = field(default_factory=Capabilities)
     pid: int | None = None
     start_time: float | None = None
+    owner_pid: int | None = None
+    owner_start_time: float | None = None
     requested_at: float = 0.0
     granted_at: float | None = None
     last_used_at: float = 0.0

@@ -393,6 +393,48 @@ class Scheduler:
         self.swaps.prune(now - self.policy.juggle_window_s)
         return fx + self._pass(now)
 
+    def adopt(self, lease: Lease, now: float, waiting: str | None = None,
+              since: float | None = None) -> list[Effect]:
+        """Take back a lease from the state file after a restart (rule 5), as it is; shares
+        caught mid-transition must already be settled by a driver read (the broker does it).
+        Re-arms what each state waits for: a wake, return or drain is asked again and its
+        deadline restarts; released shares are watched until free; a lent share with no
+        borrower grows back. ``waiting`` re-queues the lease as that kind of waiter."""
+        self.ledger.add_lease(lease)
+        fx: list[Effect] = []
+        p = self.policy
+        for pci, sh in lease.shares.items():
+            if sh.state is S.RESUMING:
+                self.deadlines[(lease.id, pci, Op.WAKE)] = now + p.wake_limit_s
+            elif sh.state is S.RETURNING:
+                self.deadlines[(lease.id, pci, Op.RETURN)] = now + p.wake_limit_s
+            elif sh.state is S.PARKING:
+                self.deadlines[(lease.id, pci, Op.PARK)] = now + p.release_grace_s
+                fx.append(self._watch(lease, pci, "parked", self._max_residual(lease, pci), now,
+                                      p.release_grace_s))
+            elif sh.state is S.LENDING:
+                self.deadlines[(lease.id, pci, Op.LEND)] = now + p.release_grace_s
+                fx.append(self._watch(lease, pci, "lent", max(0, sh.reserved_bytes - sh.lent_bytes),
+                                      now, p.release_grace_s))
+            elif sh.state in (S.DRAINING, S.RELEASED):
+                self.deadlines[(lease.id, pci, Op.DRAIN)] = now + p.release_grace_s
+                fx.append(self._watch(lease, pci, "freed", 0, now, p.release_grace_s))
+        for op, st in ((Op.WAKE, S.RESUMING), (Op.RETURN, S.RETURNING), (Op.DRAIN, S.DRAINING),
+                       (Op.PARK, S.PARKING), (Op.LEND, S.LENDING)):
+            cards = tuple(pci for pci, sh in lease.shares.items() if sh.state is st)
+            if cards:
+                n = {pci: lease.shares[pci].lent_bytes for pci in cards} if op == Op.LEND else {}
+                fx.append(Instruct(lease.id, op, cards, next(self._seq), n,
+                                   reason="re-attached after a restart"))
+        if waiting is not None and lease.id not in self.queue:
+            self.queue.push(Waiter(lease.id, WaitKind(waiting), lease.priority,
+                                   now if since is None else since, {}))
+        fx += self._want_return(lease, now)
+        fx.append(Note(lease.id, "reattach", f"{lease.engine} re-attached: "
+                       + ", ".join(f"{self._name(pci)} {sh.state}"
+                                   for pci, sh in lease.shares.items())))
+        return fx
+
     # -- the admission pass ------------------------------------------------------------------
     def _pass(self, now: float) -> list[Effect]:
         fx: list[Effect] = []

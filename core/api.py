@@ -1,0 +1,509 @@
+"""The control API: HTTP with JSON on a Unix socket (and, with a key, on TCP).
+
+Source: issue 4 "The control API", DESIGN.md. Request bodies are pydantic models; a malformed
+call gets a 4xx JSON error naming the field and value, never a crash, and changes nothing.
+
+Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
+
+=========================================  =================================================
+``POST /v1/leases``                        request a lease → 201 ``{"id", "state", "cards"}``
+``GET  /v1/leases/{id}/grant?timeout=S``   wait for the grant → ``{"granted", "cards", "rung"}``
+``POST /v1/leases/{id}/attach``            ``{"pid", "start_time"}``: the engine's process
+``POST /v1/leases/{id}/report``            ``{"op", "ok", "detail"}``: park/wake/lend/return/drain
+``GET  /v1/leases/{id}/instructions``      long-poll ``?after=SEQ&timeout=S`` → instructions
+``POST /v1/leases/{id}/wake``              a front holds a write for this lease
+``POST /v1/leases/{id}/touch``             the engine served a request
+``POST /v1/leases/{id}/release``           the run is done (``?wait=S``: until the driver
+                                           confirms the memory free)
+``GET  /v1/leases/{id}``                   one lease
+``POST /v1/operator/{op}``                 ``{"target"}``: park, wake, drain, hold, release-hold
+``GET  /v1/status``                        the board (``berth status --json``)
+``GET  /v1/timeline?after=SEQ&timeout=S``  timeline entries (long-poll)
+``GET  /metrics``                          Prometheus text
+=========================================  =================================================
+
+Who may claim a process: the peer's credentials (``SO_PEERCRED``) are recorded; an attach is
+allowed only if the caller is that process, or its parent, or a host plugin vouches for it
+(``berth_vouch``). Any other attach is refused (403) and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import psutil
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from .broker import Broker, LeaseGone
+from .model import Bound, Capabilities, Lease, ParkMechanism, Share
+from .process import identify, peer_credentials
+from .units import parse_size
+
+__all__ = ["make_app", "serve"]
+
+log = logging.getLogger("berth.api")
+BROKER = web.AppKey("broker", Broker)
+
+
+def _size_or_card(v: Any) -> int | None:
+    return parse_size(v, field="size", allow_card=True)
+
+
+def _size(v: Any) -> int:
+    return parse_size(v, field="size")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ShareBody(_Body):
+    card: str | None = None
+    size: Annotated[int | None, BeforeValidator(_size_or_card)]
+    need: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
+
+
+class LeaseBody(_Body):
+    engine: str = Field(min_length=1, max_length=200, pattern=r"^[^\s/]+$")
+    shares: list[ShareBody] = Field(min_length=1, max_length=64)
+    bound: Bound = Bound.DECLARED
+    growth_allowance: Annotated[int, BeforeValidator(_size)] = 0
+    priority: int = Field(0, ge=-1000, le=1000)
+    park: Literal["hook", "checkpoint"] | None = None
+    lend: bool = False
+    lend_max: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
+    front: str | None = Field(None, max_length=300)
+    owner_pid: int | None = Field(None, gt=0)
+
+
+class AttachBody(_Body):
+    pid: int = Field(gt=0)
+    start_time: float | None = None
+    host: str | None = None
+
+
+class ReportBody(_Body):
+    op: Literal["park", "wake", "lend", "return", "drain"]
+    ok: bool
+    detail: str = Field("", max_length=2000)
+
+
+class OperatorBody(_Body):
+    target: str = Field(min_length=1, max_length=300)
+
+
+class ReleaseBody(_Body):
+    reason: str = Field("released", max_length=500)
+
+
+def _error(status: int, message: str, kind: str = "invalid_request", **extra) -> web.Response:
+    return web.json_response({"error": {"type": kind, "code": status, "message": message, **extra},
+                              "src": "berthd"}, status=status)
+
+
+async def _body(request: web.Request, model: type[BaseModel]):
+    """Parse and validate a JSON body; raise an HTTP 400 naming each bad field and value."""
+    try:
+        raw = await request.json() if request.can_read_body else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise web.HTTPBadRequest(reason=f"body is not JSON: {e}")
+    if not isinstance(raw, dict):
+        raise web.HTTPBadRequest(reason=f"body must be a JSON object, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or '(body)'}: "
+            f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})"
+            for err in e.errors())
+        raise web.HTTPBadRequest(reason=problems)
+
+
+def _num(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(reason=f"{name}: expected a number, got {raw!r}")
+    if not lo <= v <= hi or v != v:
+        raise web.HTTPBadRequest(reason=f"{name}: must be between {lo} and {hi}, got {raw!r}")
+    return v
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    """Every answer is JSON in one shape; nothing a client sends can cause a 5xx."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return _error(e.status, e.reason or e.text or "error")
+    except KeyError as e:
+        return _error(404, str(e.args[0]) if e.args else "not found", "not_found")
+    except LeaseGone as e:
+        return _error(410, e.reason, "gone")
+    except ValueError as e:
+        return _error(409, str(e), "conflict")
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:        # a bug: say so without crashing the daemon
+        log.exception("request %s %s failed", request.method, request.path)
+        return _error(500, f"internal error: {type(e).__name__}", "internal")
+
+
+def _auth(key: str | None):
+    @web.middleware
+    async def check(request: web.Request, handler):
+        sock = request.transport.get_extra_info("socket") if request.transport else None
+        if key and peer_credentials(sock) is None:       # TCP: the key is required
+            if request.headers.get("Authorization") != f"Bearer {key}":
+                return _error(401, "the TCP control API needs 'Authorization: Bearer <key>'",
+                              "unauthorized")
+        return await handler(request)
+    return check
+
+
+def _peer(request: web.Request) -> tuple[int, int, int] | None:
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    return peer_credentials(sock)
+
+
+def _lease(broker: Broker, lease_id: str) -> Lease:
+    lease = broker.sched.ledger.leases.get(lease_id)
+    if lease is None:
+        ch = broker.channels.get(lease_id)
+        if ch is not None and ch.ended is not None:
+            raise LeaseGone(lease_id, ch.ended)
+        raise KeyError(f"lease {lease_id!r}: not known")
+    return lease
+
+
+def _cards_json(broker: Broker, cards: dict[str, int]) -> list[dict]:
+    led = broker.sched.ledger
+    return [{"pci": p, "name": led.cards[p].name, "uuid": broker.uuids.get(p), "bytes": b}
+            for p, b in cards.items()]
+
+
+def _resolve_card(broker: Broker, key: str | None, size: int | None) -> str:
+    led = broker.sched.ledger
+    if key:
+        return led.card(key).pci
+    fits = [p for p, c in led.cards.items() if size is None or size <= c.capacity_bytes]
+    if not fits:
+        raise web.HTTPBadRequest(reason=f"size: {size} bytes is larger than every card's capacity")
+    return max(fits, key=lambda p: (led.available(p), led.cards[p].capacity_bytes))
+
+
+# -- handlers ----------------------------------------------------------------------------------
+async def request_lease(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    body: LeaseBody = await _body(request, LeaseBody)
+    if (body.park or body.lend) and not body.front:
+        raise web.HTTPBadRequest(reason="front: park and lend need a front (rule 3); "
+                                        "give --front HOST:PORT")
+    shares: dict[str, Share] = {}
+    need: dict[str, int] = {}
+    for i, sb in enumerate(body.shares):
+        try:
+            pci = _resolve_card(broker, sb.card, sb.size)
+        except KeyError as e:
+            raise web.HTTPBadRequest(reason=f"shares.{i}.card: {e.args[0]}")
+        if pci in shares:
+            raise web.HTTPBadRequest(reason=f"shares.{i}.card: card {sb.card!r} is named twice")
+        if sb.size is not None and sb.size <= 0:
+            raise web.HTTPBadRequest(reason=f"shares.{i}.size: must be more than 0 bytes")
+        shares[pci] = Share(pci, sb.size or 0, whole_card=sb.size is None)
+        if sb.need is not None:
+            need[pci] = sb.need
+    peer = _peer(request)
+    owner_pid = body.owner_pid or (peer[0] if peer else None)
+    owner = identify(owner_pid) if owner_pid else None
+    lease = Lease(id=broker.new_lease_id(body.engine), engine=body.engine, shares=shares,
+                  priority=body.priority, bound=body.bound,
+                  growth_allowance_bytes=body.growth_allowance, need_bytes=need,
+                  caps=Capabilities(park=ParkMechanism(body.park) if body.park else None,
+                                    lend=body.lend, lend_max_bytes=body.lend_max, front=body.front),
+                  owner_pid=owner.pid if owner else None,
+                  owner_start_time=owner.start_time if owner else None)
+    await broker.request(lease)
+    state = "waiting" if lease.is_waiting() else "active"
+    if lease.id not in broker.sched.ledger.leases:
+        ch = broker.channels.get(lease.id)
+        return _error(409, ch.ended if ch and ch.ended else "rejected", "rejected", id=lease.id)
+    return web.json_response({"id": lease.id, "state": state,
+                              "cards": _cards_json(broker, {p: s.size_bytes
+                                                            for p, s in shares.items()})},
+                             status=201)
+
+
+async def wait_grant(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    timeout = _num(request, "timeout", 30.0, 0.0, 600.0)
+    g = await broker.wait_grant(lid, timeout)
+    if g is None:
+        pos = [w.lease_id for w in broker.sched.queue].index(lid) if lid in broker.sched.queue else None
+        return web.json_response({"granted": False, "queue_position": pos})
+    return web.json_response({"granted": True, "cards": _cards_json(broker, g.cards), "rung": g.rung,
+                              "driver": {"kind": broker.driver.kind, "sim_dir": broker.sim_dir}})
+
+
+async def attach(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    body: AttachBody = await _body(request, AttachBody)
+    lease = _lease(broker, lid)
+    actual = identify(body.pid)
+    if actual is None:
+        raise web.HTTPBadRequest(reason=f"pid: no live process {body.pid}")
+    if body.start_time is not None and abs(actual.start_time - body.start_time) > 0.05:
+        raise web.HTTPBadRequest(reason=f"start_time: pid {body.pid} started at "
+                                        f"{actual.start_time}, not {body.start_time}")
+    peer = _peer(request)
+    allowed, why = False, "no peer credentials (TCP) and no plugin vouches"
+    if peer is not None:
+        ppid = _ppid(body.pid)
+        if peer[0] == body.pid:
+            allowed, why = True, "the caller is the process"
+        elif ppid == peer[0]:
+            allowed, why = True, "the caller is its parent"
+        else:
+            why = f"caller pid {peer[0]} is neither pid {body.pid} nor its parent ({ppid})"
+    if not allowed and broker.pm is not None:
+        verdict = broker.pm.hook.berth_vouch(pid=body.pid, start_time=actual.start_time,
+                                             engine=lease.engine, host=body.host)
+        if verdict:
+            allowed, why = True, f"vouched for by the {body.host or 'host'} plugin"
+    if not allowed:
+        log.warning("attach of pid %s to lease %s refused: %s", body.pid, lid, why)
+        return _error(403, f"attach refused: {why}", "forbidden")
+    await broker.submit(lambda now: broker.sched.attach(lid, actual.pid, actual.start_time, now))
+    return web.json_response({"id": lid, "pid": actual.pid, "start_time": actual.start_time,
+                              "why": why})
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
+async def report(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    body: ReportBody = await _body(request, ReportBody)
+    _lease(broker, lid)
+    broker.reported(lid, body.op)
+    await broker.submit(lambda now: broker.sched.report(lid, body.op, body.ok, now, body.detail))
+    return web.json_response({"id": lid, "op": body.op, "ok": body.ok})
+
+
+async def instructions(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    after = int(_num(request, "after", 0, 0, 2**62))
+    timeout = _num(request, "timeout", 25.0, 0.0, 600.0)
+    if lid not in broker.channels:
+        raise KeyError(f"lease {lid!r}: not known")
+    ins, ended = await broker.instructions(lid, after, timeout)
+    lease = broker.sched.ledger.leases.get(lid)
+    return web.json_response({
+        "instructions": [{"op": i.op, "seq": i.seq, "cards": list(i.cards), "bytes": i.bytes,
+                          "reason": i.reason} for i in ins],
+        "ended": ended,
+        "states": {p: s.state.value for p, s in lease.shares.items()} if lease else {}})
+
+
+async def wake(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    lease = _lease(broker, lid)
+    await broker.submit(lambda now: broker.sched.wake(lid, now))
+    return web.json_response({"id": lid, "states": {p: s.state.value for p, s in lease.shares.items()}})
+
+
+async def touch(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    _lease(broker, lid)
+    await broker.submit(lambda now: broker.sched.touch(lid, now))
+    return web.json_response({"id": lid})
+
+
+async def release(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    body: ReleaseBody = await _body(request, ReleaseBody)
+    wait = _num(request, "wait", 0.0, 0.0, 600.0)
+    lease = broker.sched.ledger.leases.get(lid)
+    if lease is not None:
+        await broker.submit(lambda now: broker.sched.exited(lid, now))
+    ch = broker.channels.get(lid)
+    if ch is None:
+        raise KeyError(f"lease {lid!r}: not known")
+    deadline = asyncio.get_running_loop().time() + wait
+    while ch.ended is None and lid in broker.sched.ledger.leases:
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            break
+        async with ch.changed:
+            try:
+                await asyncio.wait_for(ch.changed.wait(), left)
+            except TimeoutError:
+                break
+    ended = lid not in broker.sched.ledger.leases
+    log.info("lease %s released by its run (%s)%s", lid, body.reason,
+             "" if ended else "; memory not yet confirmed free")
+    return web.json_response({"id": lid, "ended": ended, "reason": ch.ended})
+
+
+async def get_lease(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    _lease(broker, lid)
+    for le in broker.status()["leases"]:
+        if le["id"] == lid:
+            return web.json_response(le)
+    raise KeyError(f"lease {lid!r}: not known")
+
+
+async def operator(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    op = request.match_info["op"]
+    if op not in ("park", "wake", "drain", "hold", "release-hold"):
+        raise web.HTTPNotFound(reason=f"operator action {op!r}: expected park, wake, drain, "
+                                      f"hold or release-hold")
+    body: OperatorBody = await _body(request, OperatorBody)
+    lease = broker.sched.find(body.target)
+    fx = await broker.submit(lambda now: broker.sched.operator(op, lease.id, now))
+    return web.json_response({"lease": lease.id, "engine": lease.engine, "op": op,
+                              "notes": [e.text for e in fx if hasattr(e, "text")]})
+
+
+async def status(request: web.Request) -> web.Response:
+    return web.json_response(request.app[BROKER].status())
+
+
+async def timeline(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    after = int(_num(request, "after", 0, 0, 2**62))
+    timeout = _num(request, "timeout", 0.0, 0.0, 600.0)
+    entries = await broker.wait_timeline(after, timeout) if timeout else \
+        [x for x in broker.timeline if x["seq"] > after]
+    return web.json_response({"entries": entries})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True, "pid": os.getpid()})
+
+
+class _BoardCollector:
+    """Prometheus figures read from the board at scrape time (same numbers as the status)."""
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+
+    def collect(self):
+        st = self.broker.status()
+        fields = ("total_bytes", "free_bytes", "reserve_bytes", "baseline_bytes",
+                  "stowaway_bytes", "claim_bytes", "budget_bytes", "counted_bytes",
+                  "available_bytes", "suggested_reserve_bytes")
+        for f in fields:
+            g = GaugeMetricFamily(f"berth_card_{f}", f"Card {f.replace('_', ' ')}",
+                                  labels=["pci", "card"])
+            for c in st["cards"]:
+                if c.get(f) is not None:
+                    g.add_metric([c["pci"], c["name"]], c[f])
+            yield g
+        shares = GaugeMetricFamily("berth_shares", "Shares by card and state",
+                                   labels=["card", "state"])
+        counts: dict[tuple[str, str], int] = {}
+        for le in st["leases"]:
+            for sh in le["shares"]:
+                k = (sh["card_name"], sh["state"])
+                counts[k] = counts.get(k, 0) + 1
+        for (card, state), n in sorted(counts.items()):
+            shares.add_metric([card, state], n)
+        yield shares
+        yield GaugeMetricFamily("berth_waiting", "Entries in the waiting queue",
+                                value=len(st["waiting"]))
+        for k, v in st["counters"].items():
+            if k == "reserve_fraction":
+                yield GaugeMetricFamily("berth_reserve_fraction", "Reserve / total", value=v)
+            else:
+                c = CounterMetricFamily(f"berth_{k}", f"Count of {k.replace('_', ' ')}")
+                c.add_metric([], v)
+                yield c
+
+
+async def metrics(request: web.Request) -> web.Response:
+    reg = request.app[_REGISTRY]
+    return web.Response(body=generate_latest(reg), content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus": "0.0.4"})
+
+
+_REGISTRY = web.AppKey("registry", CollectorRegistry)
+
+
+def make_app(broker: Broker, key: str | None = None) -> web.Application:
+    app = web.Application(middlewares=[_errors, _auth(key)], client_max_size=1 << 20)
+    app[BROKER] = broker
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_BoardCollector(broker))
+    app[_REGISTRY] = reg
+    r = app.router
+    r.add_post("/v1/leases", request_lease)
+    r.add_get("/v1/leases/{id}", get_lease)
+    r.add_get("/v1/leases/{id}/grant", wait_grant)
+    r.add_post("/v1/leases/{id}/attach", attach)
+    r.add_post("/v1/leases/{id}/report", report)
+    r.add_get("/v1/leases/{id}/instructions", instructions)
+    r.add_post("/v1/leases/{id}/wake", wake)
+    r.add_post("/v1/leases/{id}/touch", touch)
+    r.add_post("/v1/leases/{id}/release", release)
+    r.add_post("/v1/operator/{op}", operator)
+    r.add_get("/v1/status", status)
+    r.add_get("/v1/timeline", timeline)
+    r.add_get("/v1/health", health)
+    r.add_get("/metrics", metrics)
+    return app
+
+
+async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
+                key: str | None = None) -> web.AppRunner:
+    """Start the API on ``socket_path`` (mode 0660) and optionally ``tcp`` (``host:port``)."""
+    app = make_app(broker, key)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    socket_path = Path(socket_path)
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    if socket_path.exists():
+        socket_path.unlink()
+    site = web.UnixSite(runner, str(socket_path))
+    await site.start()
+    os.chmod(socket_path, 0o660)
+    if tcp:
+        host, _, port = tcp.rpartition(":")
+        await web.TCPSite(runner, host or "127.0.0.1", int(port)).start()
+    return runner
+
+
+# A lease body as the CLI and berth run send it (kept here so both agree).
+def lease_body(engine: str, sizes: list[tuple[str | None, str]], *, priority: int = 0,
+               park: str | None = None, lend: bool = False, front: str | None = None,
+               bound: str = "declared", owner_pid: int | None = None) -> dict:
+    return {"engine": engine, "shares": [{"card": c, "size": s} for c, s in sizes],
+            "priority": priority, "park": park, "lend": lend, "front": front, "bound": bound,
+            **({"owner_pid": owner_pid} if owner_pid else {})}
+

@@ -1,0 +1,102 @@
+"""``berth status`` (the board) and the operator commands ``berth park|wake|drain|hold|
+release-hold``. Source: issue 4 "The board", "Operator commands"."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from .client import ApiError, BerthdUnavailable, Client
+from .units import format_size
+
+__all__ = ["register", "render"]
+
+_WIDTH = 48
+_STATE_MARK = {"active": "█", "resuming": "█", "returning": "█", "lending": "█", "lent": "▓",
+               "parking": "▒", "parked": "▒", "draining": "░", "released": "░"}
+
+
+def _bar(card: dict) -> str:
+    total = card["total_bytes"] or 1
+    parts = [("R", card["reserve_bytes"]), ("B", card["baseline_bytes"]),
+             ("S", card["stowaway_bytes"]), ("C", card["claim_bytes"])]
+    parts += [(_STATE_MARK.get(sh["state"], "?"), sh["counted_bytes"]) for sh in card["shares"]]
+    out = ""
+    for mark, b in parts:
+        out += mark * round(_WIDTH * max(0, b) / total)
+    out = out[:_WIDTH]
+    return out + "·" * (_WIDTH - len(out))
+
+
+def render(st: dict) -> str:
+    """The board as text: a bar per card (R reserve, B baseline, S stowaways, C claims, █ active,
+    ▓ lent, ▒ parked, ░ draining, · free), its shares, the waiting queue, the counters."""
+    lines = []
+    for c in st["cards"]:
+        lines.append(f"{c['name']} {c['pci']}  [{_bar(c)}]  {format_size(c['total_bytes'])} total, "
+                     f"budget {format_size(c['budget_bytes'])}, driver free "
+                     f"{format_size(c['free_bytes'])}")
+        lines.append(f"    reserve {format_size(c['reserve_bytes'])} · baseline "
+                     f"{format_size(c['baseline_bytes'])} · stowaways "
+                     f"{format_size(c['stowaway_bytes'])} · claims {format_size(c['claim_bytes'])}"
+                     + (f" · suggested reserve {format_size(c['suggested_reserve_bytes'])} (above "
+                        f"the configured reserve)" if c.get("reserve_below_suggested") else ""))
+        for sh in c["shares"]:
+            lines.append(f"    {sh['engine']:<20} {sh['state']:<10} {format_size(sh['counted_bytes'])}"
+                         f"  ({sh['lease']})")
+    if st["waiting"]:
+        lines.append("waiting:")
+        for w in st["waiting"]:
+            need = ", ".join(f"{x['card']} {format_size(x['size_bytes'])}" for x in w["need"])
+            lines.append(f"    {w['engine']:<20} {w['kind']:<7} needs {need or '—'}, waited "
+                         f"{w['waited_s']:.1f}s ({w['id']})")
+    else:
+        lines.append("waiting: none")
+    k = st["counters"]
+    lines.append("counters: " + ", ".join(f"{n} {k[n]}" for n in (
+        "grants", "parks", "checkpoints", "lends", "drains", "fallbacks_to_drain", "wakes",
+        "unparked", "admissions_rejected_with_free")) + f", reserve fraction {k['reserve_fraction']:.3f}")
+    return "\n".join(lines)
+
+
+async def _status(args) -> int:
+    async with Client() as c:
+        st = await c.status()
+    print(json.dumps(st, indent=2) if args.json else render(st))
+    return 0
+
+
+async def _operator(args) -> int:
+    async with Client() as c:
+        r = await c.operator(args.command, args.target)
+    print(f"{args.command} {r['engine']} ({r['lease']})" +
+          ("".join(f"\n  {n}" for n in r.get("notes", []))))
+    return 0
+
+
+def _run(coro_fn):
+    def go(args) -> int:
+        try:
+            return asyncio.run(coro_fn(args))
+        except BerthdUnavailable as e:
+            print(f"berth: {e}. Start it with `berth daemon`.", file=sys.stderr)
+            return 3
+        except ApiError as e:
+            print(f"berth: {e.message}", file=sys.stderr)
+            return 1
+    return go
+
+
+def register(sub) -> None:
+    p = sub.add_parser("status", help="the board: cards, shares, the waiting queue, counters")
+    p.add_argument("--json", action="store_true", help="machine-readable (DESIGN.md keys)")
+    p.set_defaults(func=_run(_status))
+    for op, text in (("park", "park an engine (it sleeps in host RAM)"),
+                     ("wake", "wake a parked engine"),
+                     ("drain", "stop an engine"),
+                     ("hold", "protect an engine from being displaced"),
+                     ("release-hold", "let a held engine be displaced again")):
+        q = sub.add_parser(op, help=text)
+        q.add_argument("target", metavar="LEASE_OR_ENGINE")
+        q.set_defaults(func=_run(_operator))

@@ -1,0 +1,120 @@
+"""A client for berthd's control API (used by the CLI, ``berth run`` and host plugins).
+
+Every call raises :class:`BerthdUnavailable` when berthd cannot be reached (so callers can fail
+open) and :class:`ApiError` for a 4xx/5xx answer, with berthd's message.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from . import paths
+
+__all__ = ["Client", "ApiError", "BerthdUnavailable"]
+
+
+class BerthdUnavailable(ConnectionError):
+    """berthd is not running or its socket cannot be reached."""
+
+
+class ApiError(RuntimeError):
+    """berthd answered with an error. ``status`` is the HTTP status, ``kind`` the error type."""
+
+    def __init__(self, status: int, message: str, kind: str = ""):
+        super().__init__(f"berthd: {message} (HTTP {status})")
+        self.status, self.message, self.kind = status, message, kind
+
+
+class Client:
+    """``async with Client() as c: await c.status()``. ``socket`` defaults to
+    ``$BERTH_SOCKET`` or ``<state dir>/berthd.sock``; ``url``+``key`` reach a TCP listener."""
+
+    def __init__(self, socket: str | os.PathLike | None = None, url: str | None = None,
+                 key: str | None = None, timeout_s: float = 30.0):
+        self.socket = Path(socket) if socket else paths.socket_path()
+        self.url = url or "http://berthd"
+        self.key = key
+        self.timeout_s = timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "Client":
+        conn = None if self.url != "http://berthd" else aiohttp.UnixConnector(path=str(self.socket))
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        self._session = aiohttp.ClientSession(connector=conn, headers=headers)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def call(self, method: str, path: str, body: dict | None = None,
+                   timeout_s: float | None = None, **params: Any) -> dict:
+        if self._session is None:
+            await self.__aenter__()
+        t = aiohttp.ClientTimeout(total=(timeout_s or self.timeout_s))
+        try:
+            async with self._session.request(method, self.url + path, json=body, timeout=t,
+                                             params={k: str(v) for k, v in params.items()}) as r:
+                try:
+                    data = await r.json(content_type=None)
+                except ValueError:
+                    data = {"error": {"message": (await r.text())[:500]}}
+                if r.status >= 400:
+                    err = (data or {}).get("error", {}) if isinstance(data, dict) else {}
+                    raise ApiError(r.status, err.get("message", str(data)), err.get("type", ""))
+                return data
+        except (aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError) as e:
+            raise BerthdUnavailable(f"berthd is not reachable at {self.socket}: {e}") from None
+
+    # -- the calls ---------------------------------------------------------------------------
+    async def status(self) -> dict:
+        return await self.call("GET", "/v1/status")
+
+    async def request_lease(self, body: dict) -> dict:
+        return await self.call("POST", "/v1/leases", body)
+
+    async def wait_grant(self, lease_id: str, timeout_s: float = 25.0) -> dict:
+        return await self.call("GET", f"/v1/leases/{lease_id}/grant", timeout_s=timeout_s + 10,
+                               timeout=timeout_s)
+
+    async def attach(self, lease_id: str, pid: int, start_time: float | None = None,
+                     host: str | None = None) -> dict:
+        body: dict = {"pid": pid}
+        if start_time is not None:
+            body["start_time"] = start_time
+        if host:
+            body["host"] = host
+        return await self.call("POST", f"/v1/leases/{lease_id}/attach", body)
+
+    async def report(self, lease_id: str, op: str, ok: bool, detail: str = "") -> dict:
+        return await self.call("POST", f"/v1/leases/{lease_id}/report",
+                               {"op": op, "ok": ok, "detail": detail[:2000]})
+
+    async def instructions(self, lease_id: str, after: int, timeout_s: float = 25.0) -> dict:
+        return await self.call("GET", f"/v1/leases/{lease_id}/instructions",
+                               timeout_s=timeout_s + 10, after=after, timeout=timeout_s)
+
+    async def wake(self, lease_id: str) -> dict:
+        return await self.call("POST", f"/v1/leases/{lease_id}/wake", {})
+
+    async def touch(self, lease_id: str) -> dict:
+        return await self.call("POST", f"/v1/leases/{lease_id}/touch", {})
+
+    async def release(self, lease_id: str, wait_s: float = 0.0, reason: str = "released") -> dict:
+        return await self.call("POST", f"/v1/leases/{lease_id}/release", {"reason": reason},
+                               timeout_s=wait_s + 10, wait=wait_s)
+
+    async def operator(self, op: str, target: str) -> dict:
+        return await self.call("POST", f"/v1/operator/{op}", {"target": target})
+
+    async def timeline(self, after: int = 0, timeout_s: float = 0.0) -> dict:
+        return await self.call("GET", "/v1/timeline", timeout_s=timeout_s + 10, after=after,
+                               timeout=timeout_s)

@@ -1,0 +1,107 @@
+"""Process identity: a PID plus its start time, and signals only to what Berth started.
+
+Source: seed 002 rule 6 ("never signal what Berth did not start"); issue 4 "Signals". A PID
+alone is not an identity: PIDs are reused. Berth records ``(pid, start_time)`` when it starts a
+process and checks both before every signal; a PID that now belongs to another process (its start
+time differs) is never signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as _signal
+from dataclasses import dataclass
+
+import psutil
+
+__all__ = ["ProcessId", "identify", "alive", "signal_process", "signal_group", "tree_pids",
+           "peer_credentials", "SignalRefused"]
+
+#: Start times from psutil are floats; two reads of one process agree to well under this.
+_TOLERANCE_S = 0.05
+
+
+class SignalRefused(RuntimeError):
+    """Berth refused to signal: the PID is gone, or now belongs to another process."""
+
+
+@dataclass(frozen=True)
+class ProcessId:
+    """A process identity: ``pid`` and ``start_time`` (seconds since the epoch, psutil's
+    ``create_time()``)."""
+
+    pid: int
+    start_time: float
+
+
+def identify(pid: int) -> ProcessId | None:
+    """The identity of the live process ``pid`` now, or ``None`` if there is none."""
+    try:
+        return ProcessId(pid, psutil.Process(pid).create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
+        return None
+
+
+def alive(pid_id: ProcessId) -> bool:
+    """True if ``pid_id.pid`` is alive, not a zombie, and started at ``pid_id.start_time``."""
+    try:
+        p = psutil.Process(pid_id.pid)
+        if abs(p.create_time() - pid_id.start_time) > _TOLERANCE_S:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def signal_process(pid_id: ProcessId, sig: int = _signal.SIGTERM) -> None:
+    """Send ``sig`` to the process, only if it is still the one recorded.
+    Raises :class:`SignalRefused` otherwise."""
+    if not alive(pid_id):
+        raise SignalRefused(f"pid {pid_id.pid}: not the process Berth started "
+                            f"(start time {pid_id.start_time}); not signalled")
+    os.kill(pid_id.pid, sig)
+
+
+def signal_group(leader: ProcessId, sig: int = _signal.SIGTERM) -> None:
+    """Send ``sig`` to the process group led by ``leader`` (pgid = its pid), only if the leader
+    is still the process Berth started, or is gone while members of its group remain (the group
+    id cannot be reused while any member lives). Raises :class:`SignalRefused` otherwise."""
+    if alive(leader):
+        os.killpg(leader.pid, sig)
+        return
+    if identify(leader.pid) is not None:
+        raise SignalRefused(f"pid {leader.pid} now belongs to another process; group not signalled")
+    members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == leader.pid]
+    if not members:
+        raise SignalRefused(f"process group {leader.pid} is empty")
+    os.killpg(leader.pid, sig)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def tree_pids(root: int) -> set[int]:
+    """``root`` and all its descendants that are alive now (empty if ``root`` is gone)."""
+    try:
+        p = psutil.Process(root)
+        return {root} | {c.pid for c in p.children(recursive=True)}
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return set()
+
+
+def peer_credentials(sock) -> tuple[int, int, int] | None:
+    """``(pid, uid, gid)`` of the process at the other end of a Unix socket (``SO_PEERCRED``),
+    or ``None`` for other sockets."""
+    import socket
+    import struct
+    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return struct.unpack("3i", raw)

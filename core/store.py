@@ -1,0 +1,166 @@
+"""The state file: every lease, share and waiter, so state survives the daemon (rule 5).
+
+Source: seed 002 rule 5; issue 4 "State that survives". TOML written with tomli-w, atomically:
+write a temporary file in the same directory, fsync it, rename it over the old one, fsync the
+directory. Times are the broker's monotonic clock (seconds since boot, shared by every process),
+so they stay meaningful across a daemon restart within one boot; ``boot_id`` tells a reboot
+apart, after which no lease can be alive.
+
+:func:`load` returns ``None`` for a missing file and raises :class:`StateCorrupt` for one that
+cannot be read; :func:`quarantine` moves such a file aside.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomli_w
+
+from .admission import WaitKind
+from .model import Bound, Capabilities, Lease, ParkMechanism, Share, ShareState
+
+__all__ = ["Snapshot", "StateCorrupt", "dump", "load", "write_atomic", "quarantine", "boot_id"]
+
+VERSION = 1
+
+
+class StateCorrupt(ValueError):
+    """The state file exists but cannot be used (truncated, not TOML, wrong shape)."""
+
+
+@dataclass
+class Snapshot:
+    """What the state file holds: leases, waiting entries ``(lease_id, kind, since)``, counters,
+    per-card baselines (bytes), and the boot it was written in."""
+
+    leases: list[Lease] = field(default_factory=list)
+    waiting: list[tuple[str, str, float]] = field(default_factory=list)
+    counters: dict[str, int] = field(default_factory=dict)
+    baselines: dict[str, int] = field(default_factory=dict)
+    boot_id: str = ""
+
+
+def boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), or ``""`` where there is none."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _clean(d: dict) -> dict:
+    """TOML has no null: drop ``None`` values (recursively)."""
+    out = {}
+    for k, v in d.items():
+        if v is None:
+            continue
+        out[k] = _clean(v) if isinstance(v, dict) else v
+    return out
+
+
+def _share_dict(sh: Share) -> dict:
+    return _clean({"card": sh.card, "size_bytes": sh.size_bytes, "whole_card": sh.whole_card,
+                   "state": sh.state.value, "reserved_bytes": sh.reserved_bytes,
+                   "used_bytes": sh.used_bytes, "lent_bytes": sh.lent_bytes,
+                   "residual_bytes": sh.residual_bytes, "lent_to": sh.lent_to,
+                   "borrowed_from": sh.borrowed_from, "since": sh.since})
+
+
+def _lease_dict(le: Lease) -> dict:
+    return _clean({
+        "id": le.id, "engine": le.engine, "priority": le.priority, "bound": le.bound.value,
+        "growth_allowance_bytes": le.growth_allowance_bytes, "need_bytes": dict(le.need_bytes),
+        "caps": _clean(le.caps.as_dict()), "pid": le.pid, "start_time": le.start_time,
+        "owner_pid": le.owner_pid, "owner_start_time": le.owner_start_time,
+        "requested_at": le.requested_at, "granted_at": le.granted_at,
+        "last_used_at": le.last_used_at, "held": le.held,
+        "shares": [_share_dict(sh) for sh in le.shares.values()],
+    })
+
+
+def dump(snap: Snapshot) -> bytes:
+    """Serialise a snapshot to TOML bytes."""
+    doc = {"version": VERSION, "boot_id": snap.boot_id, "written_at": time.time(),
+           "counters": dict(snap.counters), "baselines": dict(snap.baselines),
+           "leases": [_lease_dict(le) for le in snap.leases],
+           "waiting": [{"lease_id": lid, "kind": kind, "since": since}
+                       for lid, kind, since in snap.waiting]}
+    return tomli_w.dumps(doc).encode()
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never a part:
+    temporary file, fsync, rename, fsync of the directory."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _share_from(d: dict) -> Share:
+    return Share(card=d["card"], size_bytes=int(d["size_bytes"]),
+                 state=ShareState(d["state"]), whole_card=bool(d.get("whole_card", False)),
+                 reserved_bytes=int(d.get("reserved_bytes", 0)), used_bytes=d.get("used_bytes"),
+                 lent_bytes=int(d.get("lent_bytes", 0)),
+                 residual_bytes=int(d.get("residual_bytes", 0)), lent_to=d.get("lent_to"),
+                 borrowed_from=d.get("borrowed_from"), since=float(d.get("since", 0.0)))
+
+
+def _lease_from(d: dict) -> Lease:
+    caps = d.get("caps", {})
+    shares = [_share_from(s) for s in d["shares"]]
+    return Lease(
+        id=d["id"], engine=d["engine"], shares={s.card: s for s in shares},
+        priority=int(d.get("priority", 0)), bound=Bound(d.get("bound", "declared")),
+        growth_allowance_bytes=int(d.get("growth_allowance_bytes", 0)),
+        need_bytes={k: int(v) for k, v in d.get("need_bytes", {}).items()},
+        caps=Capabilities(park=ParkMechanism(caps["park"]) if caps.get("park") else None,
+                          lend=bool(caps.get("lend", False)),
+                          lend_max_bytes=caps.get("lend_max_bytes"), front=caps.get("front")),
+        pid=d.get("pid"), start_time=d.get("start_time"), owner_pid=d.get("owner_pid"),
+        owner_start_time=d.get("owner_start_time"), requested_at=float(d.get("requested_at", 0)),
+        granted_at=d.get("granted_at"), last_used_at=float(d.get("last_used_at", 0)),
+        held=bool(d.get("held", False)))
+
+
+def load(path: Path) -> Snapshot | None:
+    """Read the state file; ``None`` if there is none. Raises :class:`StateCorrupt`."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        doc = tomllib.loads(raw.decode())
+        if doc.get("version") != VERSION:
+            raise StateCorrupt(f"{path}: state version {doc.get('version')!r}, expected {VERSION}")
+        waiting = [(w["lease_id"], WaitKind(w["kind"]).value, float(w["since"]))
+                   for w in doc.get("waiting", [])]
+        return Snapshot(leases=[_lease_from(d) for d in doc.get("leases", [])], waiting=waiting,
+                        counters={k: int(v) for k, v in doc.get("counters", {}).items()},
+                        baselines={k: int(v) for k, v in doc.get("baselines", {}).items()},
+                        boot_id=str(doc.get("boot_id", "")))
+    except StateCorrupt:
+        raise
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+        raise StateCorrupt(f"{path}: cannot read the state file: {type(e).__name__}: {e}") from None
+
+
+def quarantine(path: Path) -> Path:
+    """Move a corrupt state file aside (``state.toml.corrupt-<unix time>``); return the new path."""
+    dest = Path(path).with_name(f"{Path(path).name}.corrupt-{int(time.time())}")
+    os.replace(path, dest)
+    return dest
