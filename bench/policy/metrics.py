@@ -1,0 +1,132 @@
+"""What one run measured, and the table that compares runs.
+
+Measures (seed 000 "Measuring whether the policy works", and the issue's list):
+
+- **wait**: seconds from a request's first arrival to the start of the attempt that completed
+  (its first byte). A request still unserved at the horizon counts with its wait so far, so
+  the percentiles never flatter a policy that strands requests.
+- **switches by kind**: ``load`` (cold start or reload), ``drain`` (a graceful stop),
+  ``park`` (checkpoint to host RAM), ``wake`` (restore), ``lend``/``return``, ``crash`` (an
+  engine killed by an OOM).
+- **bytes moved**: what the mechanisms copied: weights read by loads, memory checkpointed out
+  and restored in.
+- **OOM events**: allocations that would have taken a card's use past its total (from the
+  simulated driver, :mod:`.world`).
+- **rejected with free**: starts (a cold load or a wake) that a policy did not make at once
+  although the card's free bytes above the policy's floor covered the engine's current need.
+  Berth runs also report the core's own counter (``berth_rejected_with_free``).
+- **reserve fraction**: the floor the policy keeps free, as a fraction of all cards' memory.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+__all__ = ["Recorder", "percentiles", "table", "SWITCH_KINDS"]
+
+SWITCH_KINDS = ("load", "drain", "park", "wake", "lend", "return", "crash")
+
+
+def percentiles(values, qs=(50, 95, 99)) -> list[float]:
+    """Percentiles of ``values`` (linear interpolation); zeros for an empty list."""
+    if len(values) == 0:
+        return [0.0 for _ in qs]
+    return [float(x) for x in np.percentile(np.asarray(values, dtype=float), qs)]
+
+
+class Recorder:
+    """Counters and samples of one run (one workload under one policy)."""
+
+    def __init__(self, wl, policy_name: str):
+        self.workload, self.policy = wl.name, policy_name
+        self.engines = [e.name for e in wl.engines]
+        self.cards = [c.pci for c in wl.cards]
+        self.card_total = {c.pci: c.total_bytes for c in wl.cards}
+        self.switches: Counter[str] = Counter()
+        self.bytes_moved: Counter[str] = Counter()
+        self.ooms: list[tuple[float, str, str, int, int]] = []
+        self.rejected_with_free = 0
+        self.failed_attempts = 0
+        self.refusals: Counter[str] = Counter()
+        self.times: list[float] = []
+        self.card_used: dict[str, list[int]] = {p: [] for p in self.cards}
+        self.engine_res: dict[str, list[int]] = {e: [] for e in self.engines}
+        self.host_ram_peak_bytes = 0
+        self.waits: list[float] = []
+        self.waits_by_engine: dict[str, list[float]] = {e: [] for e in self.engines}
+        self.summary: dict = {}
+
+    def switch(self, kind: str, n_bytes: int) -> None:
+        self.switches[kind] += 1
+        self.bytes_moved[kind] += n_bytes
+
+    def oom(self, now: float, pci: str, engine: str, used: int, asked: int) -> None:
+        self.ooms.append((now, pci, engine, used, asked))
+
+    def sample(self, now: float, used: dict[str, int], by_engine: dict[str, int],
+               host_ram: int) -> None:
+        self.times.append(now)
+        for p in self.cards:
+            self.card_used[p].append(used[p])
+        for e in self.engines:
+            self.engine_res[e].append(by_engine[e])
+        self.host_ram_peak_bytes = max(self.host_ram_peak_bytes, host_ram)
+
+    def finish(self, jobs, end_s: float, policy) -> None:
+        """Compute :attr:`summary` once the run is over."""
+        unserved = dropped = 0
+        for j in jobs:
+            if j.done_s is not None:
+                w = j.wait_s
+            else:
+                w = end_s - j.arrival_s
+                if j.dropped:
+                    dropped += 1
+                else:
+                    unserved += 1
+            self.waits.append(w)
+            self.waits_by_engine[j.engine].append(w)
+        p50, p95, p99 = percentiles(self.waits)
+        free = [sum(self.card_total[p] - self.card_used[p][i] for p in self.cards)
+                for i in range(len(self.times))]
+        total = sum(self.card_total.values())
+        self.summary = {
+            "p50_wait_s": round(p50, 3), "p95_wait_s": round(p95, 3), "p99_wait_s": round(p99, 3),
+            "mean_wait_s": round(float(np.mean(self.waits)) if self.waits else 0.0, 3),
+            "max_wait_s": round(max(self.waits, default=0.0), 3),
+            "requests": len(jobs), "unserved": unserved, "dropped": dropped,
+            "failed_attempts": self.failed_attempts,
+            "refusals": dict(self.refusals),
+            "switches": sum(self.switches.values()),
+            "switches_by_kind": {k: self.switches.get(k, 0) for k in SWITCH_KINDS},
+            "bytes_moved": sum(self.bytes_moved.values()),
+            "bytes_moved_by_kind": {k: v for k, v in self.bytes_moved.items() if v},
+            "oom_events": len(self.ooms),
+            "oom_by_engine": dict(Counter(o[2] for o in self.ooms)),
+            "rejected_with_free": self.rejected_with_free,
+            "reserve_fraction": round(policy.reserve_fraction(), 4),
+            "mean_free_fraction": round(float(np.mean(free)) / total, 4) if free else 1.0,
+            "host_ram_peak_bytes": self.host_ram_peak_bytes,
+            "p95_wait_by_engine_s": {e: round(percentiles(w)[1], 3)
+                                     for e, w in self.waits_by_engine.items()},
+            "end_s": round(end_s, 3),
+        }
+        self.summary.update(policy.extra())
+
+
+def table(rows: list[tuple[str, str, dict]]) -> str:
+    """A Markdown table of ``(workload, policy, summary)`` rows."""
+    head = ("| workload | policy | p50 s | p95 s | p99 s | loads | drains | parks | wakes | "
+            "crashes | GB moved | OOM | rej. w/ free | reserve | unserved |")
+    out = [head, "|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|"]
+    for wl, pol, s in rows:
+        k = s["switches_by_kind"]
+        out.append(
+            f"| {wl} | {pol} | {s['p50_wait_s']:.1f} | {s['p95_wait_s']:.1f} | "
+            f"{s['p99_wait_s']:.1f} | {k['load']} | {k['drain']} | {k['park']} | {k['wake']} | "
+            f"{k['crash']} | {s['bytes_moved'] / 1e9:.0f} | {s['oom_events']} | "
+            f"{s['rejected_with_free']} | {s['reserve_fraction']:.3f} | "
+            f"{s['unserved'] + s['dropped']} |")
+    return "\n".join(out)

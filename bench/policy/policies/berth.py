@@ -1,0 +1,317 @@
+"""Berth: the real pure core, ``berth.scheduler.Scheduler``, driven in virtual time.
+
+Every decision (admission under the lease's bound, the head-of-line policy, the making-room
+ladder, minimum turns, the juggle guard, fallbacks) comes from the core; this module only plays
+the parts the broker, the driver and ``berth run --front`` play around it:
+
+- **Requests.** Each engine sits behind a front (seed 002 "Fronts"). A request with no lease asks
+  for one (``request``); one for a parked or parking lease asks for a wake (``wake``); one for
+  an active, ready engine is forwarded (and ``touch``-ed for the victim order). A front that is
+  closing or asleep holds requests; when its engine settles parked with requests held it asks
+  for the wake itself ("asleep: hold, and ask berthd for the card on the first request").
+- **Effects.** ``Granted``: the run starts the engine (a cold load, seen ready by llama-swap's
+  health poll, since Berth runs as llama-swap's ``cmd``). ``Instruct``: ``park`` checkpoints
+  once forwarded requests finish; ``wake`` restores and then reports; ``drain`` stops the engine
+  and reports the exit; ``lend``/``return`` shrink and regrow the engine's own cap.
+  ``Watch``: the confirmation helper of ``berth.driver.base.confirm``, polling the simulated
+  driver at 0, 20, 60, 140, 300 ms then every 250 ms, and calling ``confirmed`` with the use it
+  read. ``Ended`` lets held requests ask for a new lease.
+- **Reads.** Every ``read_interval_s`` a ``CardRead`` per card (free bytes, each lease's use)
+  goes to ``observe``, so growth shows and growth-bound holders get their extensions.
+- **Deadlines.** ``tick`` runs at the earliest of the scheduler's deadlines.
+
+Scheduler calls are never nested: completions arrive as posted events, and anything that would
+call back into the scheduler from inside an effect is posted too.
+
+Knobs (:data:`KNOBS`): the core's defaults except ``release_grace_s`` = 90 s, because a park
+waits for forwarded requests to finish and image jobs run up to 60 s (plus up to 2.7 s to
+checkpoint 18 GiB at 7 GB/s); with the default 20 s every park of a busy ComfyUI would fall back
+to a drain.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter, deque
+
+from berth.admission import Policy as CoreKnobs
+from berth.admission import QueuePolicy
+from berth.ledger import Ledger
+from berth.measures import reserve_fraction
+from berth.model import Bound, Capabilities, Card, Lease, ParkMechanism, Share, ShareState
+from berth.scheduler import (CardRead, Ended, Granted, Instruct, Note, Op, Rejected, Scheduler,
+                             Watch)
+
+from ..world import EXITED, GONE, PARKED, READY
+from .base import SimPolicy
+
+__all__ = ["BerthPolicy", "KNOBS", "next_poll"]
+
+S = ShareState
+
+#: The core's Policy knobs used by every Berth configuration (seconds, counts).
+KNOBS = dict(scan_max_skips=8, scan_max_wait_s=30.0, release_grace_s=90.0, wake_limit_s=60.0,
+             wait_limit_s=120.0, min_turn_s=10.0, juggle_window_s=120.0, juggle_max_swaps=4,
+             read_interval_s=1.0)
+
+_SERVING = frozenset({S.ACTIVE, S.LENDING, S.LENT, S.RETURNING})
+_ASLEEP = frozenset({S.PARKING, S.PARKED})
+
+
+def next_poll(since_s: float, t_s: float, first_s: float = 0.02, max_s: float = 0.25) -> float:
+    """The first poll of ``berth.driver.base.confirm`` at or after ``t_s``: it reads at
+    ``since_s``, then after 20 ms, doubling up to 250 ms."""
+    at, delay = since_s, first_s
+    if t_s - since_s > 1.0:
+        # Past the doubling phase the polls are 250 ms apart: jump there in one step.
+        head = since_s + 0.02 + 0.04 + 0.08 + 0.16
+        at = head + math.ceil((t_s - head) / max_s - 1e-9) * max_s
+        return at
+    while at < t_s - 1e-12:
+        at += delay
+        delay = min(delay * 2, max_s)
+    return at
+
+
+class BerthPolicy(SimPolicy):
+    """One Berth configuration: a queue policy (``strict``/``scan``) and a bound
+    (``declared``/``current``/``growth``), with :data:`KNOBS` unless ``knobs`` overrides them."""
+
+    def __init__(self, queue: str, bound: str, knobs: dict | None = None):
+        self.queue, self.bound = QueuePolicy(queue), Bound(bound)
+        self.knobs = {**KNOBS, **(knobs or {})}
+        self.name = f"berth-{queue}-{bound}"
+
+    def attach(self, world) -> None:
+        super().attach(world)
+        led = Ledger(ram_budget_bytes=world.wl.host_ram_bytes)
+        for c in world.wl.cards:
+            led.add_card(Card(pci=c.pci, name=c.name, total_bytes=c.total_bytes,
+                              reserve_bytes=c.reserve_bytes))
+        self.sched = Scheduler(CoreKnobs(queue=self.queue, **self.knobs), led)
+        self.lease_of: dict[str, str] = {}
+        self.engine_of: dict[str, str] = {}
+        self.proc_of: dict = {}
+        self.held = {e: deque() for e in world.specs}
+        self.watches: dict[tuple[str, str], Watch] = {}
+        self.confirming: set[tuple[str, str]] = set()
+        self.tick_handle, self.tick_at = None, math.inf
+        self.ids = itertools.count(1)
+        self.ports = {e: 5800 + i for i, e in enumerate(sorted(world.specs))}
+        self.notes: Counter[str] = Counter()
+
+    # -- figures ---------------------------------------------------------------------------
+    def floor_bytes(self, pci: str) -> int:
+        return self.sched.ledger.cards[pci].reserve_bytes
+
+    def reserve_fraction(self) -> float:
+        return reserve_fraction(self.sched.ledger)
+
+    def extra(self) -> dict:
+        limit = self.knobs["wait_limit_s"]
+        over = sum(1 for j in self.world.jobs
+                   if (j.wait_s if j.done_s is not None else self.world.now - j.arrival_s) > limit)
+        c = self.sched.counters
+        return {"berth_rejected_with_free": c.admissions_rejected_with_free,
+                "berth_counters": c.as_dict(),
+                "over_wait_limit": over,
+                "notes": {k: self.notes[k] for k in ("fallback", "lease.unparked", "extend",
+                                                     "drain.overdue", "never")
+                          if self.notes[k]}}
+
+    # -- requests --------------------------------------------------------------------------
+    def on_arrival(self, job) -> None:
+        self.held[job.engine].append(job)
+        self._pump(job.engine)
+
+    def _pump(self, engine: str) -> None:
+        """Move the engine's held requests along: forward, ask for a wake, or ask for a lease."""
+        if not self.held[engine]:
+            return
+        now = self.world.now
+        lid = self.lease_of.get(engine)
+        lease = self.sched.ledger.leases.get(lid) if lid else None
+        if lease is None:
+            self._new_lease(engine)
+            return
+        sts = lease.states()
+        proc = self.proc_of.get(lid)
+        if proc is not None and proc.state == READY and proc.after is None and sts <= _SERVING:
+            while self.held[engine]:
+                self.world.forward(self.held[engine].popleft(), proc)
+            self._apply(self.sched.touch(lid, now))
+        elif sts & _ASLEEP:
+            self._apply(self.sched.wake(lid, now))
+
+    def _new_lease(self, engine: str) -> None:
+        spec = self.world.specs[engine]
+        lid = f"{engine}#{next(self.ids)}"
+        caps = Capabilities(park=ParkMechanism(spec.park) if spec.park else None, lend=spec.lend,
+                            front=f"127.0.0.1:{self.ports[engine]}")
+        lease = Lease(id=lid, engine=engine,
+                      shares={p: Share(card=p, size_bytes=b) for p, b in spec.size_bytes.items()},
+                      priority=spec.priority, bound=self.bound,
+                      growth_allowance_bytes=spec.growth_allowance_bytes,
+                      need_bytes=dict(spec.base_bytes), caps=caps)
+        self.lease_of[engine], self.engine_of[lid] = lid, engine
+        self._apply(self.sched.request(lease, self.world.now))
+
+    def on_job_start(self, job) -> None:
+        lid = self.lease_of.get(job.engine)
+        if lid in self.sched.ledger.leases:
+            self._apply(self.sched.touch(lid, self.world.now))
+
+    # -- effects ---------------------------------------------------------------------------
+    def _apply(self, fx) -> None:
+        for f in fx:
+            if isinstance(f, Granted):
+                e = self.engine_of[f.lease_id]
+                self.proc_of[f.lease_id] = self.world.load(e, tag=f.lease_id, health_poll=True)
+            elif isinstance(f, Instruct):
+                self._instruct(f)
+            elif isinstance(f, Watch):
+                self.watches[(f.lease_id, f.pci)] = f
+                self._check_watch(f.lease_id, f.pci)
+            elif isinstance(f, Rejected):
+                e = self.engine_of.get(f.lease_id)
+                while e and self.held[e]:
+                    self.world.drop(self.held[e].popleft(), f"rejected: {f.reason}")
+            elif isinstance(f, Ended):
+                self._ended(f.lease_id)
+            elif isinstance(f, Note):
+                self.notes[f.kind] += 1
+        self._schedule_tick()
+
+    def _instruct(self, f: Instruct) -> None:
+        proc = self.proc_of.get(f.lease_id)
+        if proc is None or not proc.alive:
+            return      # it died; the exit reaches the scheduler as its own event
+        w = self.world
+        if f.op == Op.PARK:
+            w.park(proc)
+        elif f.op == Op.WAKE:
+            if proc.state == PARKED:
+                w.restore(proc)
+            else:
+                # "lease.unparked": the engine holds memory again; it must not go on to park.
+                if proc.after == "park":
+                    proc.after = None
+                w.loop.soon(self._report, f.lease_id, Op.WAKE)
+        elif f.op == Op.DRAIN:
+            w.stop(proc)
+        elif f.op == Op.LEND:
+            for pci in f.cards:
+                w.lend(proc, pci, f.bytes[pci])
+        elif f.op == Op.RETURN:
+            for pci in f.cards:
+                w.give_back(proc, pci, f.bytes[pci])
+            w.loop.soon(self._report, f.lease_id, Op.RETURN)
+
+    def _report(self, lid: str, op: str) -> None:
+        self._apply(self.sched.report(lid, op, True, self.world.now))
+
+    def _ended(self, lid: str) -> None:
+        e = self.engine_of.pop(lid, None)
+        self.proc_of.pop(lid, None)
+        for key in [k for k in self.watches if k[0] == lid]:
+            del self.watches[key]
+        if e is not None and self.lease_of.get(e) == lid:
+            del self.lease_of[e]
+            self.world.loop.soon(self._pump, e)
+
+    def _schedule_tick(self) -> None:
+        if not self.sched.deadlines:
+            return
+        due = min(self.sched.deadlines.values())
+        if self.tick_handle is not None and self.tick_at <= due:
+            return
+        if self.tick_handle is not None:
+            self.tick_handle.cancel()
+        self.tick_at = due
+        self.tick_handle = self.world.loop.at(due, self._tick)
+
+    def _tick(self) -> None:
+        self.tick_handle, self.tick_at = None, math.inf
+        self._apply(self.sched.tick(self.world.now))
+
+    # -- the driver's confirmations -------------------------------------------------------
+    def _shows(self, w: Watch) -> bool:
+        proc = self.proc_of.get(w.lease_id)
+        if w.until == "freed":
+            return proc is None or (proc.state in (EXITED, GONE) and not proc.res.get(w.pci))
+        return proc is not None and proc.res.get(w.pci, 0) <= w.max_use_bytes
+
+    def _check_watch(self, lid: str, pci: str) -> None:
+        w = self.watches.get((lid, pci))
+        if w is None or (lid, pci) in self.confirming or not self._shows(w):
+            return
+        self.confirming.add((lid, pci))
+        self.world.loop.at(next_poll(w.since, self.world.now), self._confirm, lid, pci)
+
+    def _confirm(self, lid: str, pci: str) -> None:
+        self.confirming.discard((lid, pci))
+        w = self.watches.get((lid, pci))
+        if w is None or not self._shows(w):
+            return
+        del self.watches[(lid, pci)]
+        if w.until != "freed" and self.world.now > w.deadline:
+            return      # the helper gave up; the scheduler's own deadline falls back
+        proc = self.proc_of.get(lid)
+        use = proc.res.get(pci, 0) if proc is not None else 0
+        self._apply(self.sched.confirmed(lid, pci, w.until, self.world.now, use_bytes=use))
+        if w.until == "parked" and proc is not None:
+            self._pump(proc.engine)     # an asleep front with held requests asks for the wake
+
+    # -- completions from the machine -----------------------------------------------------
+    def on_ready(self, proc) -> None:
+        lid = proc.tag
+        lease = self.sched.ledger.leases.get(lid)
+        if lease is None or proc.state != READY:
+            return
+        if S.RESUMING in lease.states():
+            self._apply(self.sched.report(lid, Op.WAKE, True, self.world.now))
+        self._pump(proc.engine)
+
+    def on_parked(self, proc) -> None:
+        if proc.tag in self.sched.ledger.leases:
+            self._apply(self.sched.report(proc.tag, Op.PARK, True, self.world.now))
+        for pci in proc.res:
+            self._check_watch(proc.tag, pci)
+
+    def on_mem(self, proc, pci: str) -> None:
+        self._check_watch(proc.tag, pci)
+
+    def on_lent(self, proc, pci: str) -> None:
+        self._check_watch(proc.tag, pci)
+
+    def on_exit(self, proc, crashed: bool) -> None:
+        lid = proc.tag
+        if lid in self.sched.ledger.leases:
+            op = self.sched.exited if crashed else (
+                lambda i, t: self.sched.report(i, Op.DRAIN, True, t))
+            self._apply(op(lid, self.world.now))
+        for pci in proc.res:
+            self._check_watch(lid, pci)
+        e = proc.engine
+        if self.lease_of.get(e) == lid:
+            del self.lease_of[e]
+        self._pump(e)
+
+    def on_freed(self, proc) -> None:
+        for pci in proc.res:
+            self._check_watch(proc.tag, pci)
+
+    def on_read(self, now: float) -> None:
+        w = self.world
+        leases = self.sched.ledger.leases
+        reads = {}
+        for pci in w.total:
+            used, mapped = {}, 0
+            for p in w.procs_on(pci):
+                if p.tag in leases:
+                    used[p.tag] = p.res[pci]
+                    mapped += p.res[pci]
+            reads[pci] = CardRead(free_bytes=w.free(pci), stowaway_bytes=w.used[pci] - mapped,
+                                  used=used, total_bytes=w.total[pci])
+        self._apply(self.sched.observe(reads, now))

@@ -1,0 +1,156 @@
+"""Replay the workloads through every policy and print the comparison.
+
+    python bench/policy/run.py                       # every workload, every policy, plots
+    python bench/policy/run.py --workload a-one-card --policy swap --policy berth-scan-declared
+    python bench/policy/run.py --quick               # one workload, its first 10 minutes
+    python bench/policy/run.py --json                # last line: {"<workload>/<policy>": {...}}
+
+Each workload also gets a reference row, ``ideal``: the same trace with every card large enough
+for all its engines (see :func:`ideal`). Prints the commit that ran (``git rev-parse --short HEAD``, and whether ``core/`` or
+``bench/policy/`` had uncommitted changes), a Markdown table, and writes PNG plots to ``--out``
+(default ``bench/policy/out/``, git-ignored); ``--figures DIR`` also copies them there (the
+README's figures live in ``bench/policy/figures/``). ``--check`` audits the accounting after
+every event (slower).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "bench.policy"
+
+from .gen import WORKLOADS  # noqa: E402
+from .metrics import table  # noqa: E402
+from .policies import KNOBS, POLICIES, make  # noqa: E402
+from .workload import Workload  # noqa: E402
+from .world import World  # noqa: E402
+
+__all__ = ["main", "run_one", "load_workload", "commit"]
+
+HERE = Path(__file__).resolve().parent
+QUICK_WORKLOAD, QUICK_S = "a-one-card", 600.0
+
+
+def load_workload(name: str) -> Workload:
+    """A committed workload by name, or a path to a workload file."""
+    path = Path(name) if name.endswith(".json") else HERE / "workloads" / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"workload {name!r}: no file {path} (known: {', '.join(WORKLOADS)})")
+    return Workload.load(path)
+
+
+def run_one(wl: Workload, policy: str, check: bool = False, knobs: dict | None = None):
+    """Replay ``wl`` under ``policy`` (``knobs`` override Berth's); returns the run's
+    :class:`~bench.policy.metrics.Recorder`."""
+    return World(wl, make(policy, knobs), check=check).run()
+
+
+def _knob(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    if name not in KNOBS or not value:
+        raise argparse.ArgumentTypeError(f"--knob: expected NAME=VALUE with NAME one of "
+                                         f"{', '.join(KNOBS)}, got {text!r}")
+    return name, type(KNOBS[name])(float(value))
+
+
+def ideal(wl: Workload) -> Workload:
+    """The same workload with every card large enough for all its engines at their declared
+    size: no policy can wait less for memory. Replayed under ``current-need`` (nothing is ever
+    evicted and nothing collides), it gives the floor set by the engines' own queues."""
+    need: dict[str, int] = {}
+    for e in wl.engines:
+        for p, b in e.size_bytes.items():
+            need[p] = need.get(p, 0) + b
+    cards = tuple(replace(c, total_bytes=max(c.total_bytes, need.get(c.pci, 0)))
+                  for c in wl.cards)
+    return replace(wl, cards=cards)
+
+
+def commit() -> str:
+    """``<short hash>`` plus which of core/ and bench/policy/ had uncommitted changes."""
+    root = HERE.parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = [d for d in ("core", "bench/policy")
+             if git("status", "--porcelain", "--untracked-files=no", "--", d)]
+    return head + (f" (uncommitted changes in {', '.join(dirty)})" if dirty else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Berth's ladder against the peers' policies.")
+    ap.add_argument("--workload", action="append", help="a workload name or .json path "
+                    f"(repeatable; default all: {', '.join(WORKLOADS)})")
+    ap.add_argument("--policy", action="append", choices=list(POLICIES),
+                    help="repeatable; default all")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"{QUICK_WORKLOAD} only, its first {QUICK_S:.0f} s (a few seconds)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    ap.add_argument("--out", default=str(HERE / "out"), help="where the plots go")
+    ap.add_argument("--figures", help="also copy the plots into this folder")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-ideal", action="store_true",
+                    help="skip the reference row replayed with no memory limit")
+    ap.add_argument("--check", action="store_true", help="audit the accounting after every event")
+    ap.add_argument("--knob", action="append", type=_knob, default=[], metavar="NAME=VALUE",
+                    help="override one of Berth's policy knobs (repeatable)")
+    args = ap.parse_args(argv)
+
+    if args.quick:
+        workloads = [load_workload(QUICK_WORKLOAD).truncated(QUICK_S)]
+    else:
+        workloads = [load_workload(n) for n in (args.workload or WORKLOADS)]
+    policies = args.policy or list(POLICIES)
+    rev = commit()
+    knobs = {**KNOBS, **dict(args.knob)}
+    print(f"commit: {rev}")
+    print("berth knobs: " + ", ".join(f"{k}={v:g}" for k, v in knobs.items()))
+    t0 = time.perf_counter()
+    runs: dict[str, dict] = {}
+    recorders = {}
+    rows = []
+    for wl in workloads:
+        for pol in policies:
+            rec = run_one(wl, pol, args.check, knobs)
+            recorders[(wl.name, pol)] = rec
+            runs[f"{wl.name}/{pol}"] = rec.summary
+            rows.append((wl.name, pol, rec.summary))
+        if not args.no_ideal:
+            rec = run_one(ideal(wl), "current-need", args.check)
+            rec.policy = "ideal"
+            recorders[(wl.name, "ideal")] = rec
+            runs[f"{wl.name}/ideal"] = rec.summary
+            rows.append((wl.name, "ideal (no memory limit)", rec.summary))
+    print(table(rows))
+    print(f"{len(rows)} runs in {time.perf_counter() - t0:.1f} s of CPU time")
+    if not args.no_plots:
+        from .plots import write_plots
+        paths = write_plots(recorders, Path(args.out), rev)
+        if args.figures:
+            dest = Path(args.figures)
+            dest.mkdir(parents=True, exist_ok=True)
+            for p in paths:
+                shutil.copy(p, dest / p.name)
+        print("plots: " + ", ".join(str(p) for p in paths))
+    if args.json:
+        print(json.dumps(runs, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

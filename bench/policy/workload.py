@@ -1,0 +1,224 @@
+"""Workload files: the cards, the engines, what each mechanism costs, and a request trace.
+
+A workload is one JSON file under ``bench/policy/workloads/`` written by :mod:`.gen` from a seed
+and committed, so every run replays the same trace. Units: bytes are ``int`` (``_bytes``),
+durations ``float`` seconds (``_s``), rates decimal GB/s (``_gbps``, 1e9 bytes per second).
+
+Mechanism costs (:class:`Mechanisms`) and where their defaults come from:
+
+- ``restore_gbps`` 7.0: seed 002, "NInfer's 23.1 GB comes back in 3.3 s" (cuda-checkpoint restore).
+- ``checkpoint_gbps`` 7.0: the seed gives no figure for the way out; we assume the same copy rate.
+- ``reload_gbps`` 1.925 and ``init_s`` 2.0: a reload of 23.1 GB takes 2 + 23.1/1.925 = 14 s,
+  seed 002's "where a reload takes 14 s".
+- ``drain_s`` 1.0 (SIGTERM to exit) and ``free_lag_s`` 1.0 (exit to the driver showing the memory
+  free): reference/peers.md, Ollama "typical convergence is 0.5-1.5 s".
+- ``health_first_s``/``health_every_s`` 0.25/1.0: llama-swap's readiness poll
+  (reference/llama-swap.md "Readiness and states").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+__all__ = ["CardSpec", "EngineSpec", "RequestSpec", "Mechanisms", "Workload", "GiB", "MiB"]
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class CardSpec:
+    """One card. ``reserve_bytes`` is Berth's floor on it (seed 000 "The watermark"); the peers
+    have none of their own."""
+
+    pci: str
+    name: str
+    total_bytes: int
+    reserve_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine, placed on fixed cards (every policy uses the same placement).
+
+    Per card (keys are PCI addresses): ``size_bytes`` is the declared maximum (the engine never
+    grows past it: it queues requests internally instead, as a KV pool does); ``base_bytes``
+    what a load allocates (weights and context). ``slots`` requests run at once. A request's
+    growth is spread over the cards in proportion to ``size − base``. ``retain_growth``: the
+    engine keeps its high-water mark after a request ends (PyTorch's caching allocator, as
+    ComfyUI does) until it is parked or stopped. ``park``: ``"checkpoint"``, ``"hook"`` or
+    ``None`` (drain only). ``growth_allowance_bytes``: seed 000's allowance A, per card, used
+    by Berth's ``growth`` bound. ``keep_alive_s``: Ollama's keep_alive for ``keepalive-evict``.
+    """
+
+    name: str
+    size_bytes: dict[str, int]
+    base_bytes: dict[str, int]
+    slots: int = 1
+    retain_growth: bool = False
+    park: str | None = "checkpoint"
+    lend: bool = False
+    priority: int = 0
+    growth_allowance_bytes: int = 0
+    keep_alive_s: float = 300.0
+    note: str = ""
+
+    @property
+    def cards(self) -> tuple[str, ...]:
+        return tuple(self.size_bytes)
+
+    def growth_split(self, growth_bytes: int) -> dict[str, int]:
+        """Spread one request's growth over the cards in proportion to ``size − base``."""
+        room = {p: self.size_bytes[p] - self.base_bytes[p] for p in self.cards}
+        total = sum(room.values()) or 1
+        return {p: growth_bytes * r // total for p, r in room.items()}
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request: it arrives at ``t_s``, runs ``service_s`` once started, and grows its engine
+    by ``growth_bytes`` in all (KV cache or activations), reached linearly over ``ramp_s``."""
+
+    t_s: float
+    engine: str
+    service_s: float
+    growth_bytes: int
+    ramp_s: float
+    kind: str = "chat"
+
+
+@dataclass(frozen=True)
+class Mechanisms:
+    """What each mechanism costs (see the module docstring for the sources)."""
+
+    restore_gbps: float = 7.0
+    checkpoint_gbps: float = 7.0
+    reload_gbps: float = 23.1 / 12.0
+    init_s: float = 2.0
+    drain_s: float = 1.0
+    free_lag_s: float = 1.0
+    chunk_bytes: int = 256 * MiB
+    read_interval_s: float = 1.0
+    health_first_s: float = 0.25
+    health_every_s: float = 1.0
+    retry_after_s: float = 1.0
+    max_attempts: int = 5
+
+    def load_s(self, n_bytes: int) -> float:
+        """A cold load or reload: init plus reading the weights."""
+        return self.init_s + n_bytes / (self.reload_gbps * 1e9)
+
+    def restore_s(self, n_bytes: int) -> float:
+        return n_bytes / (self.restore_gbps * 1e9)
+
+    def checkpoint_s(self, n_bytes: int) -> float:
+        return n_bytes / (self.checkpoint_gbps * 1e9)
+
+    def health_ready_s(self, load_s: float) -> float:
+        """When llama-swap's poll first sees an engine ready that finished loading after
+        ``load_s``: 0.25 s after spawn, then every second."""
+        if load_s <= self.health_first_s:
+            return self.health_first_s
+        k = math.ceil((load_s - self.health_first_s) / self.health_every_s - 1e-9)
+        return self.health_first_s + k * self.health_every_s
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A whole workload; :meth:`load` reads one and checks it (``ValueError`` naming the field)."""
+
+    name: str
+    description: str
+    seed: int
+    duration_s: float
+    host_ram_bytes: int
+    cards: tuple[CardSpec, ...]
+    engines: tuple[EngineSpec, ...]
+    requests: tuple[RequestSpec, ...]
+    mechanisms: Mechanisms = field(default_factory=Mechanisms)
+    generator: dict = field(default_factory=dict)
+
+    def engine(self, name: str) -> EngineSpec:
+        for e in self.engines:
+            if e.name == name:
+                return e
+        raise KeyError(f"engine {name!r}: not in workload {self.name}")
+
+    def card(self, pci: str) -> CardSpec:
+        for c in self.cards:
+            if c.pci == pci:
+                return c
+        raise KeyError(f"card {pci!r}: not in workload {self.name}")
+
+    def truncated(self, duration_s: float) -> "Workload":
+        """The same workload with only the requests that arrive before ``duration_s``."""
+        reqs = tuple(r for r in self.requests if r.t_s < duration_s)
+        return replace(self, duration_s=duration_s, requests=reqs)
+
+    def validate(self) -> "Workload":
+        pcis = {c.pci for c in self.cards}
+        if len(pcis) != len(self.cards):
+            raise ValueError(f"{self.name}: cards: duplicate PCI address")
+        names = set()
+        for e in self.engines:
+            if e.name in names:
+                raise ValueError(f"{self.name}: engines: duplicate name {e.name!r}")
+            names.add(e.name)
+            if set(e.size_bytes) != set(e.base_bytes) or not e.size_bytes:
+                raise ValueError(f"{self.name}: engine {e.name}: size_bytes and base_bytes must "
+                                 f"name the same cards")
+            for p in e.cards:
+                if p not in pcis:
+                    raise ValueError(f"{self.name}: engine {e.name}: unknown card {p!r}")
+                if not 0 < e.base_bytes[p] <= e.size_bytes[p] <= self.card(p).total_bytes:
+                    raise ValueError(f"{self.name}: engine {e.name}: need 0 < base <= size <= "
+                                     f"card total on {p}")
+            if e.slots < 1:
+                raise ValueError(f"{self.name}: engine {e.name}: slots must be >= 1")
+        last = -1.0
+        for i, r in enumerate(self.requests):
+            if r.engine not in names:
+                raise ValueError(f"{self.name}: requests[{i}]: unknown engine {r.engine!r}")
+            if r.t_s < last:
+                raise ValueError(f"{self.name}: requests[{i}]: not in arrival order")
+            last = r.t_s
+            e = self.engine(r.engine)
+            for p, g in e.growth_split(r.growth_bytes).items():
+                if g > e.size_bytes[p] - e.base_bytes[p]:
+                    raise ValueError(f"{self.name}: requests[{i}]: growth {g} on {p} exceeds "
+                                     f"{e.name}'s size − base")
+            if r.service_s <= 0 or r.ramp_s < 0:
+                raise ValueError(f"{self.name}: requests[{i}]: service_s must be > 0, ramp_s >= 0")
+        return self
+
+    # -- files ----------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path) -> "Workload":
+        d = json.loads(Path(path).read_text())
+        try:
+            return cls(
+                name=d["name"], description=d["description"], seed=int(d["seed"]),
+                duration_s=float(d["duration_s"]), host_ram_bytes=int(d["host_ram_bytes"]),
+                cards=tuple(CardSpec(**c) for c in d["cards"]),
+                engines=tuple(EngineSpec(**e) for e in d["engines"]),
+                requests=tuple(RequestSpec(*r) for r in d["requests"]),
+                mechanisms=Mechanisms(**d.get("mechanisms", {})),
+                generator=d.get("generator", {}),
+            ).validate()
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a workload file ({exc})") from exc
+
+    def dump(self, path: str | Path) -> None:
+        """Write the workload as JSON, one request per line (``[t_s, engine, service_s,
+        growth_bytes, ramp_s, kind]``) so that diffs stay readable."""
+        head = {k: v for k, v in asdict(self).items() if k != "requests"}
+        head["cards"] = [asdict(c) for c in self.cards]
+        head["engines"] = [asdict(e) for e in self.engines]
+        text = json.dumps(head, indent=1)[:-2]
+        rows = [json.dumps([round(r.t_s, 3), r.engine, round(r.service_s, 3), r.growth_bytes,
+                            round(r.ramp_s, 3), r.kind]) for r in self.requests]
+        text += ',\n "requests": [\n  ' + ",\n  ".join(rows) + "\n ]\n}\n"
+        Path(path).write_text(text)

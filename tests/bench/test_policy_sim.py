@@ -1,0 +1,192 @@
+"""The policy simulator's accounting (bench/policy): conservation of bytes, hand-computed waits,
+OOM detection from the simulated driver, and a short run of the whole simulator.
+
+These check the simulator's books, not its timings against any target. No sleeps: everything
+runs in virtual time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench.policy import run as runner
+from bench.policy.gen import build_all
+from bench.policy.policies import BERTH, POLICIES, make
+from bench.policy.policies.berth import next_poll
+from bench.policy.policies.swap import card_components, fitting_sets
+from bench.policy.workload import CardSpec, EngineSpec, Mechanisms, RequestSpec, Workload
+from bench.policy.world import World
+
+P = "0000:01:00.0"
+
+# Round numbers so the waits below can be worked out by hand: a load of 7e9 bytes takes
+# init 2 s + 7e9 / 1 GB/s = 9 s; a checkpoint or restore of 7e9 bytes at 8 GB/s takes 0.875 s;
+# a stop takes 0.9 s to exit and the driver shows the memory free 1 s later.
+MECH = Mechanisms(restore_gbps=8.0, checkpoint_gbps=8.0, reload_gbps=1.0, init_s=2.0,
+                  drain_s=0.9, free_lag_s=1.0)
+
+
+def tiny(requests, *, total=20 * 10**9, reserve=10**9, size=12 * 10**9, base=7 * 10**9):
+    """One card, engines ``a`` and ``b`` (12e9 declared, 7e9 loaded): both fit by their load,
+    not by their declared size."""
+    engines = tuple(EngineSpec(name=n, size_bytes={P: size}, base_bytes={P: base}, slots=2)
+                    for n in ("a", "b"))
+    return Workload(name="tiny", description="hand-computed", seed=0, duration_s=100.0,
+                    host_ram_bytes=64 * 10**9, cards=(CardSpec(P, "gpu0", total, reserve),),
+                    engines=engines, requests=tuple(RequestSpec(*r) for r in requests),
+                    mechanisms=MECH).validate()
+
+
+# a at 0, b at 30, a again at 50; each serves 5 s and grows nothing.
+TRACE = [(0.0, "a", 5.0, 0, 0.0), (30.0, "b", 5.0, 0, 0.0), (50.0, "a", 5.0, 0, 0.0)]
+
+
+def waits(policy: str, wl: Workload) -> list[float]:
+    world = World(wl, make(policy), check=True)
+    world.run()
+    return [j.wait_s for j in world.jobs]
+
+
+class TestHandComputedWaits:
+    def test_swap(self):
+        # a: load 9 s, seen ready at llama-swap's poll (0.25 s, then every second): 9.25.
+        # b: a is idle, so stop it (exits at 30.9), then load b: ready at 30.9 + 9.25.
+        # a again: the same swap back: 50.9 + 9.25.
+        assert waits("swap", tiny(TRACE)) == pytest.approx([9.25, 10.15, 10.15])
+
+    def test_keepalive_evict(self):
+        # a: first model, loads at once, ready at 9.0 (no health poll in Ollama).
+        # b: 12e9 > 80 % of min(free 13e9, total - predicted 8e9): unload a. a exits at 30.9,
+        # its memory shows free at 31.9, and the 250 ms recovery poll sees it at 32.0: load b,
+        # ready at 41.0. a again: the same, from 50.
+        assert waits("keepalive-evict", tiny(TRACE)) == pytest.approx([9.0, 11.0, 11.0])
+
+    def test_current_need(self):
+        # a arrives before the first read; the read at 0 shows it fits: ready at 9.0. b fits
+        # beside a by the read at 29 (13e9 free): ready at 39.0. a is still loaded: 0.
+        assert waits("current-need", tiny(TRACE)) == pytest.approx([9.0, 9.0, 0.0])
+
+    @pytest.mark.parametrize("policy", ["berth-scan-declared", "berth-strict-declared"])
+    def test_berth_park_and_wake(self, policy):
+        # a: granted at the read at 0, ready at 9.25 (berth run is llama-swap's cmd).
+        # b at 30: a's declared 12e9 leaves 7e9 of the 19e9 capacity: park a (checkpoint,
+        # 0.875 s: memory gone at 30.875). The confirmation polls at 30, 30.02, 30.06, 30.14,
+        # 30.30, then every 250 ms: confirmed at 31.05, and the read at 31 already showed the
+        # card free, so b is granted at 31.05 and ready 9.25 s later: 40.30.
+        # a at 50: park b (gone at 50.875, confirmed at 51.05), then restore a (0.875 s).
+        got = waits(policy, tiny(TRACE))
+        assert got == pytest.approx([9.25, 10.30, 1.925])
+
+
+class TestConservation:
+    def test_tiny_trace_every_event(self):
+        """card used == Σ residency of the engines' processes after every event, and host RAM
+        == Σ checkpointed bytes, for every policy (World(check=True) raises otherwise)."""
+        wl = tiny(TRACE + [(60.0, "b", 20.0, 4 * 10**9, 3.0), (61.0, "a", 20.0, 4 * 10**9, 3.0)])
+        for policy in POLICIES:
+            world = World(wl, make(policy), check=True)
+            seen = []
+            audit = world.loop.after_each
+
+            def after_each():
+                audit()
+                seen.append((world.used[P], sum(p.res[P] for p in world.procs)))
+            world.loop.after_each = after_each
+            world.run()
+            assert seen and all(u == s for u, s in seen), policy
+            assert all(j.done_s is not None or j.dropped for j in world.jobs), policy
+
+    def test_quick_workload_every_policy(self):
+        """The short version CI runs: one workload, a few minutes of it, every policy, with the
+        books audited after every event; every request is served, dropped or still open."""
+        wl = runner.load_workload(runner.QUICK_WORKLOAD).truncated(runner.QUICK_S)
+        for policy in POLICIES:
+            world = World(wl, make(policy), check=True)
+            rec = world.run()
+            s = rec.summary
+            assert s["requests"] == len(wl.requests)
+            done = sum(1 for j in world.jobs if j.done_s is not None)
+            assert done + s["unserved"] + s["dropped"] == len(wl.requests), policy
+            assert s["switches"] == sum(s["switches_by_kind"].values())
+            assert s["oom_events"] == len(rec.ooms)
+            assert s["oom_events"] <= s["switches_by_kind"]["crash"] + len(rec.ooms)
+            if policy.startswith("berth-"):
+                assert s["reserve_fraction"] == pytest.approx(1 / 24, abs=1e-4)
+
+
+class TestOOM:
+    TRACE = [(0.0, "a", 20.0, 5 * 10**9, 0.0), (0.5, "b", 20.0, 5 * 10**9, 0.0)]
+
+    def test_current_need_collides(self):
+        # Both load (7e9 each fits 20e9). a grows 5e9 at 9.0 (19e9 used once b is loaded at
+        # 9.5); b's growth then passes 20e9 on its 4th chunk of 256 MiB: b dies at 9.5.
+        world = World(tiny(self.TRACE), make("current-need"), check=True)
+        rec = world.run()
+        t, pci, engine, used, asked = rec.ooms[0]
+        assert (t, pci, engine) == (pytest.approx(9.5), P, "b")
+        assert used + asked > 20 * 10**9 >= used
+        assert all(j.done_s is not None for j in world.jobs)
+
+    @pytest.mark.parametrize("policy", [p for p in BERTH if p.endswith("declared")] +
+                             ["swap", "swap-matrix", "keepalive-evict"])
+    def test_declared_sizes_never_collide(self, policy):
+        rec = World(tiny(self.TRACE), make(policy), check=True).run()
+        assert rec.summary["oom_events"] == 0
+
+
+class TestPieces:
+    def test_confirm_polls(self):
+        # berth.driver.base.confirm: at once, then 20 ms doubling up to 250 ms.
+        assert next_poll(10.0, 10.0) == 10.0
+        assert next_poll(10.0, 10.05) == pytest.approx(10.06)
+        assert next_poll(10.0, 10.875) == pytest.approx(11.05)
+        assert next_poll(0.0, 100.0) == pytest.approx(100.05)
+
+    def test_health_poll_and_costs(self):
+        m = Mechanisms()
+        assert m.load_s(int(23.1e9)) == pytest.approx(14.0)       # seed 002: a reload, 14 s
+        assert m.restore_s(int(23.1e9)) == pytest.approx(3.3)     # seed 002: a restore, 3.3 s
+        assert m.health_ready_s(9.0) == 9.25 and m.health_ready_s(9.25) == 9.25
+        assert m.health_ready_s(0.1) == 0.25
+
+    def test_workload_round_trip(self, tmp_path):
+        wl = tiny(TRACE)
+        wl.dump(tmp_path / "t.json")
+        assert Workload.load(tmp_path / "t.json") == wl
+
+    def test_workload_rejects_nonsense(self):
+        with pytest.raises(ValueError, match="unknown engine"):
+            tiny([(0.0, "nope", 1.0, 0, 0.0)])
+        with pytest.raises(ValueError, match="exceeds"):
+            tiny([(0.0, "a", 1.0, 6 * 10**9, 0.0)])
+
+    def test_generator_reproduces_committed_files(self):
+        built = build_all(8)
+        for name, wl in built.items():
+            committed = runner.load_workload(name)
+            assert len(committed.requests) == len(wl.requests)
+            assert committed.engines == wl.engines
+            assert all(math.isclose(a.t_s, b.t_s, abs_tol=1e-3) and a.growth_bytes == b.growth_bytes
+                       for a, b in zip(committed.requests, wl.requests))
+
+    def test_llama_swap_groups_and_matrix(self):
+        b = runner.load_workload("b-four-cards")
+        groups = card_components(b.engines)
+        assert groups["coder-14"] == groups["embed-1.5"] != groups["big-60"] == groups["vision-10"]
+        sets = fitting_sets(b)
+        assert any({"coder-14", "chat-8", "embed-1.5"} <= s for s in sets)
+        assert not any({"big-60", "comfy"} <= s for s in sets)
+
+
+def test_cli_quick_json(capsys):
+    """``run.py --quick --json``: the last line is one JSON object keyed workload/policy."""
+    assert runner.main(["--quick", "--json", "--no-plots"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("commit: ")
+    last = json.loads(out[-1])
+    for policy in POLICIES:
+        v = last[f"{runner.QUICK_WORKLOAD}/{policy}"]
+        assert {"p95_wait_s", "oom_events", "switches"} <= set(v)
