@@ -72,7 +72,7 @@ class ShareBody(_Body):
 
 class LeaseBody(_Body):
     engine: str = Field(min_length=1, max_length=200, pattern=r"^[^\s/]+$")
-    shares: list[ShareBody] = Field(min_length=1, max_length=64)
+    shares: list[ShareBody] = Field(default_factory=list, max_length=64)
     bound: Bound = Bound.DECLARED
     growth_allowance: Annotated[int, BeforeValidator(_size)] = 0
     priority: int = Field(0, ge=-1000, le=1000)
@@ -204,10 +204,34 @@ def _resolve_card(broker: Broker, key: str | None, size: int | None) -> str:
     return max(fits, key=lambda p: (led.available(p), led.cards[p].capacity_bytes))
 
 
+def _with_entry(broker: Broker, body: LeaseBody) -> LeaseBody:
+    """Fill what the request left out from the ``[engines.<engine>]`` entry of berth.toml (a
+    ``berth run`` line's own flags win). Raises 400 when no size is given anywhere."""
+    entry = broker.cfg.engines.get(body.engine)
+    if entry is None:
+        if not body.shares:
+            raise web.HTTPBadRequest(reason=f"shares: engine {body.engine!r} has no "
+                                            f"[engines.{body.engine}] entry in berth.toml; give "
+                                            f"--size SIZE[@CARD]")
+        return body
+    given = body.model_fields_set
+    upd: dict = {}
+    if not body.shares:
+        upd["shares"] = [ShareBody(card=entry.card, size=entry.size, need=entry.need)]
+    for name, value in (("priority", entry.priority), ("bound", entry.bound),
+                        ("growth_allowance", entry.growth_allowance), ("lend", entry.lend),
+                        ("lend_max", entry.lend_max), ("front", entry.front),
+                        ("park", entry.park)):
+        if name not in given:
+            upd[name] = value
+    return body.model_copy(update=upd)
+
+
 # -- handlers ----------------------------------------------------------------------------------
 async def request_lease(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     body: LeaseBody = await _body(request, LeaseBody)
+    body = _with_entry(broker, body)
     if (body.park or body.lend) and not body.front:
         raise web.HTTPBadRequest(reason="front: park and lend need a front (rule 3); "
                                         "give --front HOST:PORT")
@@ -318,9 +342,12 @@ async def instructions(request: web.Request) -> web.Response:
         raise KeyError(f"lease {lid!r}: not known")
     ins, ended = await broker.instructions(lid, after, timeout)
     lease = broker.sched.ledger.leases.get(lid)
+    pids = sorted({p for ps in broker.lease_pids.get(lid, {}).values() for p in ps})
     return web.json_response({
         "instructions": [{"op": i.op, "seq": i.seq, "cards": list(i.cards), "bytes": i.bytes,
                           "reason": i.reason} for i in ins],
+        "pids": pids,
+        "use": {p: s.used_bytes for p, s in lease.shares.items()} if lease else {},
         "ended": ended,
         "states": {p: s.state.value for p, s in lease.shares.items()} if lease else {}})
 

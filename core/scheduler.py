@@ -13,7 +13,8 @@ Events (methods) and what they do:
 - :meth:`confirmed`: the driver confirmation helper saw memory leave (``parked``, ``lent``) or
   free (``freed``). Only this moves a share to ``parked``, ``lent`` or ``freed`` (rule 1).
 - :meth:`report`: a run says a wake, return, park, lend or drain finished, or failed. A success
-  never frees memory by itself (rule 1); a failure falls back at once (rule 4).
+  never frees memory by itself (rule 1): a park or lend reported done starts the driver
+  confirmation (the event a read must follow); a failure falls back at once (rule 4).
 - :meth:`exited`: the holder's process is gone.
 - :meth:`wake`: a front holds a write for a parked engine.
 - :meth:`operator`: park, wake, drain, hold, release-hold.
@@ -298,6 +299,17 @@ class Scheduler:
             src = S.PARKING if op == Op.PARK else S.LENDING
             if not ok and src in sts:
                 fx += self._fallback(lease, now, f"{op} failed: {detail or 'no reason given'}")
+            elif ok:
+                # The run says it is done: that is the event a driver read must follow (rule 1).
+                # Its word is not proof; the confirmation is, within the release grace.
+                for pci, sh in lease.shares.items():
+                    if sh.state is not src:
+                        continue
+                    due = self.deadlines.get((lease_id, pci, op), now + self.policy.release_grace_s)
+                    limit = self._max_residual(lease, pci) if op == Op.PARK else \
+                        max(0, sh.reserved_bytes - sh.lent_bytes)
+                    fx.append(Watch(lease_id, pci, "parked" if op == Op.PARK else "lent", limit,
+                                    now, max(due, now)))
         elif op == Op.DRAIN:
             fx += self.exited(lease_id, now)
             return fx
@@ -410,13 +422,11 @@ class Scheduler:
                 self.deadlines[(lease.id, pci, Op.RETURN)] = now + p.wake_limit_s
             elif sh.state is S.PARKING:
                 self.deadlines[(lease.id, pci, Op.PARK)] = now + p.release_grace_s
-                fx.append(self._watch(lease, pci, "parked", self._max_residual(lease, pci), now,
-                                      p.release_grace_s))
             elif sh.state is S.LENDING:
                 self.deadlines[(lease.id, pci, Op.LEND)] = now + p.release_grace_s
-                fx.append(self._watch(lease, pci, "lent", max(0, sh.reserved_bytes - sh.lent_bytes),
-                                      now, p.release_grace_s))
-            elif sh.state in (S.DRAINING, S.RELEASED):
+            elif sh.state is S.DRAINING:
+                self.deadlines[(lease.id, pci, Op.DRAIN)] = now + p.release_grace_s
+            elif sh.state is S.RELEASED:
                 self.deadlines[(lease.id, pci, Op.DRAIN)] = now + p.release_grace_s
                 fx.append(self._watch(lease, pci, "freed", 0, now, p.release_grace_s))
         for op, st in ((Op.WAKE, S.RESUMING), (Op.RETURN, S.RETURNING), (Op.DRAIN, S.DRAINING),
@@ -580,8 +590,6 @@ class Scheduler:
         for pci in lease.shares:
             self.ledger.move(lease.id, pci, S.PARKING, now)
             self.deadlines[(lease.id, pci, Op.PARK)] = now + self.policy.release_grace_s
-            fx.append(self._watch(lease, pci, "parked", self._max_residual(lease, pci), now,
-                                  self.policy.release_grace_s))
         if lease.caps.park is ParkMechanism.CHECKPOINT:
             self.counters.checkpoints += 1
         else:
@@ -590,12 +598,10 @@ class Scheduler:
         return fx
 
     def _begin_lend(self, lease: Lease, pci: str, n: int, now: float, reason: str) -> list[Effect]:
-        sh = self.ledger.move(lease.id, pci, S.LENDING, now, lent_bytes=n)
+        self.ledger.move(lease.id, pci, S.LENDING, now, lent_bytes=n)
         self.deadlines[(lease.id, pci, Op.LEND)] = now + self.policy.release_grace_s
         self.counters.lends += 1
-        keep = max(sh.reserved_bytes - n, 0)
         return [Instruct(lease.id, Op.LEND, (pci,), next(self._seq), {pci: n}, reason=reason),
-                self._watch(lease, pci, "lent", keep, now, self.policy.release_grace_s),
                 Note(lease.id, "lend", f"{lease.engine} lends {n} bytes on {self._name(pci)} "
                      f"({reason})", {"card": pci, "bytes": n})]
 
@@ -608,8 +614,8 @@ class Scheduler:
                 self.ledger.move(lease.id, pci, S.DRAINING, now, **_ending(sh))
                 for op in (Op.PARK, Op.LEND, Op.WAKE, Op.RETURN):
                     self.deadlines.pop((lease.id, pci, op), None)
+                # The freed-watch starts when the process is gone (exited), not before.
                 self.deadlines[(lease.id, pci, Op.DRAIN)] = now + self.policy.release_grace_s
-                fx.append(self._watch(lease, pci, "freed", 0, now, self.policy.release_grace_s))
                 moved = True
         if moved:
             self.queue.remove(lease.id)
