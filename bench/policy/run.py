@@ -28,6 +28,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     __package__ = "bench.policy"
 
+import berth  # noqa: E402
+
 from .gen import WORKLOADS  # noqa: E402
 from .metrics import table  # noqa: E402
 from .policies import KNOBS, POLICIES, make  # noqa: E402
@@ -76,7 +78,8 @@ def ideal(wl: Workload) -> Workload:
 
 
 def commit() -> str:
-    """``<short hash>`` plus which of core/ and bench/policy/ had uncommitted changes."""
+    """``<short hash>``, which of core/ and bench/policy/ had uncommitted changes, and where
+    ``berth`` was imported from when that is not this checkout's core/."""
     root = HERE.parents[1]
 
     def git(*args: str) -> str:
@@ -89,7 +92,11 @@ def commit() -> str:
     head = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = [d for d in ("core", "bench/policy")
              if git("status", "--porcelain", "--untracked-files=no", "--", d)]
-    return head + (f" (uncommitted changes in {', '.join(dirty)})" if dirty else "")
+    out = head + (f" (uncommitted changes in {', '.join(dirty)})" if dirty else "")
+    core = Path(berth.__file__).resolve().parent
+    if core != (root / "core").resolve():
+        out += f" (berth imported from {core}, not this checkout's core/)"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

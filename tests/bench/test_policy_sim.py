@@ -23,9 +23,9 @@ from bench.policy.world import World
 P = "0000:01:00.0"
 
 # Round numbers so the waits below can be worked out by hand: a load of 7e9 bytes takes
-# init 2 s + 7e9 / 1 GB/s = 9 s; a checkpoint or restore of 7e9 bytes at 8 GB/s takes 0.875 s;
-# a stop takes 0.9 s to exit and the driver shows the memory free 1 s later.
-MECH = Mechanisms(restore_gbps=8.0, checkpoint_gbps=8.0, reload_gbps=1.0, init_s=2.0,
+# init 2 s + 7e9 / 1 GB/s = 9 s; a checkpoint of 7e9 bytes at 70 GB/s takes 0.1 s, a restore
+# at 8 GB/s 0.875 s; a stop takes 0.9 s to exit and the driver shows the memory free 1 s later.
+MECH = Mechanisms(restore_gbps=8.0, checkpoint_gbps=70.0, reload_gbps=1.0, init_s=2.0,
                   drain_s=0.9, free_lag_s=1.0)
 
 
@@ -71,14 +71,16 @@ class TestHandComputedWaits:
 
     @pytest.mark.parametrize("policy", ["berth-scan-declared", "berth-strict-declared"])
     def test_berth_park_and_wake(self, policy):
-        # a: granted at the read at 0, ready at 9.25 (berth run is llama-swap's cmd).
-        # b at 30: a's declared 12e9 leaves 7e9 of the 19e9 capacity: park a (checkpoint,
-        # 0.875 s: memory gone at 30.875). The confirmation polls at 30, 30.02, 30.06, 30.14,
-        # 30.30, then every 250 ms: confirmed at 31.05, and the read at 31 already showed the
-        # card free, so b is granted at 31.05 and ready 9.25 s later: 40.30.
-        # a at 50: park b (gone at 50.875, confirmed at 51.05), then restore a (0.875 s).
-        got = waits(policy, tiny(TRACE))
-        assert got == pytest.approx([9.25, 10.30, 1.925])
+        # Here a and b load their whole declared 12e9 (14 s), so only one fits the 19e9 that
+        # the 1e9 reserve leaves, and the broker's last driver read decides each grant.
+        # a: granted at the read at 0, ready at 14.25 (berth run is llama-swap's cmd).
+        # b at 30 (just before the read at 30): park a. The checkpoint takes 12e9 / 70 GB/s
+        # = 0.17 s and the driver confirms it well before the read at 31, which shows the
+        # card free: b is granted at 31 and ready at 45.25.
+        # a at 50: b is still serving until 50.25; then it parks, the read at 51 grants a's
+        # wake, and the restore takes 12e9 / 8 GB/s = 1.5 s: 52.5.
+        got = waits(policy, tiny(TRACE, base=12 * 10**9))
+        assert got == pytest.approx([14.25, 15.25, 2.5])
 
 
 class TestConservation:

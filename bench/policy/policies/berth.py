@@ -11,8 +11,9 @@ the parts the broker, the driver and ``berth run --front`` play around it:
   for the wake itself ("asleep: hold, and ask berthd for the card on the first request").
 - **Effects.** ``Granted``: the run starts the engine (a cold load, seen ready by llama-swap's
   health poll, since Berth runs as llama-swap's ``cmd``). ``Instruct``: ``park`` checkpoints
-  once forwarded requests finish; ``wake`` restores and then reports; ``drain`` stops the engine
-  and reports the exit; ``lend``/``return`` shrink and regrow the engine's own cap.
+  once forwarded requests finish and reports it done; ``wake`` restores and then reports;
+  ``drain`` stops the engine and reports the exit; ``lend``/``return`` shrink and regrow the
+  engine's own cap and report.
   ``Watch``: the confirmation helper of ``berth.driver.base.confirm``, polling the simulated
   driver at 0, 20, 60, 140, 300 ms then every 250 ms, and calling ``confirmed`` with the use it
   read. ``Ended`` lets held requests ask for a new lease.
@@ -283,6 +284,8 @@ class BerthPolicy(SimPolicy):
         self._check_watch(proc.tag, pci)
 
     def on_lent(self, proc, pci: str) -> None:
+        if proc.tag in self.sched.ledger.leases:
+            self._apply(self.sched.report(proc.tag, Op.LEND, True, self.world.now))
         self._check_watch(proc.tag, pci)
 
     def on_exit(self, proc, crashed: bool) -> None:
