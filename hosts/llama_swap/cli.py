@@ -1,0 +1,122 @@
+"""``berth llama-swap …``: the llama-swap host's subcommands.
+
+    berth llama-swap wrap CONFIG.yaml [--park checkpoint|none] [--size-from berth.toml]
+                                      [-o OUT] [--berth PATH] [--checkpoint-path PATH]
+                                      [--health-check-timeout SECONDS]
+
+Prints (or writes to OUT) the config with every model's ``cmd`` under ``berth run``; notes and
+warnings go to stderr. Exit status 0, or 2 with one message naming the model and key.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from .wrap import MIN_HEALTH_CHECK_TIMEOUT_S, WrapError, WrapOptions, sizes_from, wrap_text
+
+__all__ = ["register"]
+
+_PROG = "berth llama-swap wrap"
+
+
+def _write(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (no half-written
+    config for a watching llama-swap to load)."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _cmd_wrap(args) -> int:
+    try:
+        if args.config == "-":
+            text, source = sys.stdin.read(), "<stdin>"
+        else:
+            text, source = Path(args.config).read_text(), args.config
+    except OSError as e:
+        print(f"{_PROG}: {args.config}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    sizes = None
+    if args.size_from:
+        try:
+            sizes = sizes_from(args.size_from)
+        except (OSError, ValueError) as e:      # berth.config.ConfigError is a ValueError
+            print(f"{_PROG}: --size-from: {e}", file=sys.stderr)
+            return 2
+    opts = WrapOptions(park=args.park, sizes=sizes, berth=args.berth,
+                       checkpoint_path=args.checkpoint_path,
+                       min_health_check_timeout_s=args.health_check_timeout)
+    try:
+        out, report = wrap_text(text, source, opts)
+    except WrapError as e:
+        print(f"{_PROG}: {e}", file=sys.stderr)
+        return 2
+    if args.output:
+        try:
+            _write(args.output, out)
+        except OSError as e:
+            print(f"{_PROG}: -o {args.output}: {e.strerror or e}", file=sys.stderr)
+            return 2
+    else:
+        sys.stdout.write(out)
+    for line in report.warnings:
+        print(f"{_PROG}: warning: {line}", file=sys.stderr)
+    if not args.quiet:
+        for line in report.notes:
+            print(f"{_PROG}: note: {line}", file=sys.stderr)
+        if sizes is None and report.wrapped:
+            print(f"{_PROG}: note: sizes come from berth.toml at lease time: each model needs "
+                  f"an [engines.\"<model id>\"] entry with a size (check with --size-from)",
+                  file=sys.stderr)
+        done = f"wrapped {len(report.wrapped)} model(s)"
+        if report.already:
+            done += f"; already wrapped, left as they were: {', '.join(report.already)}"
+        print(f"{_PROG}: {done}" + (f"; written to {args.output}" if args.output else ""),
+              file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    """Add ``berth llama-swap`` and its subcommand ``wrap``."""
+    p = sub.add_parser("llama-swap", help="the llama-swap host: run its models under berth run",
+                       description="Glue for llama-swap, whose models run under `berth run`.")
+    lsub = p.add_subparsers(dest="llama_swap_command", metavar="SUBCOMMAND")
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+    w = lsub.add_parser(
+        "wrap", help="print a llama-swap config whose models run under berth run",
+        description="Print a llama-swap config in which every model's cmd runs under "
+                    "`berth run --engine <model id> --front 127.0.0.1:${PORT} -- <engine>`, "
+                    "the engine's ${PORT} becomes {port}, groups let models stay loaded "
+                    "together (Berth decides who parks), and healthCheckTimeout and "
+                    "unloadTimeout fit a lease wait and berth run's stop sequence. See "
+                    "hosts/llama_swap/README.md.")
+    w.add_argument("config", metavar="CONFIG.yaml", help="the llama-swap config ('-': stdin)")
+    w.add_argument("--park", choices=("checkpoint", "none"), default="none",
+                   help="checkpoint: add --park checkpoint to every berth run line (needs "
+                        "cuda-checkpoint; not for container cmds); default none (drain)")
+    w.add_argument("--size-from", metavar="berth.toml",
+                   help="put each model's size from its [engines.\"<model id>\"] entry on its "
+                        "berth run line, and warn for models with no entry (optional: berthd "
+                        "reads the entries at lease time anyway)")
+    w.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
+    w.add_argument("--berth", default="berth", metavar="PATH",
+                   help="the berth executable llama-swap runs (no shell: on its PATH, or "
+                        "absolute); default berth")
+    w.add_argument("--checkpoint-path", metavar="PATH",
+                   help="cuda-checkpoint for --park checkpoint (passed to berth run)")
+    w.add_argument("--health-check-timeout", type=int, default=MIN_HEALTH_CHECK_TIMEOUT_S,
+                   metavar="SECONDS",
+                   help=f"raise healthCheckTimeout to at least this (default "
+                        f"{MIN_HEALTH_CHECK_TIMEOUT_S}): it must cover a wait for a lease "
+                        f"plus the load")
+    w.add_argument("-q", "--quiet", action="store_true", help="print warnings only")
+    w.set_defaults(func=_cmd_wrap)

@@ -1,0 +1,449 @@
+"""``berth llama-swap wrap``: a llama-swap config whose models run under ``berth run``.
+
+Source: issue 5; seed 002 "Fronts" and "Why the run owns the front for a routed engine";
+reference/llama-swap.md ("How ``cmd`` is run", "Consequences for a ``cmd`` wrapper").
+
+For every model, in order:
+
+1. Parse its ``cmd`` as llama-swap does (:mod:`.command`). One that already runs ``berth run``
+   is left as it is, so wrapping twice changes nothing.
+2. The engine's ``${PORT}`` becomes ``{port}``, the port ``berth run`` picks: in the ``cmd`` text,
+   and in the macros that carry ``${PORT}`` into it. Such a macro is rewritten where it is
+   declared when every use of it ends up in a ``cmd``; otherwise its text is put in place in
+   that ``cmd`` (as llama-swap would) and the declaration stays as it was. Other macros stay
+   as text and llama-swap still expands them.
+3. Where requests reach the engine:
+   (a) ``proxy`` unset or using ``${PORT}``: the front listens on ``127.0.0.1:${PORT}``, so the
+   proxy, now pointing at the front, is unchanged;
+   (b) ``proxy`` a fixed address (the engine has its own fixed port): the front gets a new
+   ``${PORT}`` from llama-swap, ``proxy`` becomes ``http://127.0.0.1:${PORT}`` (its path
+   kept), and ``--upstream`` tells ``berth run`` where the engine listens;
+   (c) refused: a proxy on another host (the front listens on loopback), or no ``${PORT}``
+   in ``cmd`` and no ``proxy`` (llama-swap refuses that too).
+4. The ``cmd`` becomes ``berth run --engine <model id> --front 127.0.0.1:${PORT} [--upstream
+   URL] [--health PATH] [--park checkpoint] [--size SIZE[@CARD]]… -- <the engine's command>``;
+   ``--health`` mirrors ``checkEndpoint`` under the proxy's path (``none`` too). A block ``cmd`` stays a block, its
+   comment lines and backslash continuations kept. The result is split again and must give
+   exactly ``berth run …`` followed by the engine's old argv.
+5. ``cmdStop`` is kept: a ``docker stop`` still stops the container, the ``docker run`` client
+   exits, and ``berth run`` sees its engine exit, releases the lease and exits. ``${PID}`` in it
+   now names ``berth run``.
+
+Then for the whole config: groups (:mod:`.groups`), and ``healthCheckTimeout`` raised to cover
+the wait for a lease and ``unloadTimeout`` to cover ``berth run``'s stop sequence
+(:mod:`.timeouts`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from . import command, yamlio
+from .command import PORT
+from .groups import GroupError, regroup
+from .timeouts import (CONTAINER_TOOLS, MIN_HEALTH_CHECK_TIMEOUT_S, MIN_UNLOAD_TIMEOUT_S,
+                       SettingError, fit_timeouts)
+
+__all__ = ["WrapError", "WrapOptions", "Report", "wrap_text", "wrap_config", "is_wrapped",
+           "sizes_from", "MIN_HEALTH_CHECK_TIMEOUT_S", "MIN_UNLOAD_TIMEOUT_S", "FRONT_HOST"]
+
+#: Where every front listens; llama-swap and the engines are on the same machine.
+FRONT_HOST = "127.0.0.1"
+_MACRO_REF = re.compile(r"\$\{([a-zA-Z0-9_-]+)\}")
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./${}~-]+$")
+
+
+class WrapError(ValueError):
+    """A config that cannot be wrapped; the message names the model and the key."""
+
+
+@dataclass
+class WrapOptions:
+    """``park``: ``checkpoint`` or ``none``. ``sizes``: model ID -> ``--size`` values (from
+    :func:`sizes_from`), or ``None`` to leave sizes to berth.toml. ``berth``: the ``berth``
+    executable llama-swap runs (it runs no shell, so this must be on its PATH or absolute)."""
+
+    park: str = "none"
+    sizes: dict[str, list[str]] | None = None
+    berth: str = "berth"
+    checkpoint_path: str | None = None
+    min_health_check_timeout_s: int = MIN_HEALTH_CHECK_TIMEOUT_S
+
+
+@dataclass
+class Report:
+    """What a wrap did: models wrapped now, models already wrapped, notes, warnings."""
+
+    wrapped: list[str] = field(default_factory=list)
+    already: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def is_wrapped(argv: list[str]) -> bool:
+    """Whether an argv already runs ``berth run``."""
+    return len(argv) >= 2 and os.path.basename(argv[0]) == "berth" and argv[1] == "run"
+
+
+def _run_option(argv: list[str], name: str) -> str | None:
+    """The value of ``berth run``'s option ``name`` in an already wrapped argv."""
+    for i, word in enumerate(argv[2:], start=2):
+        if word == "--":
+            break
+        if word == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def _refs(value) -> set[str]:
+    """Every macro name ``${name}`` used in a value (strings inside mappings and lists too)."""
+    if isinstance(value, str):
+        return set(_MACRO_REF.findall(value))
+    if isinstance(value, dict):
+        return set().union(*(_refs(v) for v in value.values())) if value else set()
+    if isinstance(value, list):
+        return set().union(*(_refs(v) for v in value)) if value else set()
+    return set()
+
+
+def _macros(value, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WrapError(f"{where}: expected a mapping of macro names to values, got "
+                        f"{type(value).__name__}")
+    return value
+
+
+def _quote(word: str) -> str:
+    """A word for a ``cmd``: bare when llama-swap's split keeps it whole (``${PORT}`` stays
+    bare so the text replacement still sees it), else single-quoted."""
+    return word if _SAFE_WORD.match(word) else shlex.quote(word)
+
+
+def _this_host(host: str | None) -> bool:
+    """Whether a proxy host reaches a front listening on :data:`FRONT_HOST`."""
+    return host in ("localhost", FRONT_HOST, "0.0.0.0")
+
+
+def _address(parts) -> str:
+    """``host:port`` of a parsed URL, the names of this host as :data:`FRONT_HOST`."""
+    host = FRONT_HOST if _this_host(parts.hostname) else parts.hostname
+    return f"{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+@dataclass
+class _Model:
+    id: str
+    conf: dict
+    scope: command.Macros
+    argv: list[str]
+    wrapped: bool
+    has_port: bool                 # the engine's cmd uses ${PORT} (macros expanded)
+    fixed: str | None = None       # host:port the engine listens on, when fixed
+
+
+def _models(doc) -> dict[str, _Model]:
+    if not isinstance(doc, dict):
+        raise WrapError(f"the top level: expected a mapping with a 'models' key, got "
+                        f"{type(doc).__name__}")
+    models = doc.get("models")
+    if models is None or models == {}:
+        raise WrapError("models: the config has no models; llama-swap needs at least one "
+                        "under 'models:', each with a cmd")
+    if not isinstance(models, dict):
+        raise WrapError(f"models: expected a mapping of model IDs, got {type(models).__name__}")
+    globals_ = list(_macros(doc.get("macros"), "macros").items())
+    out = {}
+    for key in list(models):
+        mid = str(key)
+        conf = models[key]
+        if not isinstance(conf, dict):
+            raise WrapError(f"models.{mid}: expected a mapping with cmd, got "
+                            f"{type(conf).__name__}")
+        conf = models[key] = copy.deepcopy(conf)    # YAML aliases may share one mapping
+        cmd = conf.get("cmd")
+        if not isinstance(cmd, str) or not cmd.strip():
+            raise WrapError(f"models.{mid}.cmd: missing or empty; every model needs the "
+                            f"command that starts its engine")
+        local = list(_macros(conf.get("macros"), f"models.{mid}.macros").items())
+        scope = command.scope(mid, globals_, local)
+        argv = command.argv(cmd, scope)
+        if not argv:
+            raise WrapError(f"models.{mid}.cmd: no command is left once the comment lines are "
+                            f"dropped")
+        has_port = PORT in command.expand(command.strip_comments(cmd), scope)
+        out[mid] = _Model(mid, conf, scope, argv, is_wrapped(argv), has_port)
+    return out
+
+
+def _port_macros(doc: dict, models: dict[str, _Model]) -> tuple[set[str], set[str]]:
+    """Macros that carry ``${PORT}`` into a ``cmd``: ``(rewrite, inline)`` by name. A macro is
+    rewritten where declared when it is used only in ``cmd`` values of models wrapped now
+    (directly or through other such macros); otherwise it is put in place in those ``cmd``s."""
+    decls = list(_macros(doc.get("macros"), "macros").items())
+    for m in models.values():
+        decls += list(_macros(m.conf.get("macros"), f"models.{m.id}.macros").items())
+    carriers: set[str] = set()
+    outside: set[str] = set()
+    for key, value in doc.items():
+        if key not in ("macros", "models"):
+            outside |= _refs(value)
+    for m in models.values():
+        for key, value in m.conf.items():
+            if key == "macros" or (key == "cmd" and not m.wrapped):
+                continue
+            outside |= _refs(value)
+    changed = True
+    while changed:
+        changed = False
+        for name, value in decls:
+            if not isinstance(value, str):
+                continue
+            if name not in carriers and (PORT in value or _refs(value) & carriers):
+                carriers.add(name)
+                changed = True
+            if name in outside and not _refs(value) <= outside:
+                outside |= _refs(value)
+                changed = True
+    return carriers - outside, carriers & outside
+
+
+def _rewrite_macros(doc: dict, models: dict[str, _Model], names: set[str]) -> None:
+    """``${PORT}`` -> ``{port}`` in the declarations of ``names``; scopes follow."""
+    blocks = [doc.get("macros")] + [m.conf.get("macros") for m in models.values()]
+    for block in blocks:
+        for name in names & set(block or {}):
+            if isinstance(block[name], str):
+                block[name] = block[name].replace(PORT, "{port}")
+    globals_ = list((doc.get("macros") or {}).items())
+    for m in models.values():
+        m.scope = command.scope(m.id, globals_, list((m.conf.get("macros") or {}).items()))
+
+
+def _engine_text(m: _Model, inline: set[str]) -> str:
+    """The model's ``cmd`` text with port-carrying macros put in place and ``${PORT}`` ->
+    ``{port}``; anything else as written."""
+    text = m.conf["cmd"]
+    values = dict(m.scope)
+    for _ in range(64):
+        present = [n for n in _MACRO_REF.findall(text) if n in inline and n in values]
+        if not present:
+            break
+        for n in present:
+            text = text.replace("${%s}" % n, command.macro_text(values[n]))
+    else:
+        raise WrapError(f"models.{m.id}.cmd: macros {sorted(inline)} keep expanding into each "
+                        f"other")
+    return text.replace(PORT, "{port}")
+
+
+def _front(m: _Model, report: Report) -> tuple[str | None, str | None, str]:
+    """Step 3: ``(upstream URL or None, new proxy or None, the proxy's path)``; records
+    ``m.fixed``."""
+    raw = m.conf.get("proxy")
+    text = "http://localhost:${PORT}" if raw is None else str(raw)
+    expanded = command.expand(text, m.scope)
+    where = f"models.{m.id}.proxy"
+    if PORT in expanded:
+        if not m.has_port:
+            raise WrapError(f"{where}: {'unset, so it is ' if raw is None else ''}{text!r}, which "
+                            f"uses ${{PORT}}, but cmd has no ${{PORT}} (llama-swap refuses this "
+                            f"too); give the engine --port ${{PORT}}, or set proxy to the fixed "
+                            f"address the engine listens on")
+        parts = urlsplit(expanded.replace(PORT, "5800"))
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if port != 5800:
+            raise WrapError(f"{where}: ${{PORT}} must be the URL's port, got {text!r}")
+        if not _this_host(parts.hostname):
+            raise WrapError(f"{where}: {text!r} points at {parts.hostname}, but berth run's "
+                            f"front listens on {FRONT_HOST}; set proxy to "
+                            f"http://{FRONT_HOST}:${{PORT}} or leave it out")
+        return None, None, parts.path
+    parts = urlsplit(expanded)
+    try:
+        parts.port
+    except ValueError:                      # a port that is not a number
+        parts = parts._replace(netloc="")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WrapError(f"{where}: expected a URL like http://127.0.0.1:8999, got {text!r}")
+    m.fixed = _address(parts)
+    own = urlsplit(text)
+    if not (own.scheme and own.netloc):    # the whole URL comes from a macro
+        own = parts
+    upstream = f"{own.scheme}://{own.netloc}"
+    proxy = f"http://{FRONT_HOST}:${{PORT}}{own.path}" + (f"?{own.query}" if own.query else "")
+    report.notes.append(f"models.{m.id}: its engine listens on the fixed address {upstream}; "
+                        f"berth run fronts it on a port llama-swap assigns (proxy is now "
+                        f"{proxy}) and forwards there (--upstream)")
+    return upstream, proxy, own.path
+
+
+def _container(argv: list[str]) -> bool:
+    return (os.path.basename(argv[0]) in CONTAINER_TOOLS
+            and (argv[1:2] == ["run"] or argv[1:3] == ["container", "run"]))
+
+
+def _wrap_model(m: _Model, inline: set[str], opts: WrapOptions, report: Report) -> None:
+    """Steps 2–5 for one model; ``m.conf`` is changed in place."""
+    # The rewritten macros give {port} where the old ones gave ${PORT}: the same argv.
+    engine_argv = command.argv(m.conf["cmd"], m.scope, port="{port}")
+    upstream, proxy, path = _front(m, report)
+    body = _engine_text(m, inline)
+    container = _container(engine_argv)
+    words = [opts.berth, "run", "--engine", m.id, "--front", f"{FRONT_HOST}:{PORT}"]
+    if upstream:
+        words += ["--upstream", upstream]
+    # berth run polls the engine itself, at the path llama-swap's check reaches it by.
+    check = str(m.conf.get("checkEndpoint") or "/health")
+    health = check if check == "none" else path.rstrip("/") + check
+    if health != "/health":
+        words += ["--health", health]
+    if opts.park == "checkpoint":
+        if container:
+            report.warnings.append(
+                f"models.{m.id}: wrapped without --park checkpoint: its cmd starts a container, "
+                f"whose processes are not children of berth run, so cuda-checkpoint cannot reach "
+                f"them; Berth drains this model instead of parking it")
+        else:
+            words += ["--park", "checkpoint"]
+            if opts.checkpoint_path:
+                words += ["--checkpoint-path", opts.checkpoint_path]
+    if opts.sizes is not None:
+        if m.id in opts.sizes:
+            for size in opts.sizes[m.id]:
+                words += ["--size", size]
+        else:
+            report.warnings.append(
+                f"models.{m.id}: berth.toml has no [engines.\"{m.id}\"] entry, so berthd will "
+                f"refuse its lease (no size); add one with size = \"…GiB\"")
+    words.append("--")
+    prefix = " ".join(_quote(w) for w in words)
+    tidy = "\n".join(line.rstrip() for line in body.split("\n")).strip("\n")
+    if command.argv(tidy, m.scope) == command.argv(body, m.scope):
+        body = tidy
+    new = f"{prefix}\n{body}\n" if "\n" in body.strip("\n") else f"{prefix} {body.strip()}"
+    got = command.argv(new, m.scope)
+    expected = [command.expand(w, m.scope) for w in words]
+    if got[:len(words)] != expected or got[len(words):] != engine_argv:
+        raise WrapError(f"models.{m.id}.cmd: the wrapped command would not split back into "
+                        f"berth run followed by the engine's own argv {engine_argv}; "
+                        f"simplify its quoting")
+    if PORT in command.expand(command.strip_comments(body), m.scope):
+        raise WrapError(f"models.{m.id}.cmd: ${{PORT}} still reaches the engine through a macro")
+    m.conf["cmd"] = new
+    if proxy is not None:
+        m.conf["proxy"] = proxy
+    _warn_cards(m, engine_argv, container, report)
+
+
+def _warn_cards(m: _Model, argv: list[str], container: bool, report: Report) -> None:
+    env = m.conf.get("env") or []
+    if any(str(e).startswith("CUDA_VISIBLE_DEVICES=") for e in env):
+        report.warnings.append(
+            f"models.{m.id}.env: sets CUDA_VISIBLE_DEVICES, which berth run replaces with the "
+            f"cards Berth grants; to pin the model to a card, set card = \"…\" in its "
+            f"[engines.\"{m.id}\"] entry of berth.toml (or --size SIZE@CARD)")
+    if container and not any("CUDA_VISIBLE_DEVICES" in a for a in argv):
+        report.warnings.append(
+            f"models.{m.id}.cmd: the container does not see the cards Berth grants: berth run "
+            f"sets CUDA_VISIBLE_DEVICES for the {os.path.basename(argv[0])} client only; add "
+            f"'-e CUDA_VISIBLE_DEVICES' to pass it into the container")
+    stop = m.conf.get("cmdStop")
+    if stop and "${PID}" in str(stop):
+        report.notes.append(f"models.{m.id}.cmdStop: ${{PID}} is now berth run's pid; a signal "
+                            f"sent there runs berth run's stop sequence")
+
+
+def wrap_config(doc, opts: WrapOptions | None = None) -> Report:
+    """Wrap a parsed llama-swap config in place. Raises :class:`WrapError`."""
+    opts = opts or WrapOptions()
+    if opts.park not in ("checkpoint", "none"):
+        raise WrapError(f"--park: expected checkpoint or none, got {opts.park!r}")
+    report = Report()
+    models = _models(doc)
+    rewrite, inline = _port_macros(doc, models)
+    _rewrite_macros(doc, models, rewrite)
+    for m in models.values():
+        if m.wrapped:
+            report.already.append(m.id)
+            upstream = _run_option(m.argv, "--upstream")
+            if upstream:
+                m.fixed = _address(urlsplit(command.expand(upstream, m.scope)))
+            continue
+        _wrap_model(m, inline, opts, report)
+        report.wrapped.append(m.id)
+    if rewrite:
+        report.notes.append(f"macros {', '.join(sorted(rewrite))}: ${{PORT}} -> {{port}} (the "
+                            f"engine's port, picked by berth run)")
+    clashes: dict[str, list[str]] = {}
+    for m in models.values():
+        if m.fixed:
+            clashes.setdefault(m.fixed, []).append(m.id)
+    clashes = {addr: ids for addr, ids in clashes.items() if len(ids) > 1}
+    try:
+        grouping = regroup(doc, list(models), clashes)
+    except GroupError as e:
+        raise WrapError(str(e)) from None
+    report.notes += grouping.notes
+    report.warnings += grouping.warnings
+    try:
+        report.warnings += fit_timeouts(doc, [(m.id, m.conf, m.scope) for m in models.values()],
+                                        opts.min_health_check_timeout_s)
+    except SettingError as e:
+        raise WrapError(str(e)) from None
+    return report
+
+
+HEADER = ("# Wrapped by `berth llama-swap wrap`: each model's cmd runs under `berth run`, which\n"
+          "# leases GPU memory from berthd and fronts the engine on the port llama-swap assigns.\n"
+          "# Edit the source config and wrap it again (the source's YAML comments are not kept).\n")
+
+
+def wrap_text(text: str, source: str = "CONFIG", opts: WrapOptions | None = None
+              ) -> tuple[str, Report]:
+    """Wrap llama-swap YAML text; returns the new YAML text and the report. Raises
+    :class:`WrapError` (malformed YAML included, naming ``source``, line and column)."""
+    try:
+        doc = yamlio.load(text, source)
+    except yamlio.YamlError as e:
+        raise WrapError(str(e)) from None
+    if doc is None:
+        raise WrapError(f"{source}: empty; a llama-swap config needs 'models:'")
+    try:
+        report = wrap_config(doc, opts)
+    except WrapError as e:
+        raise WrapError(f"{source}: {e}") from None
+    out = yamlio.dump(doc, HEADER)
+    if yamlio.dump(yamlio.load(out, "the output")) != yamlio.dump(doc):
+        raise WrapError(f"{source}: the wrapped YAML does not read back as written")
+    return out, report
+
+
+def sizes_from(path: str | Path) -> dict[str, list[str]]:
+    """``--size`` values per engine entry of a berth.toml: ``{"qwen": ["9GiB@gpu0"]}``; an
+    entry without a size gives ``[]`` (berthd fills it from the entry). Raises
+    :class:`berth.config.ConfigError` for a file berthd would refuse."""
+    from berth.config import load
+    cfg = load(path)
+    raw = tomllib.loads(Path(path).read_text()).get("engines", {})
+    out: dict[str, list[str]] = {}
+    for name, entry in cfg.engines.items():
+        if "size" not in entry.model_fields_set:
+            out[name] = []
+            continue
+        size = str(raw[name]["size"])
+        out[name] = [f"{size}@{entry.card}" if entry.card else size]
+    return out

@@ -1,0 +1,63 @@
+"""Helpers for the llama-swap host tests: the example configs, and an independent reading of a
+``cmd`` the way llama-swap (``0bdb372``) reads it, split with Python's :func:`shlex.split`."""
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+import berth_hosts.llama_swap
+
+EXAMPLES = sorted((Path(berth_hosts.llama_swap.__file__).parent / "examples").glob("*.yaml"))
+
+
+def _go_text(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def llama_swap_argv(doc: dict, model_id: str) -> list[str]:
+    """The argv llama-swap execs for ``models[model_id].cmd``: comment lines dropped, macros
+    expanded (the model's own replacing globals, last declared first, ``MODEL_ID`` last),
+    ``${PORT}`` left as it is, backslash lines joined, then a POSIX split."""
+    model = doc["models"][model_id]
+    merged = [("MODEL_ID", model_id), *(doc.get("macros") or {}).items()]
+    for name, value in (model.get("macros") or {}).items():
+        names = [n for n, _ in merged]
+        if name in names:
+            merged[names.index(name)] = (name, value)
+        else:
+            merged.append((name, value))
+    text = "\n".join(line for line in model["cmd"].split("\n")
+                     if not line.strip().startswith("#"))
+    for name, value in reversed(merged):
+        text = text.replace("${%s}" % name, _go_text(value))
+    lines = []
+    for line in text.split("\n"):
+        trimmed = line.strip()
+        if trimmed.startswith("#"):
+            continue
+        lines.append(trimmed[:-1] + " " if trimmed.endswith("\\") else line)
+    return shlex.split("\n".join(lines))
+
+
+def split_run(argv: list[str]) -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """``berth run`` argv -> (the first six words, its options, the engine's argv)."""
+    end = argv.index("--")
+    opts: dict[str, list[str]] = {}
+    words = argv[6:end]
+    for flag, value in zip(words[::2], words[1::2]):
+        opts.setdefault(flag, []).append(value)
+    assert len(words) % 2 == 0, words
+    return argv[:6], opts, argv[end + 1:]
+
+
+@pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def example(request) -> Path:
+    return request.param
+
+
+def load_yaml(text: str) -> dict:
+    return yaml.safe_load(text)

@@ -1,0 +1,64 @@
+"""``berth llama-swap wrap`` as a command: stdout or ``-o``, stdin, exit statuses, and the
+README's berth.toml entries (they must be entries berthd accepts)."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import berth_hosts.llama_swap
+from berth.cli import main
+from berth.config import parse
+
+from .conftest import EXAMPLES, llama_swap_argv, load_yaml
+
+README = Path(berth_hosts.llama_swap.__file__).parent / "README.md"
+
+
+def test_wrap_prints_the_config_and_reports_on_stderr(capsys):
+    path = next(p for p in EXAMPLES if p.stem == "llamacpp-pair")
+    assert main(["llama-swap", "wrap", str(path)]) == 0
+    out, err = capsys.readouterr()
+    doc = load_yaml(out)
+    assert llama_swap_argv(doc, "nomic-embed")[:2] == ["berth", "run"]
+    assert "warning: healthCheckTimeout: 120 s raised to 300 s" in err
+    assert "wrapped 3 model(s)" in err
+
+
+def test_wrap_writes_out_and_reads_stdin(tmp_path, monkeypatch, capsys):
+    path = next(p for p in EXAMPLES if p.stem == "multiline")
+    out_file = tmp_path / "wrapped.yaml"
+    assert main(["llama-swap", "wrap", str(path), "-o", str(out_file), "-q",
+                 "--berth", "/opt/berth/bin/berth", "--health-check-timeout", "900"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "note:" not in err and "warning:" in err
+    doc = load_yaml(out_file.read_text())
+    assert doc["healthCheckTimeout"] == 900
+    assert llama_swap_argv(doc, "phi-4-mini")[:2] == ["/opt/berth/bin/berth", "run"]
+    monkeypatch.setattr("sys.stdin", open(out_file))
+    assert main(["llama-swap", "wrap", "-"]) == 0
+    again, err = capsys.readouterr()
+    assert load_yaml(again) == doc and "already wrapped" in err
+
+
+def test_errors_exit_2_with_one_message(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models:\n  a:\n    cmd: /app/sd-server --listen-port 9999\n")
+    assert main(["llama-swap", "wrap", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "models.a.proxy" in err
+    assert main(["llama-swap", "wrap", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().err
+    toml = tmp_path / "berth.toml"
+    toml.write_text('[engines.a]\nsize = "lots"\n')
+    assert main(["llama-swap", "wrap", str(bad), "--size-from", str(toml)]) == 2
+    assert "--size-from" in capsys.readouterr().err
+    assert main(["llama-swap"]) == 2
+
+
+def test_readme_berth_toml_entries_are_valid_and_name_example_models():
+    block = re.search(r"```toml\n(.*?)```", README.read_text(), re.S).group(1)
+    cfg = parse(tomllib.loads(block), "README.md")
+    models = set()
+    for path in EXAMPLES:
+        models |= set(load_yaml(path.read_text())["models"])
+    assert cfg.engines and set(cfg.engines) <= models

@@ -1,0 +1,388 @@
+"""``berth llama-swap wrap`` on realistic configs (issue 5): every cmd runs under ``berth run``
+with a front on llama-swap's ``${PORT}`` and the engine on ``{port}``; everything else kept."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from berth_hosts.llama_swap import WrapError, WrapOptions, wrap_text
+from berth_hosts.llama_swap.timeouts import MIN_UNLOAD_TIMEOUT_S
+
+from .conftest import EXAMPLES, llama_swap_argv, load_yaml, split_run
+
+FRONT = "127.0.0.1:${PORT}"
+#: Keys wrap may change on a model; everything else must come out as it went in.
+CHANGED = {"cmd", "proxy", "unloadTimeout"}
+
+
+def wrap(text: str, **opts):
+    out, report = wrap_text(textwrap.dedent(text), "test.yaml", WrapOptions(**opts))
+    return load_yaml(out), report, out
+
+
+def groups_of(doc: dict) -> dict:
+    router = (doc.get("routing") or {}).get("router")
+    return router["settings"]["groups"] if router else doc["groups"]
+
+
+def test_there_are_at_least_three_realistic_examples():
+    assert len(EXAMPLES) >= 3
+
+
+def test_every_cmd_is_wrapped_and_the_engine_argv_is_unchanged(example: Path):
+    before = load_yaml(example.read_text())
+    after, report, _ = wrap(example.read_text())
+    assert set(report.wrapped) == set(before["models"]) and not report.already
+    for mid, model in before["models"].items():
+        old = [a.replace("${PORT}", "{port}") for a in llama_swap_argv(before, mid)]
+        head, opts, engine = split_run(llama_swap_argv(after, mid))
+        assert head == ["berth", "run", "--engine", mid, "--front", FRONT], mid
+        assert engine == old, mid
+        assert not any("${PORT}" in a for a in engine), mid
+        if "--port" in engine:
+            port = engine[engine.index("--port") + 1]
+            fixed = opts.get("--upstream")
+            assert port == "{port}" or (fixed and fixed[0].endswith(":" + port)), (mid, port)
+        if "${PORT}" not in str(model.get("proxy", "${PORT}")):
+            assert opts["--upstream"] == [model["proxy"]]
+            assert after["models"][mid]["proxy"] == "http://127.0.0.1:${PORT}"
+        else:
+            assert "--upstream" not in opts
+            assert after["models"][mid].get("proxy") == model.get("proxy")
+        check = model.get("checkEndpoint")
+        assert opts.get("--health") == (None if check in (None, "/health") else [check])
+        for key in set(model) - CHANGED:
+            assert after["models"][mid][key] == model[key], (mid, key)
+
+
+def test_macros_env_aliases_and_top_level_settings_are_kept(example: Path):
+    before = load_yaml(example.read_text())
+    after, _, _ = wrap(example.read_text())
+    assert list(after["models"]) == list(before["models"])
+    assert list(after.get("macros") or {}) == list(before.get("macros") or {})
+    for name, value in (before.get("macros") or {}).items():
+        expected = value.replace("${PORT}", "{port}") if isinstance(value, str) else value
+        assert after["macros"][name] == expected
+    for key in set(before) - {"models", "groups", "matrix", "routing", "healthCheckTimeout",
+                              "unloadTimeout", "macros"}:
+        assert after[key] == before[key], key
+
+
+def test_groups_let_every_model_stay_loaded(example: Path):
+    before = load_yaml(example.read_text())
+    after, _, _ = wrap(example.read_text())
+    groups = groups_of(after)
+    members = [m for g in groups.values() for m in g["members"]]
+    assert sorted(members) == sorted(before["models"])      # each model in exactly one group
+    for name, group in groups.items():
+        assert group["exclusive"] is False, name
+        assert group["swap"] is False or name.startswith("berth-port-"), name
+    router = (before.get("routing") or {}).get("router") or {}
+    old_groups = before.get("groups") or (router.get("settings") or {}).get("groups") or {}
+    for name, group in old_groups.items():
+        assert groups[name]["members"] == group["members"]
+        assert groups[name].get("persistent") == group.get("persistent")
+
+
+def test_wrapping_twice_changes_nothing(example: Path):
+    once, report1 = wrap_text(example.read_text(), example.name)
+    twice, report2 = wrap_text(once, example.name)
+    assert twice == once
+    assert report2.wrapped == [] and sorted(report2.already) == sorted(report1.wrapped)
+
+
+def test_llamacpp_pair_macro_groups_and_timeouts():
+    path = next(p for p in EXAMPLES if p.stem == "llamacpp-pair")
+    after, report, _ = wrap(path.read_text())
+    assert "--port {port}" in after["macros"]["llama-server"]
+    assert after["healthCheckTimeout"] == 300
+    assert any("healthCheckTimeout: 120 s raised to 300 s" in w for w in report.warnings)
+    assert after["groups"]["chat"]["swap"] is False
+    assert after["groups"]["embeddings"]["persistent"] is True
+    assert any("persistent" in n and "priority" in n for n in report.notes)
+    # the block cmd stays a block; the one-line cmd stays one line
+    assert after["models"]["qwen2.5-coder-14b"]["cmd"].count("\n") > 1
+    assert "\n" not in after["models"]["llama-3.1-8b"]["cmd"]
+
+
+def test_vllm_mix_matrix_docker_fixed_port_and_health_none():
+    path = next(p for p in EXAMPLES if p.stem == "vllm-mix")
+    before = load_yaml(path.read_text())
+    after, report, _ = wrap(path.read_text())
+    router = after["routing"]["router"]
+    assert router["use"] == "group"
+    assert router["settings"]["matrix"] == before["routing"]["router"]["settings"]["matrix"]
+    assert after["routing"]["scheduler"] == before["routing"]["scheduler"]
+    gemma = after["models"]["gemma-3-12b"]
+    assert gemma["cmdStop"] == "docker stop --time 5 ${MODEL_ID}"
+    assert "-p 127.0.0.1:{port}:8080" in gemma["cmd"]
+    assert gemma["unloadTimeout"] == 20
+    _, opts, _ = split_run(llama_swap_argv(after, "whisper"))
+    assert opts["--health"] == ["none"]
+    _, opts, engine = split_run(llama_swap_argv(after, "llama-3.1-8b-sglang"))
+    assert opts["--upstream"] == ["http://127.0.0.1:30000"] and "30000" in engine
+    assert not report.warnings        # 600 s, 20 s, and -e CUDA_VISIBLE_DEVICES are all fine
+
+
+def test_multiline_keeps_comments_and_continuations_and_raises_timeouts():
+    path = next(p for p in EXAMPLES if p.stem == "multiline")
+    after, report, _ = wrap(path.read_text())
+    cmd = after["models"]["qwen3-30b-a3b"]["cmd"]
+    assert "# --n-cpu-moe 8 \\" in cmd and "# MoE:" in cmd
+    assert after["macros"]["bin"] == "${env.HOME}/llama.cpp/build/bin"
+    assert after["unloadTimeout"] == MIN_UNLOAD_TIMEOUT_S == 10
+    assert after["models"]["qwen3-30b-a3b"]["unloadTimeout"] == 10
+    assert after["healthCheckTimeout"] == 300
+    assert "berth" in after["groups"]
+    _, _, engine = split_run(llama_swap_argv(after, "phi-4-mini"))
+    assert engine[:2] == ["sh", "-c"] and "--port {port}" in engine[2]
+
+
+def test_fixed_ports_shared_by_two_models_keep_them_apart():
+    path = next(p for p in EXAMPLES if p.stem == "fixed-ports")
+    after, report, _ = wrap(path.read_text())
+    assert after["groups"]["berth-port-9999"] == {"swap": True, "exclusive": False,
+                                                  "members": ["qwen2.5", "smollm2"]}
+    assert after["groups"]["berth"]["members"] == ["z-image"]
+    assert any("qwen2.5, smollm2" in w and "same fixed address" in w for w in report.warnings)
+
+
+# -- cases, one at a time -----------------------------------------------------------------------
+def test_a_model_without_port_and_without_proxy_is_refused_by_name():
+    with pytest.raises(WrapError, match=r"models\.image\.proxy: .*cmd has no \$\{PORT\}"):
+        wrap("""
+            models:
+              image:
+                cmd: /app/sd-server --listen-port 9999
+            """)
+
+
+def test_a_proxy_on_another_host_is_refused():
+    with pytest.raises(WrapError, match=r"models\.far\.proxy: .*points at 10\.0\.0\.5"):
+        wrap("""
+            models:
+              far:
+                cmd: ssh gpu-box llama-server --port ${PORT}
+                proxy: http://10.0.0.5:${PORT}
+            """)
+
+
+def test_a_fixed_port_model_keeps_its_engine_and_gets_a_front_port():
+    after, report, _ = wrap("""
+        models:
+          coder:
+            cmd: llama-server --host 127.0.0.1 --port 8999 -m c.gguf
+            proxy: http://127.0.0.1:8999/v1
+        """)
+    head, opts, engine = split_run(llama_swap_argv(after, "coder"))
+    assert head[-1] == FRONT and opts["--upstream"] == ["http://127.0.0.1:8999"]
+    assert engine == ["llama-server", "--host", "127.0.0.1", "--port", "8999", "-m", "c.gguf"]
+    assert after["models"]["coder"]["proxy"] == "http://127.0.0.1:${PORT}/v1"
+
+
+def test_a_hand_wrapped_cmd_is_detected_and_left_alone():
+    text = """
+        models:
+          a:
+            cmd: /opt/berth/.venv/bin/berth run --engine a --front 127.0.0.1:${PORT} -- llama-server --port {port}
+        """
+    after, report, _ = wrap(text)
+    assert report.already == ["a"] and report.wrapped == []
+    assert after["models"]["a"]["cmd"] == load_yaml(textwrap.dedent(text))["models"]["a"]["cmd"]
+
+
+def test_a_port_macro_used_outside_cmd_is_put_in_place_not_rewritten():
+    after, report, _ = wrap("""
+        macros:
+          listen: "--host 127.0.0.1 --port ${PORT}"
+        models:
+          m:
+            cmd: llama-server ${listen} -m x.gguf
+            description: "llama-server ${listen}"
+        """)
+    assert after["macros"]["listen"] == "--host 127.0.0.1 --port ${PORT}"
+    assert after["models"]["m"]["description"] == "llama-server ${listen}"
+    assert "${listen}" not in after["models"]["m"]["cmd"]
+    _, _, engine = split_run(llama_swap_argv(after, "m"))
+    assert engine == ["llama-server", "--host", "127.0.0.1", "--port", "{port}", "-m", "x.gguf"]
+
+
+def test_a_port_macro_declared_in_the_model_is_rewritten_there():
+    after, _, _ = wrap("""
+        models:
+          m:
+            macros:
+              srv: "llama-server --port ${PORT}"
+            cmd: ${srv} -m x.gguf
+        """)
+    assert after["models"]["m"]["macros"]["srv"] == "llama-server --port {port}"
+    assert after["models"]["m"]["cmd"].endswith("-- ${srv} -m x.gguf")
+
+
+def test_park_checkpoint_skips_containers_with_a_warning():
+    after, report, _ = wrap("""
+        models:
+          native:
+            cmd: llama-server --port ${PORT}
+          boxed:
+            cmd: docker run --rm --gpus all -e CUDA_VISIBLE_DEVICES -p ${PORT}:8080 img
+            cmdStop: docker stop boxed
+            unloadTimeout: 15
+        """, park="checkpoint", checkpoint_path="/usr/local/bin/cuda-checkpoint")
+    _, opts, _ = split_run(llama_swap_argv(after, "native"))
+    assert opts["--park"] == ["checkpoint"]
+    assert opts["--checkpoint-path"] == ["/usr/local/bin/cuda-checkpoint"]
+    _, opts, _ = split_run(llama_swap_argv(after, "boxed"))
+    assert "--park" not in opts
+    assert any("models.boxed" in w and "cuda-checkpoint" in w for w in report.warnings)
+
+
+def test_cards_pinned_by_env_or_hidden_from_a_container_are_warned_about():
+    _, report, _ = wrap("""
+        models:
+          pinned:
+            cmd: llama-server --port ${PORT}
+            env: ["CUDA_VISIBLE_DEVICES=1"]
+          boxed:
+            cmd: docker run --rm --gpus all -p ${PORT}:8080 img
+            cmdStop: docker stop boxed
+        """)
+    assert any("models.pinned.env" in w and "card" in w for w in report.warnings)
+    assert any("models.boxed.cmd" in w and "-e CUDA_VISIBLE_DEVICES" in w for w in report.warnings)
+    assert any("models.boxed.unloadTimeout" in w for w in report.warnings)
+
+
+def test_size_from_puts_sizes_on_the_run_line(tmp_path):
+    from berth_hosts.llama_swap import sizes_from
+    toml = tmp_path / "berth.toml"
+    toml.write_text('[engines."qwen:7b"]\nsize = "9GiB"\ncard = "gpu1"\npriority = 5\n'
+                    '[engines.small]\nsize = "card"\n')
+    sizes = sizes_from(toml)
+    assert sizes == {"qwen:7b": ["9GiB@gpu1"], "small": ["card"]}
+    after, report, _ = wrap("""
+        models:
+          "qwen:7b":
+            cmd: llama-server --port ${PORT}
+          other model:
+            cmd: llama-server --port ${PORT}
+        """, sizes=sizes)
+    head, opts, _ = split_run(llama_swap_argv(after, "qwen:7b"))
+    assert opts["--size"] == ["9GiB@gpu1"]
+    head, opts, _ = split_run(llama_swap_argv(after, "other model"))
+    assert head[3] == "other model" and "--size" not in opts
+    assert any('[engines."other model"]' in w for w in report.warnings)
+
+
+def test_legacy_matrix_becomes_groups():
+    after, report, _ = wrap("""
+        models:
+          a: {cmd: "llama-server --port ${PORT}"}
+          b: {cmd: "llama-server --port ${PORT}"}
+        matrix:
+          sets:
+            both: "a & b"
+        """)
+    assert "matrix" not in after
+    assert after["groups"]["berth"] == {"swap": False, "exclusive": False, "members": ["a", "b"]}
+
+
+def test_mixed_group_forms_are_refused_as_llama_swap_would():
+    with pytest.raises(WrapError, match="both the legacy"):
+        wrap("""
+            models:
+              a: {cmd: "llama-server --port ${PORT}"}
+            groups:
+              g: {members: [a]}
+            routing:
+              router: {use: group}
+            """)
+
+
+def test_yaml_1_2_scalars_survive():
+    after, _, out = wrap("""
+        models:
+          a:
+            cmd: llama-server --port ${PORT}
+            description: on
+            metadata: {time: "1:20", when: 2025-01-01}
+        """)
+    assert after["models"]["a"]["description"] == "on"
+    assert after["models"]["a"]["metadata"] == {"time": "1:20", "when": "2025-01-01"}
+
+
+@pytest.mark.parametrize("text, match", [
+    ("models:\n  a:\n    cmd: [unclosed\n", r"test\.yaml: not valid YAML: line \d+, column \d+"),
+    ("models:\n  a: {cmd: x}\n  a: {cmd: y}\n", r"key 'a' is given twice"),
+    ("", r"test\.yaml: empty"),
+    ("- a\n- b\n", r"the top level: expected a mapping"),
+    ("healthCheckTimeout: 300\n", r"models: the config has no models"),
+    ("models: {}\n", r"models: the config has no models"),
+    ("models:\n  a:\n    proxy: http://127.0.0.1:1\n", r"models\.a\.cmd: missing or empty"),
+    ("models:\n  a:\n    cmd: |\n      # only a comment\n", r"models\.a\.cmd: no command is left"),
+    ("models:\n  a: llama-server\n", r"models\.a: expected a mapping"),
+    ("healthCheckTimeout: soon\nmodels:\n  a: {cmd: 'x --port ${PORT}'}\n",
+     r"healthCheckTimeout: expected a number of seconds"),
+])
+def test_errors_name_the_source_the_model_and_the_key(text, match):
+    with pytest.raises(WrapError, match=match):
+        wrap_text(text, "test.yaml")
+
+
+def test_a_fixed_address_shared_across_groups_is_warned_about():
+    _, report, _ = wrap("""
+        models:
+          a: {cmd: "srv --port 9000", proxy: "http://127.0.0.1:9000"}
+          b: {cmd: "srv --port 9000", proxy: "http://localhost:9000"}
+        groups:
+          one: {members: [a]}
+          two: {members: [b]}
+        """)
+    assert any("a, b listen on the same fixed address 127.0.0.1:9000" in w
+               and "one, two" in w for w in report.warnings)
+
+
+def test_a_container_stop_with_its_own_timeout_needs_no_warning():
+    _, report, _ = wrap("""
+        models:
+          quick:
+            cmd: docker run --rm -e CUDA_VISIBLE_DEVICES -p ${PORT}:8080 img
+            cmdStop: docker stop -t 2 quick
+          slow:
+            cmd: docker run --rm -e CUDA_VISIBLE_DEVICES -p ${PORT}:8080 img
+            cmdStop: docker stop slow
+            unloadTimeout: 12
+        """)
+    assert [w for w in report.warnings if "unloadTimeout" in w] == [
+        "models.slow.unloadTimeout: 12 s may be short: its cmdStop waits up to 10 s for the "
+        "container, then berth run confirms the memory free; consider unloadTimeout: 14"]
+
+
+def test_a_proxy_path_is_kept_and_berth_run_checks_health_under_it():
+    after, _, _ = wrap("""
+        models:
+          a:
+            cmd: srv --port 9000
+            proxy: http://localhost:9000/api
+          b:
+            cmd: srv --port ${PORT}
+            proxy: http://127.0.0.1:${PORT}/v1
+            checkEndpoint: /models
+        """)
+    assert after["models"]["a"]["proxy"] == "http://127.0.0.1:${PORT}/api"
+    _, opts, _ = split_run(llama_swap_argv(after, "a"))
+    assert opts["--upstream"] == ["http://localhost:9000"] and opts["--health"] == ["/api/health"]
+    _, opts, _ = split_run(llama_swap_argv(after, "b"))
+    assert opts["--health"] == ["/v1/models"] and after["models"]["b"]["proxy"].endswith("/v1")
+
+
+@pytest.mark.parametrize("proxy", ["http://[::1]:${PORT}", "http://127.0.0.1:${PORT}0",
+                                   "http://127.0.0.1:80/${PORT}", "ftp://x:1", "http://h:port"])
+def test_proxies_the_front_cannot_serve_are_refused(proxy):
+    with pytest.raises(WrapError, match=r"models\.a\.proxy: "):
+        wrap(f"""
+            models:
+              a:
+                cmd: srv --port ${{PORT}}
+                proxy: "{proxy}"
+            """)
