@@ -167,7 +167,9 @@ def waiter_need(ledger: Ledger, w: Waiter) -> dict[str, int]:
                 need[pci] = reservation(lease, pci, sh.size_bytes)
         w.need = need
     elif w.kind is WaitKind.RESUME:
-        w.need = {pci: max(0, sh.reserved_bytes - sh.residual_bytes)
+        # A wake brings back what the park took away, which under the current and growth
+        # bounds can be more than the reservation.
+        w.need = {pci: max(0, max(sh.reserved_bytes, sh.parked_bytes) - sh.residual_bytes)
                   for pci, sh in lease.shares.items() if sh.state is S.PARKED}
     elif w.kind is WaitKind.RETURN:
         w.need = {pci: sh.lent_bytes for pci, sh in lease.shares.items()
@@ -200,7 +202,9 @@ def grant(ledger: Ledger, w: Waiter, now: float) -> None:
             size = need if sh.whole_card else sh.size_bytes
             ledger.move(w.lease_id, pci, S.ACTIVE, now, reserved_bytes=need, size_bytes=size)
         elif w.kind is WaitKind.RESUME:
-            ledger.move(w.lease_id, pci, S.RESUMING, now)
+            sh = lease.shares[pci]
+            ledger.move(w.lease_id, pci, S.RESUMING, now,
+                        reserved_bytes=max(sh.reserved_bytes, sh.parked_bytes))
         elif w.kind is WaitKind.RETURN:
             ledger.move(w.lease_id, pci, S.RETURNING, now, lent_bytes=0, lent_to=None)
         else:

@@ -7,12 +7,15 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 
 =========================================  =================================================
 ``POST /v1/leases``                        request a lease → 201 ``{"id", "state", "cards"}``
+                                           (``pid``/``start_time``/``host``: adopt a process
+                                           that already runs, checked as an attach)
 ``GET  /v1/leases/{id}/grant?timeout=S``   wait for the grant → ``{"granted", "cards", "rung"}``
 ``POST /v1/leases/{id}/attach``            ``{"pid", "start_time"}``: the engine's process
 ``POST /v1/leases/{id}/report``            ``{"op", "ok", "detail"}``: park/wake/lend/return/drain
 ``GET  /v1/leases/{id}/instructions``      long-poll ``?after=SEQ&timeout=S`` → instructions
 ``POST /v1/leases/{id}/wake``              a front holds a write for this lease
 ``POST /v1/leases/{id}/touch``             the engine served a request
+``POST /v1/leases/{id}/ready``             the engine answers: its minimum turn starts
 ``POST /v1/leases/{id}/release``           the run is done (``?wait=S``: until the driver
                                            confirms the memory free)
 ``GET  /v1/leases/{id}``                   one lease
@@ -25,6 +28,13 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 Who may claim a process: the peer's credentials (``SO_PEERCRED``) are recorded; an attach is
 allowed only if the caller is that process, or its parent, or a host plugin vouches for it
 (``berth_vouch``). Any other attach is refused (403) and logged.
+
+Adopting (issue 7): a host plugin's observe mode leases a process its host already started
+(supervisord). The request then names ``pid`` (with ``start_time`` and ``host``); it is checked
+exactly as an attach, the lease is born attached to that process (which also owns it), its card
+is the one where the process tree already holds memory (unless the request names one), and that
+memory counts as the waiter's own at admission (``Ledger.available``), so the lease waits only
+if the process does not fit beside the others.
 """
 
 from __future__ import annotations
@@ -43,7 +53,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from .broker import Broker, LeaseGone
 from .model import Bound, Capabilities, Lease, ParkMechanism, Share
-from .process import identify, peer_credentials
+from .driver.base import DriverError
+from .process import ProcessId, identify, peer_credentials
 from .units import parse_size
 
 __all__ = ["make_app", "serve"]
@@ -81,6 +92,9 @@ class LeaseBody(_Body):
     lend_max: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
     front: str | None = Field(None, max_length=300)
     owner_pid: int | None = Field(None, gt=0)
+    pid: int | None = Field(None, gt=0)
+    start_time: float | None = None
+    host: str | None = Field(None, max_length=100)
 
 
 class AttachBody(_Body):
@@ -235,11 +249,23 @@ async def request_lease(request: web.Request) -> web.Response:
     if (body.park or body.lend) and not body.front:
         raise web.HTTPBadRequest(reason="front: park and lend need a front (rule 3); "
                                         "give --front HOST:PORT")
+    adopted, use = None, {}
+    if body.pid is not None:
+        adopted, refusal, why = _claim(broker, request, body.pid, body.start_time, body.engine,
+                                       body.host)
+        if refusal is not None:
+            return refusal
+        try:
+            use = broker.tree_use(adopted.pid)
+        except DriverError as e:
+            return _error(503, f"cannot read the cards to adopt pid {adopted.pid}: {e}",
+                          "unavailable")
     shares: dict[str, Share] = {}
     need: dict[str, int] = {}
     for i, sb in enumerate(body.shares):
         try:
-            pci = _resolve_card(broker, sb.card, sb.size)
+            held = {p: b for p, b in use.items() if b} if sb.card is None else {}
+            pci = max(held, key=held.get) if held else _resolve_card(broker, sb.card, sb.size)
         except KeyError as e:
             raise web.HTTPBadRequest(reason=f"shares.{i}.card: {e.args[0]}")
         if pci in shares:
@@ -247,18 +273,27 @@ async def request_lease(request: web.Request) -> web.Response:
         if sb.size is not None and sb.size <= 0:
             raise web.HTTPBadRequest(reason=f"shares.{i}.size: must be more than 0 bytes")
         shares[pci] = Share(pci, sb.size or 0, whole_card=sb.size is None)
+        shares[pci].used_bytes = use.get(pci)
         if sb.need is not None:
             need[pci] = sb.need
     peer = _peer(request)
-    owner_pid = body.owner_pid or (peer[0] if peer else None)
-    owner = identify(owner_pid) if owner_pid else None
+    if adopted is not None:
+        owner = adopted                 # the lease lives as long as the process it adopted
+    else:
+        owner_pid = body.owner_pid or (peer[0] if peer else None)
+        owner = identify(owner_pid) if owner_pid else None
     lease = Lease(id=broker.new_lease_id(body.engine), engine=body.engine, shares=shares,
                   priority=body.priority, bound=body.bound,
                   growth_allowance_bytes=body.growth_allowance, need_bytes=need,
                   caps=Capabilities(park=ParkMechanism(body.park) if body.park else None,
                                     lend=body.lend, lend_max_bytes=body.lend_max, front=body.front),
                   owner_pid=owner.pid if owner else None,
-                  owner_start_time=owner.start_time if owner else None)
+                  owner_start_time=owner.start_time if owner else None,
+                  pid=adopted.pid if adopted else None,
+                  start_time=adopted.start_time if adopted else None)
+    if adopted is not None:
+        log.info("lease %s adopts pid %s (%s), which holds %s", lease.id, adopted.pid, why,
+                 ", ".join(f"{p}={b}" for p, b in use.items()))
     await broker.request(lease)
     state = "waiting" if lease.is_waiting() else "active"
     if lease.id not in broker.sched.ledger.leases:
@@ -282,35 +317,50 @@ async def wait_grant(request: web.Request) -> web.Response:
                               "driver": {"kind": broker.driver.kind, "sim_dir": broker.sim_dir}})
 
 
+def _claim(broker: Broker, request: web.Request, pid: int, start_time: float | None,
+           engine: str, host: str | None) -> tuple[ProcessId, web.Response | None, str]:
+    """May the caller claim process ``pid`` for ``engine``? Returns ``(identity, refusal,
+    why)``: ``refusal`` is a 403 answer, or ``None`` when allowed because the caller is the
+    process, or its parent, or a host plugin vouches (``berth_vouch``). Raises 400 for a PID
+    that is not alive or whose start time (seconds since the epoch) differs."""
+    actual = identify(pid)
+    if actual is None:
+        raise web.HTTPBadRequest(reason=f"pid: no live process {pid}")
+    if start_time is not None and abs(actual.start_time - start_time) > 0.05:
+        raise web.HTTPBadRequest(reason=f"start_time: pid {pid} started at "
+                                        f"{actual.start_time}, not {start_time}")
+    peer = _peer(request)
+    allowed, why = False, "no peer credentials (TCP) and no plugin vouches"
+    if peer is not None:
+        ppid = _ppid(pid)
+        if peer[0] == pid:
+            allowed, why = True, "the caller is the process"
+        elif ppid == peer[0]:
+            allowed, why = True, "the caller is its parent"
+        else:
+            why = f"caller pid {peer[0]} is neither pid {pid} nor its parent ({ppid})"
+    if not allowed and broker.pm is not None:
+        verdict = broker.pm.hook.berth_vouch(pid=pid, start_time=actual.start_time,
+                                             engine=engine, host=host)
+        if verdict:
+            allowed, why = True, f"vouched for by the {host or 'host'} plugin"
+        elif host:
+            why += f"; the {host} plugin does not vouch for it"
+    if not allowed:
+        log.warning("claim of pid %s for %s refused: %s", pid, engine, why)
+        return actual, _error(403, f"attach refused: {why}", "forbidden"), why
+    return actual, None, why
+
+
 async def attach(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     body: AttachBody = await _body(request, AttachBody)
     lease = _lease(broker, lid)
-    actual = identify(body.pid)
-    if actual is None:
-        raise web.HTTPBadRequest(reason=f"pid: no live process {body.pid}")
-    if body.start_time is not None and abs(actual.start_time - body.start_time) > 0.05:
-        raise web.HTTPBadRequest(reason=f"start_time: pid {body.pid} started at "
-                                        f"{actual.start_time}, not {body.start_time}")
-    peer = _peer(request)
-    allowed, why = False, "no peer credentials (TCP) and no plugin vouches"
-    if peer is not None:
-        ppid = _ppid(body.pid)
-        if peer[0] == body.pid:
-            allowed, why = True, "the caller is the process"
-        elif ppid == peer[0]:
-            allowed, why = True, "the caller is its parent"
-        else:
-            why = f"caller pid {peer[0]} is neither pid {body.pid} nor its parent ({ppid})"
-    if not allowed and broker.pm is not None:
-        verdict = broker.pm.hook.berth_vouch(pid=body.pid, start_time=actual.start_time,
-                                             engine=lease.engine, host=body.host)
-        if verdict:
-            allowed, why = True, f"vouched for by the {body.host or 'host'} plugin"
-    if not allowed:
-        log.warning("attach of pid %s to lease %s refused: %s", body.pid, lid, why)
-        return _error(403, f"attach refused: {why}", "forbidden")
+    actual, refusal, why = _claim(broker, request, body.pid, body.start_time, lease.engine,
+                                  body.host)
+    if refusal is not None:
+        return refusal
     await broker.submit(lambda now: broker.sched.attach(lid, actual.pid, actual.start_time, now))
     return web.json_response({"id": lid, "pid": actual.pid, "start_time": actual.start_time,
                               "why": why})
@@ -365,6 +415,14 @@ async def touch(request: web.Request) -> web.Response:
     lid = request.match_info["id"]
     _lease(broker, lid)
     await broker.submit(lambda now: broker.sched.touch(lid, now))
+    return web.json_response({"id": lid})
+
+
+async def ready(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    _lease(broker, lid)
+    await broker.submit(lambda now: broker.sched.ready(lid, now))
     return web.json_response({"id": lid})
 
 
@@ -498,6 +556,7 @@ def make_app(broker: Broker, key: str | None = None) -> web.Application:
     r.add_get("/v1/leases/{id}/instructions", instructions)
     r.add_post("/v1/leases/{id}/wake", wake)
     r.add_post("/v1/leases/{id}/touch", touch)
+    r.add_post("/v1/leases/{id}/ready", ready)
     r.add_post("/v1/leases/{id}/release", release)
     r.add_post("/v1/operator/{op}", operator)
     r.add_get("/v1/status", status)
@@ -524,13 +583,3 @@ async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
         host, _, port = tcp.rpartition(":")
         await web.TCPSite(runner, host or "127.0.0.1", int(port)).start()
     return runner
-
-
-# A lease body as the CLI and berth run send it (kept here so both agree).
-def lease_body(engine: str, sizes: list[tuple[str | None, str]], *, priority: int = 0,
-               park: str | None = None, lend: bool = False, front: str | None = None,
-               bound: str = "declared", owner_pid: int | None = None) -> dict:
-    return {"engine": engine, "shares": [{"card": c, "size": s} for c, s in sizes],
-            "priority": priority, "park": park, "lend": lend, "front": front, "bound": bound,
-            **({"owner_pid": owner_pid} if owner_pid else {})}
-

@@ -31,7 +31,9 @@ def _bar(card: dict) -> str:
 
 def render(st: dict) -> str:
     """The board as text: a bar per card (R reserve, B baseline, S stowaways, C claims, █ active,
-    ▓ lent, ▒ parked, ░ draining, · free), its shares, the waiting queue, the counters."""
+    ▓ lent, ▒ parked, ░ draining, · free), its shares, the waiting queue (a waiter whose process
+    already runs is marked over budget), leases with a problem to fix (``!``: processes left
+    holding memory after their main process went), the counters."""
     lines = []
     for c in st["cards"]:
         lines.append(f"{c['name']} {c['pci']}  [{_bar(c)}]  {format_size(c['total_bytes'])} total, "
@@ -51,8 +53,13 @@ def render(st: dict) -> str:
             need = ", ".join(f"{x['card']} {format_size(x['size_bytes'])}" for x in w["need"])
             lines.append(f"    {w['engine']:<20} {w['kind']:<7} needs {need or '—'}, waited "
                          f"{w['waited_s']:.1f}s ({w['id']})")
+            if w.get("note"):
+                lines.append(f"        ! {w['note']}")
     else:
         lines.append("waiting: none")
+    for le in st["leases"]:
+        if le.get("note"):
+            lines.append(f"! {le['engine']} ({le['id']}): {le['note']}")
     k = st["counters"]
     lines.append("counters: " + ", ".join(f"{n} {k[n]}" for n in (
         "grants", "parks", "checkpoints", "lends", "drains", "fallbacks_to_drain", "wakes",

@@ -33,7 +33,8 @@ import psutil
 from . import store
 from .config import Config
 from .driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost, confirm
-from .model import Capabilities, Card, Lease, ParkMechanism, Share, ShareState, move
+from .model import (LIVE_STATES, Capabilities, Card, Lease, ParkMechanism, Share, ShareState,
+                    move)
 from .process import ProcessId, alive, tree_pids
 from .scheduler import (CardRead, Effect, Ended, Granted, Instruct, Note, Rejected, Scheduler,
                         Watch)
@@ -76,7 +77,9 @@ class Broker:
         self.state_path = Path(state_path)
         self.pm = pm
         self.clock = clock
-        self.sched = Scheduler(cfg.policy.policy())
+        # Instruction numbers must keep growing across restarts: a run that polled the old
+        # berthd asks the new one for what came after the last number it saw.
+        self.sched = Scheduler(cfg.policy.policy(), first_seq=int(time.time() * 1000))
         self.channels: dict[str, Channel] = {}
         self.timeline: collections.deque[dict] = collections.deque(maxlen=2000)
         self.uuids: dict[str, str] = {}
@@ -97,6 +100,7 @@ class Broker:
         self.quarantined: Path | None = None
         self.sim_dir: str | None = None
         self._carry_out_later: list[Effect] = []
+        self.engines: dict[str, str] = {}     # lease id -> engine name, ended leases too
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -191,13 +195,15 @@ class Broker:
                 t.add_done_callback(self._watches.discard)
             elif isinstance(e, Rejected):
                 ch = self.channels.get(e.lease_id)
-                if ch and not ch.grant.done():
-                    ch.grant.set_exception(LeaseGone(e.lease_id, e.reason))
+                if ch is not None:
+                    ch.ended = f"rejected: {e.reason}"
+                    if not ch.grant.done():
+                        ch.grant.set_exception(LeaseGone(e.lease_id, ch.ended))
                 self._note(Note(e.lease_id, "rejected", e.reason))
             elif isinstance(e, Ended):
                 ch = self.channels.get(e.lease_id)
                 if ch is not None:
-                    ch.ended = e.reason
+                    ch.ended = ch.ended or e.reason
                     if not ch.grant.done():
                         ch.grant.set_exception(LeaseGone(e.lease_id, e.reason))
                     self._changed(ch)
@@ -215,9 +221,8 @@ class Broker:
         asyncio.get_running_loop().create_task(notify())
 
     def _note(self, e: Note) -> None:
-        lease = self.sched.ledger.leases.get(e.lease_id)
         entry = {"seq": next(self._note_seq), "t": round(self.clock() - self.started_at, 3),
-                 "lease": e.lease_id, "engine": lease.engine if lease else None,
+                 "lease": e.lease_id, "engine": self.engines.get(e.lease_id),
                  "kind": e.kind, "text": e.text, **({"data": e.data} if e.data else {})}
         self.timeline.append(entry)
         log.info("%s %s", e.kind, e.text)
@@ -248,6 +253,7 @@ class Broker:
 
     async def request(self, lease: Lease) -> list[Effect]:
         self.channels[lease.id] = self._channel()
+        self.engines[lease.id] = lease.engine
         try:
             return await self.submit(lambda now: self.sched.request(lease, now))
         except Exception:
@@ -326,14 +332,17 @@ class Broker:
         trees: dict[str, set[int]] = {}
         dead: list[str] = []
         for le in leases:
+            # A death is news once: a released share then only waits for the driver's read.
+            ending = le.is_waiting() or any(sh.state in LIVE_STATES for sh in le.shares.values())
             if le.pid is not None:
                 if le.start_time is not None and not alive(ProcessId(le.pid, le.start_time)):
-                    dead.append(le.id)
+                    if ending:
+                        dead.append(le.id)
                     trees[le.id] = set()
                 else:
                     trees[le.id] = tree_pids(le.pid)
             elif le.owner_pid is not None and le.owner_start_time is not None \
-                    and not alive(ProcessId(le.owner_pid, le.owner_start_time)):
+                    and not alive(ProcessId(le.owner_pid, le.owner_start_time)) and ending:
                 dead.append(le.id)
         reads: dict[str, CardRead] = {}
         for pci in led.cards:
@@ -364,8 +373,11 @@ class Broker:
                         total += b
                 used[le.id] = total if le.pid is not None else None
             base = self.baseline_pids.get(pci, set())
+            # A waiting lease's process (adopted by a host plugin before its grant) holds
+            # memory nothing granted: it counts as a stowaway until the grant (ledger.available).
+            waiting = {le.id for le in leases if le.is_waiting()}
             stow = sum(b or 0 for pid, b in r.processes.items()
-                       if pid not in owner and pid not in base)
+                       if (pid not in owner or owner[pid] in waiting) and pid not in base)
             reads[pci] = CardRead(free_bytes=r.free_bytes, stowaway_bytes=stow, used=used,
                                   total_bytes=r.total_bytes)
         return reads, dead
@@ -411,6 +423,45 @@ class Broker:
             # A drain has no fallback: keep watching until the memory is free.
             w = Watch(w.lease_id, w.pci, w.until, w.max_use_bytes, w.since,
                       self.clock() + self.cfg.policy.release_grace)
+
+    def tree_use(self, pid: int) -> dict[str, int | None]:
+        """Bytes the process tree of ``pid`` holds on each card now, by a driver read
+        ({pci: bytes}; ``None`` where the driver cannot say per process). Used to adopt a
+        process that a host started before its lease (issue 7). Raises :class:`DriverError`."""
+        tree = tree_pids(pid)
+        out: dict[str, int | None] = {}
+        for pci in self.sched.ledger.cards:
+            r = self.driver.read(pci)
+            out[pci] = r.use_of(tree & set(r.processes)) if r.processes_known else None
+        return out
+
+    def _orphans(self, lease: Lease) -> dict:
+        """Board fields for a lease whose main process is gone while processes it started still
+        hold memory on its cards (issue 7; reference/hosts.md "Orphans"): ``orphans`` lists
+        ``{"pid", "card", "bytes"}`` and ``note`` says what to change. Berth never signals them
+        (rule 6). Empty when there are none."""
+        if lease.pid is None or lease.start_time is None or alive(
+                ProcessId(lease.pid, lease.start_time)):
+            return {}
+        found = []
+        for pci, pids in self.lease_pids.get(lease.id, {}).items():
+            r = self.last_reads.get(pci)
+            for pid in sorted(pids):
+                if r is not None and pid in r.processes and pid != lease.pid:
+                    found.append({"pid": pid, "card": pci, "bytes": r.processes[pid]})
+        if not found:
+            return {}
+        held = sum(o["bytes"] or 0 for o in found)
+        entry = self.cfg.engines.get(lease.engine)
+        if entry is not None and entry.supervisor:
+            advice = (f"supervisord signals only a program's main process: set stopasgroup=true "
+                      f"and killasgroup=true in [program:{entry.supervisor}]")
+        else:
+            advice = "stop them: Berth does not signal processes it did not start (rule 6)"
+        return {"orphans": found,
+                "note": f"main process {lease.pid} is gone but {len(found)} process(es) it "
+                        f"started still hold {held} bytes (pids "
+                        f"{', '.join(str(o['pid']) for o in found)}); {advice}"}
 
     def _card_read(self, pci: str, r: Reading) -> CardRead:
         card = self.sched.ledger.cards[pci]
@@ -482,6 +533,7 @@ class Broker:
             if lease.is_waiting() and kind is None:
                 kind, since = "grant", lease.requested_at
             self.channels[lease.id] = self._channel()
+            self.engines[lease.id] = lease.engine
             fx += self.sched.adopt(lease, now, kind, since)
             self.restored.append(lease.id)
         self._carry_out_later = fx
@@ -545,7 +597,8 @@ class Broker:
                           "reserve_below_suggested": sugg[pci]["below"], "shares": shares})
         leases = []
         for le in led.leases.values():
-            leases.append({
+            extra = self._orphans(le)
+            leases.append({**extra,
                 "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
                 "priority": le.priority, "bound": le.bound.value, "held": le.held,
                 "capabilities": le.caps.as_dict(),
@@ -558,12 +611,24 @@ class Broker:
         now = self.clock()
         waiting = [{"id": w.lease_id, "engine": led.leases[w.lease_id].engine, "kind": w.kind.value,
                     "need": [{"card": p, "size_bytes": b} for p, b in w.need.items()],
-                    "since": w.since, "waited_s": round(now - w.since, 3), "skips": w.skips}
+                    "since": w.since, "waited_s": round(now - w.since, 3), "skips": w.skips,
+                    **_running_unleased(led.leases[w.lease_id], w.kind.value)}
                    for w in self.sched.queue]
         counters = self.sched.counters.as_dict()
         counters["reserve_fraction"] = round(reserve_fraction(led), 4)
         return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
                 "driver": self.driver.kind, "uptime_s": round(now - self.started_at, 1)}
+
+
+def _running_unleased(lease: Lease, kind: str) -> dict:
+    """Board fields for a waiter whose process already runs (a host started it before its
+    grant, issue 7): it holds memory without a grant, so it is over budget until room is made."""
+    if kind != "grant" or lease.pid is None:
+        return {}
+    held = sum(sh.used_bytes or 0 for sh in lease.shares.values())
+    return {"pid": lease.pid, "running": True, "held_bytes": held,
+            "note": f"over budget: pid {lease.pid} already runs and holds {held} bytes without a "
+                    f"grant; they count as stowaways until room is made"}
 
 
 def _counted(sh: Share) -> int:

@@ -108,6 +108,9 @@ class Client:
     async def touch(self, lease_id: str) -> dict:
         return await self.call("POST", f"/v1/leases/{lease_id}/touch", {})
 
+    async def ready(self, lease_id: str) -> dict:
+        return await self.call("POST", f"/v1/leases/{lease_id}/ready", {})
+
     async def release(self, lease_id: str, wait_s: float = 0.0, reason: str = "released") -> dict:
         return await self.call("POST", f"/v1/leases/{lease_id}/release", {"reason": reason},
                                timeout_s=wait_s + 10, wait=wait_s)

@@ -5,7 +5,8 @@ stage B). Start-up, in order:
 
 1. read and validate the config (every error listed by key path, then exit 2);
 2. open the driver (NVML, or the simulated cards declared in the config);
-3. load the plugins (a misspelled or mistyped plugin stops the daemon here);
+3. load the plugins (a misspelled or mistyped plugin stops the daemon here) and hand them the
+   config (``berth_configure``; a plugin that refuses it stops the daemon too);
 4. restore the state file, re-attach live leases, measure baselines;
 5. serve the control API on the Unix socket (mode 0660).
 
@@ -91,6 +92,12 @@ async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:
         log.error("%s", e)
         return 3
     pm = make_plugin_manager()
+    try:
+        pm.hook.berth_configure(config=cfg)
+    except Exception as e:          # a plugin refused the config: say which and why
+        log.error("a plugin cannot use this config: %s: %s", type(e).__name__, e)
+        driver.close()
+        return 2
     broker = Broker(cfg, driver, sdir / "state.toml", pm)
     if cfg.policy.ram_budget == "auto":
         broker.sched.ledger.ram_budget_bytes = int(psutil.virtual_memory().available * 0.8)

@@ -116,7 +116,8 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
 
     Numbered as in the code: (1) never itself; (2) an operator hold protects; (3) a holder of
     higher priority is never displaced (equal priority may be, as llama-swap swaps models);
-    (4) a holder keeps its card for its minimum turn; (5) the juggle guard: two engines swap a
+    (4) a holder keeps its card for its minimum turn, counted from when it could serve
+    (``ready_at``, else at most ``wake_limit_s`` after its grant) or its last wake; (5) the juggle guard: two engines swap a
     card at most ``juggle_max_swaps`` times inside ``juggle_window_s``.
     """
     if holder.id == waiter.id:                                               # (1)
@@ -125,7 +126,11 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
         return f"{holder.engine} is held"
     if holder.priority > waiter.priority:                                    # (3)
         return f"{holder.engine} has higher priority ({holder.priority} > {waiter.priority})"
-    turn_start = max(holder.granted_at or 0.0, _last_resume(holder))
+    # The turn starts when the engine can serve: once it said so after its grant, or its
+    # last wake; an engine still loading is given up to wake_limit_s to get there.
+    ready = holder.ready_at if holder.ready_at is not None and holder.ready_at >= (
+        holder.granted_at or 0.0) else (holder.granted_at or 0.0) + policy.wake_limit_s
+    turn_start = max(ready, _last_resume(holder))
     if now - turn_start < policy.min_turn_s:                                 # (4)
         return f"{holder.engine} is inside its minimum turn"
     if swaps is not None and policy.juggle_max_swaps >= 0:                   # (5)

@@ -183,17 +183,28 @@ class Ledger:
     def available(self, pci: str, for_lease: str | None = None) -> int:
         """Bytes that may be granted on ``pci`` to ``for_lease`` now.
 
-        ``min(budget, driver free − reserve) − earmarks of other waiters``. Before the first
-        driver read nothing is free (rule 1). May be negative.
+        ``min(budget, driver free − reserve) − earmarks of other waiters + own``. Before the
+        first driver read nothing is free (rule 1). May be negative.
+
+        ``own`` is what ``for_lease`` already holds on the card while it waits: a host plugin
+        adopts a process that its host started before Berth granted anything (supervisord's
+        observe mode, issue 7). The broker counts such a process as a stowaway and the driver's
+        free bytes leave it out, so granting the waiter its own bytes overlaps nothing (rule 2);
+        without it, two engines started together could never both be leased.
         """
         c = self.cards[pci]
         if c.free_bytes is None:
             return min(0, self.budget(pci))
         room = min(self.budget(pci), c.free_bytes - c.reserve_bytes)
         held = self._earmarked[pci]
+        own = 0
         if for_lease is not None:
             held -= self.earmarks.get(for_lease, {}).get(pci, 0)
-        return room - held
+            lease = self.leases.get(for_lease)
+            sh = lease.shares.get(pci) if lease is not None else None
+            if sh is not None and sh.state is S.WAITING and lease.pid is not None:
+                own = max(0, sh.used_bytes or 0)
+        return room - held + own
 
     def parked_in_ram_bytes(self) -> int:
         """Host bytes held by parked or parking shares (their size less the residual)."""
@@ -201,7 +212,7 @@ class Ledger:
         for lease in self.leases.values():
             for sh in lease.shares.values():
                 if sh.state in (S.PARKED, S.PARKING, S.RESUMING):
-                    total += max(0, sh.reserved_bytes - sh.residual_bytes)
+                    total += max(0, max(sh.reserved_bytes, sh.parked_bytes) - sh.residual_bytes)
         return total
 
     def ram_available_bytes(self) -> int | None:

@@ -199,7 +199,8 @@ class Share:
     for the card; it is then set at the grant). ``reserved_bytes`` is what admission reserved under
     the lease's bound; ``used_bytes`` the last driver read of the holder's use (``None`` while
     unknown). ``lent_bytes`` is N in lending(N)/lent(N); ``residual_bytes`` is what a parked share
-    leaves on the card, as the driver measured it. ``lent_to``/``borrowed_from`` link a lend's two
+    leaves on the card, as the driver measured it; ``parked_bytes`` what it counted when its park
+    began (its reservation, or its real use if larger): what a wake will bring back. ``lent_to``/``borrowed_from`` link a lend's two
     shares by lease id.
     """
 
@@ -211,6 +212,7 @@ class Share:
     used_bytes: int | None = None
     lent_bytes: int = 0
     residual_bytes: int = 0
+    parked_bytes: int = 0
     lent_to: str | None = None
     borrowed_from: str | None = None
     since: float = 0.0
@@ -247,7 +249,8 @@ class Lease:
     a host plugin), so a lease still waiting can be re-attached or dropped after a restart.
     ``growth_allowance_bytes`` is the allowance A of seed 000 for ``Bound.GROWTH``.
     ``need_bytes`` is the current need per card for ``current``/``growth`` (defaults to the size).
-    ``held`` is an operator hold: a held lease is never displaced.
+    ``held`` is an operator hold: a held lease is never displaced. ``ready_at`` is when the engine
+    first answered after its grant (its minimum turn counts from then).
     """
 
     id: str
@@ -264,6 +267,7 @@ class Lease:
     owner_start_time: float | None = None
     requested_at: float = 0.0
     granted_at: float | None = None
+    ready_at: float | None = None
     last_used_at: float = 0.0
     held: bool = False
 

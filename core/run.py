@@ -157,9 +157,11 @@ class EngineRun:
         if self.o.front:
             from .front import Front
             host, _, port = self.o.front.rpartition(":")
+            from berth_plugins.manager import is_write
             self.front = Front(host or "127.0.0.1", int(port), name=self.o.engine,
                                wait_limit_s=self.o.wait_limit_s, on_wake=self._on_wake,
-                               on_activity=self._on_activity)
+                               on_activity=self._on_activity,
+                               is_write=lambda m, p: is_write(self.pm, self.o.engine, m, p))
             await self.front.start()
         granted = await self._lease()
         if granted is None:
@@ -172,6 +174,7 @@ class EngineRun:
         if healthy in done and healthy.result():
             self._open()
             log.info("%s is serving on %s", self.o.engine, self.engine_url)
+            await self._ready()
         elif not healthy.done():
             healthy.cancel()
         instr = asyncio.create_task(self._instructions())
@@ -328,6 +331,12 @@ class EngineRun:
         if self.front is not None:
             self.front.open()
 
+    async def _ready(self) -> None:
+        """Tell berthd the engine answers: its minimum turn starts now."""
+        if self.lease_id:
+            with contextlib.suppress(BerthdUnavailable, ApiError):
+                await self.client.ready(self.lease_id)
+
     # -- instructions --------------------------------------------------------------------------
     async def _instructions(self) -> None:
         """Long-poll berthd for instructions and carry them out, one at a time. Survives berthd
@@ -380,6 +389,7 @@ class EngineRun:
         if self.engine_id is not None:
             with contextlib.suppress(BerthdUnavailable, ApiError):
                 await self.client.attach(self.lease_id, self.engine_id.pid, self.engine_id.start_time)
+            await self._ready()
         log.info("re-attached %s as lease %s", self.o.engine, self.lease_id)
 
     def _ctx(self, op: str, ins: dict):
@@ -417,6 +427,7 @@ class EngineRun:
                 if self.front is not None:
                     quiet = await self.front.close_and_drain(self.o.release_grace_s)
                     if not quiet:
+                        self.front.open()
                         raise RuntimeError("in-flight requests did not finish within the grace")
                 await run_action(self.pm, f"berth_{op}", self._ctx(op, ins))
                 if self.front is not None:
@@ -437,7 +448,9 @@ class EngineRun:
             if self.front is not None:
                 if op == "wake":
                     self.front.fail_held(f"wake failed: {e}")
-                elif op == "lend":
+                    with contextlib.suppress(Exception):
+                        self.front.sleep()
+                elif op in ("lend", "park") and self.front.state.value == "closing":
                     self.front.open()
         try:
             await self.client.report(self.lease_id, op, ok, detail)

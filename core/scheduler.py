@@ -153,7 +153,7 @@ class Scheduler:
     makes no sense (both change nothing).
     """
 
-    def __init__(self, policy: Policy, ledger: Ledger | None = None):
+    def __init__(self, policy: Policy, ledger: Ledger | None = None, first_seq: int = 1):
         self.policy = policy
         self.ledger = ledger or Ledger()
         self.queue = Queue()
@@ -163,7 +163,7 @@ class Scheduler:
         self.growth = GrowthMeter()
         self.deadlines: dict[tuple[str, str, str], float] = {}   # (lease, pci, op) -> time
         self.wake_wanted: set[str] = set()
-        self._seq = itertools.count(1)
+        self._seq = itertools.count(first_seq)
         self._noplan_said: dict[str, str] = {}
 
     # -- events -------------------------------------------------------------------------------
@@ -206,6 +206,15 @@ class Scheduler:
     def touch(self, lease_id: str, now: float) -> list[Effect]:
         """The engine served a request (for least-recently-used victim order)."""
         self.ledger.leases[lease_id].last_used_at = now
+        return []
+
+    def ready(self, lease_id: str, now: float) -> list[Effect]:
+        """The engine answered after its grant: its minimum turn starts now, not at the grant
+        (a cold load longer than the minimum turn must not lose the card before it serves)."""
+        lease = self.ledger.leases[lease_id]
+        if lease.ready_at is None or (lease.granted_at is not None and lease.ready_at < lease.granted_at):
+            lease.ready_at = now
+            return [Note(lease_id, "ready", f"{lease.engine} is serving")] + self._pass(now)
         return []
 
     def observe(self, reads: dict[str, CardRead], now: float) -> list[Effect]:
@@ -587,8 +596,8 @@ class Scheduler:
     def _begin_park(self, lease: Lease, now: float, reason: str) -> list[Effect]:
         seq = next(self._seq)
         fx: list[Effect] = [Instruct(lease.id, Op.PARK, tuple(lease.shares), seq, reason=reason)]
-        for pci in lease.shares:
-            self.ledger.move(lease.id, pci, S.PARKING, now)
+        for pci, sh in lease.shares.items():
+            self.ledger.move(lease.id, pci, S.PARKING, now, parked_bytes=counted_bytes(sh))
             self.deadlines[(lease.id, pci, Op.PARK)] = now + self.policy.release_grace_s
         if lease.caps.park is ParkMechanism.CHECKPOINT:
             self.counters.checkpoints += 1

@@ -66,7 +66,8 @@ def _share_dict(sh: Share) -> dict:
     return _clean({"card": sh.card, "size_bytes": sh.size_bytes, "whole_card": sh.whole_card,
                    "state": sh.state.value, "reserved_bytes": sh.reserved_bytes,
                    "used_bytes": sh.used_bytes, "lent_bytes": sh.lent_bytes,
-                   "residual_bytes": sh.residual_bytes, "lent_to": sh.lent_to,
+                   "residual_bytes": sh.residual_bytes, "parked_bytes": sh.parked_bytes,
+                   "lent_to": sh.lent_to,
                    "borrowed_from": sh.borrowed_from, "since": sh.since})
 
 
@@ -76,7 +77,7 @@ def _lease_dict(le: Lease) -> dict:
         "growth_allowance_bytes": le.growth_allowance_bytes, "need_bytes": dict(le.need_bytes),
         "caps": _clean(le.caps.as_dict()), "pid": le.pid, "start_time": le.start_time,
         "owner_pid": le.owner_pid, "owner_start_time": le.owner_start_time,
-        "requested_at": le.requested_at, "granted_at": le.granted_at,
+        "requested_at": le.requested_at, "granted_at": le.granted_at, "ready_at": le.ready_at,
         "last_used_at": le.last_used_at, "held": le.held,
         "shares": [_share_dict(sh) for sh in le.shares.values()],
     })
@@ -116,7 +117,8 @@ def _share_from(d: dict) -> Share:
                  state=ShareState(d["state"]), whole_card=bool(d.get("whole_card", False)),
                  reserved_bytes=int(d.get("reserved_bytes", 0)), used_bytes=d.get("used_bytes"),
                  lent_bytes=int(d.get("lent_bytes", 0)),
-                 residual_bytes=int(d.get("residual_bytes", 0)), lent_to=d.get("lent_to"),
+                 residual_bytes=int(d.get("residual_bytes", 0)),
+                 parked_bytes=int(d.get("parked_bytes", 0)), lent_to=d.get("lent_to"),
                  borrowed_from=d.get("borrowed_from"), since=float(d.get("since", 0.0)))
 
 
@@ -133,7 +135,8 @@ def _lease_from(d: dict) -> Lease:
                           lend_max_bytes=caps.get("lend_max_bytes"), front=caps.get("front")),
         pid=d.get("pid"), start_time=d.get("start_time"), owner_pid=d.get("owner_pid"),
         owner_start_time=d.get("owner_start_time"), requested_at=float(d.get("requested_at", 0)),
-        granted_at=d.get("granted_at"), last_used_at=float(d.get("last_used_at", 0)),
+        granted_at=d.get("granted_at"), ready_at=d.get("ready_at"),
+        last_used_at=float(d.get("last_used_at", 0)),
         held=bool(d.get("held", False)))
 
 

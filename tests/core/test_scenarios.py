@@ -310,3 +310,46 @@ class TestEverySleepHasAWayBack:
 def _whole(lid: str):
     from berth.model import Lease, Share
     return Lease(lid, lid, {G0: Share(G0, 0, whole_card=True)})
+
+
+class TestFoundByThePolicySimulator:
+    def test_a_wake_reserves_what_the_park_took_away(self):
+        # current bound: reserved 11 GiB but seen using 16; parked; a 10 GiB holder comes in.
+        # The wake must find room for 16 GiB, not 11.
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0), reserve=1 * GiB)
+        w.request("a", "A", {G0: 18 * GiB}, park=CKPT, bound=Bound.CURRENT, need={G0: 11 * GiB})
+        w.used[("a", G0)] = 16 * GiB
+        w.read()
+        w.request("b", "B", {G0: 10 * GiB}, priority=5)     # B cannot be displaced by A
+        w.do_all()
+        assert state(w, "a") is S.PARKED and state(w, "b") is S.ACTIVE
+        assert w.s.ledger.leases["a"].shares[G0].parked_bytes == 16 * GiB
+        w.apply(w.s.wake("a", w.now))
+        assert state(w, "a") is S.PARKED                     # 13 GiB free < 16: it waits
+        w.exit("b")
+        w.confirm_all()
+        assert state(w, "a") is S.RESUMING
+        assert w.s.ledger.leases["a"].shares[G0].reserved_bytes == 16 * GiB
+        w.do_all()
+        assert state(w, "a") is S.ACTIVE
+        w.check()
+
+    def test_the_minimum_turn_counts_from_when_the_engine_can_serve(self):
+        w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60))
+        lease = _lease_not_ready(w, "big", 20 * GiB)          # a cold load, not serving yet
+        w.advance(5)
+        w.request("small", "small", {G0: 12 * GiB})
+        w.advance(5)                                          # 10 s after the grant
+        assert state(w, "big") is S.ACTIVE
+        w.advance(21)
+        w.apply(w.s.ready(lease, w.now))                      # it serves at t = 31
+        w.advance(9)
+        assert state(w, "big") is S.ACTIVE                    # inside its turn (from t = 31)
+        w.advance(2)
+        assert state(w, "big") is S.DRAINING
+
+
+def _lease_not_ready(w: World, lid: str, size: int) -> str:
+    from berth.model import Lease, Share
+    w.s.request(Lease(lid, lid, {G0: Share(G0, size)}), w.now)
+    return lid

@@ -83,6 +83,7 @@ class World:
         self.apply(self.s.tick(self.now))
 
     def apply(self, fx: list[Effect]) -> None:
+        ready = []
         for e in fx:
             self.effects.append(e)
             if isinstance(e, Granted):
@@ -90,6 +91,7 @@ class World:
                 self.alive.add(e.lease_id)
                 for pci, b in e.cards.items():
                     self.used[(e.lease_id, pci)] = b      # an engine that fills its share
+                ready.append(e.lease_id)                  # ... and loads at once
             elif isinstance(e, Instruct):
                 self.pending.append(Pending(e.op, e.lease_id, e.cards, dict(e.bytes)))
             elif isinstance(e, Watch):
@@ -99,6 +101,9 @@ class World:
             elif isinstance(e, Rejected):
                 self.rejected.add(e.lease_id)
         self.check_no_oom()
+        for lid in ready:
+            if lid in self.s.ledger.leases and lid in self.alive:
+                self.apply(self.s.ready(lid, self.now))
 
     def do(self, i: int = 0, ok: bool = True, frees: bool = True) -> Pending:
         """Carry out pending instruction ``i``. ``ok``: the engine's answer; ``frees``: whether

@@ -1,0 +1,169 @@
+"""Test helpers: a real berthd on simulated cards in a temporary directory, a small synchronous
+client for its Unix socket, and ``berth run`` processes. Waits poll observable state with a
+deadline; nothing sleeps to synchronise."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+BERTH = str(BIN / "berth")
+GiB = 1 << 30
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = 30.0):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self._path)
+
+
+def api(sock: str | Path, method: str, path: str, body=None, raw: bytes | None = None,
+        timeout: float = 30.0) -> tuple[int, dict]:
+    conn = UnixHTTPConnection(str(sock), timeout)
+    try:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
+        r = conn.getresponse()
+        text = r.read()
+        try:
+            return r.status, json.loads(text) if text else {}
+        except ValueError:
+            return r.status, {"raw": text.decode(errors="replace")}
+    finally:
+        conn.close()
+
+
+def wait_for(pred, timeout: float = 20.0, what: str = "condition", interval: float = 0.02):
+    """Poll ``pred()`` until it returns something truthy; return it. Raises on timeout."""
+    end = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < end:
+        last = pred()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def sim_config(tmp: Path, cards: list[tuple[str, str]], *, reserve: str = "1GiB",
+               policy: dict | None = None, extra: str = "") -> Path:
+    lines = [f'state_dir = "{tmp / "state"}"', "[driver]", 'kind = "sim"',
+             f'sim_dir = "{tmp / "sim"}"', 'free_delay = "0.5s"']
+    for i, (name, total) in enumerate(cards):
+        lines += ["[[driver.cards]]", f'pci = "0000:{i + 1:02x}:00.0"', f'name = "{name}"',
+                  f'total = "{total}"']
+    for name, _ in cards:
+        lines += [f"[cards.{name}]", f'reserve = "{reserve}"']
+    pol = {"min_turn": "0s", "juggle_window": "0s", "release_grace": "10s",
+           "read_interval": "0.2s", **(policy or {})}
+    lines.append("[policy]")
+    for k, v in pol.items():
+        lines.append(f"{k} = {json.dumps(v)}")
+    path = tmp / "berth.toml"
+    path.write_text("\n".join(lines) + "\n" + extra)
+    return path
+
+
+class Berthd:
+    """A berthd process. ``env`` is what clients (berth run, berth status) need."""
+
+    def __init__(self, tmp: Path, config: Path):
+        self.tmp = tmp
+        self.config = config
+        self.sock = tmp / "state" / "berthd.sock"
+        self.env = {**os.environ, "BERTH_STATE_DIR": str(tmp / "state"),
+                    "BERTH_SOCKET": str(self.sock), "BERTH_SIM_DIR": str(tmp / "sim"),
+                    "BERTH_CONFIG": str(config), "PYTHONUNBUFFERED": "1"}
+        self.log = tmp / "berthd.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Berthd":
+        if self.sock.exists():
+            self.sock.unlink()
+        self.proc = subprocess.Popen([BERTH, "daemon", "--config", str(self.config)],
+                                     env=self.env, stdout=open(self.log, "ab"),
+                                     stderr=subprocess.STDOUT)
+        wait_for(self._up, 20, "berthd to answer on its socket")
+        return self
+
+    def _up(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"berthd exited with {self.proc.returncode}:\n"
+                                 f"{self.log.read_text()}")
+        try:
+            return api(self.sock, "GET", "/v1/health", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def call(self, method: str, path: str, body=None, **kw) -> tuple[int, dict]:
+        return api(self.sock, method, path, body, **kw)
+
+    def status(self) -> dict:
+        code, st = self.call("GET", "/v1/status")
+        assert code == 200, st
+        return st
+
+    def lease_of(self, engine: str) -> dict | None:
+        for le in self.status()["leases"]:
+            if le["engine"] == engine:
+                return le
+        return None
+
+    def state_of(self, engine: str) -> str | None:
+        le = self.lease_of(engine)
+        return "/".join(sh["state"] for sh in le["shares"]) if le else None
+
+    def sim_oom(self) -> int:
+        from berth.sim.cards import SimCards
+        return sum(c.oom_events for c in SimCards(self.tmp / "sim").snapshot().cards)
+
+    def timeline(self) -> list[dict]:
+        return self.call("GET", "/v1/timeline")[1]["entries"]
+
+
+def berth_run(d: Berthd, engine: str, *args: str, weights: str = "1GiB", load_s: float = 0.1,
+              extra_engine: tuple[str, ...] = (), log: Path | None = None) -> subprocess.Popen:
+    """Start ``berth run --engine ENGINE ARGS -- berth sim engine --port {port} ...``."""
+    log = log or d.tmp / f"run-{engine}.log"
+    cmd = [BERTH, "run", "--engine", engine, *args, "--",
+           BERTH, "sim", "engine", "--port", "{port}", "--weights", weights,
+           "--load-s", str(load_s), *extra_engine]
+    return subprocess.Popen(cmd, env=d.env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop_proc(p: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 15) -> int:
+    if p.poll() is None:
+        p.send_signal(sig)
+    try:
+        return p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        return p.wait(5)
