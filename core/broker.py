@@ -221,7 +221,8 @@ class Broker:
         asyncio.get_running_loop().create_task(notify())
 
     def _note(self, e: Note) -> None:
-        entry = {"seq": next(self._note_seq), "t": round(self.clock() - self.started_at, 3),
+        now = self.clock()
+        entry = {"seq": next(self._note_seq), "t": round(now - self.started_at, 3), "at": now,
                  "lease": e.lease_id, "engine": self.engines.get(e.lease_id),
                  "kind": e.kind, "text": e.text, **({"data": e.data} if e.data else {})}
         self.timeline.append(entry)
@@ -601,6 +602,7 @@ class Broker:
             leases.append({**extra,
                 "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
                 "priority": le.priority, "bound": le.bound.value, "held": le.held,
+                "ready": le.ready_at is not None,
                 "capabilities": le.caps.as_dict(),
                 "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
                             "size_bytes": sh.size_bytes, "state": sh.state.value,

@@ -66,6 +66,11 @@ class GrowthMeter:
         old = self.rate_bps.get(key)
         self.rate_bps[key] = rate if old is None else self.alpha * rate + (1 - self.alpha) * old
 
+    def reset(self, lease_id: str, pci: str) -> None:
+        """Start over for one share: the next read is a baseline, not a step (a load or a
+        restore is not growth)."""
+        self.last.pop((lease_id, pci), None)
+
     def forget(self, lease_id: str) -> None:
         for key in [k for k in self.last if k[0] == lease_id]:
             self.last.pop(key, None)

@@ -234,8 +234,13 @@ class Scheduler:
                 if lease is None or pci not in lease.shares:
                     continue
                 sh = led.update(lid, pci, used_bytes=used)
-                if used is not None:
+                # Growth is what a serving engine adds; its load or restore is not growth.
+                serving = sh.state is S.ACTIVE and lease.ready_at is not None and \
+                    now - max(sh.since, lease.ready_at) > self.policy.read_interval_s
+                if used is not None and serving:
                     self.growth.record(lid, pci, used, now)
+                else:
+                    self.growth.reset(lid, pci)
                 fx += self._after_use(lease, sh, now)
         return fx + self._pass(now)
 
