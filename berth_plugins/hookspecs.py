@@ -89,6 +89,20 @@ class ActionContext:
 # ---------------------------------------------------------------------------------------------
 
 @hookspec
+def berth_configure(config) -> None:
+    """Take the validated ``berth.toml`` (a :class:`berth.config.Config`) before any other hook
+    runs that needs it.
+
+    berthd calls it once at startup, after the plugins are checked and before the control API
+    serves (a host plugin reads its ``[hosts.X]`` table and the engine entries that name its
+    programs here, e.g. the supervisord plugin for ``berth_vouch``). A host process that loads
+    the plugins itself (``berth supervisor listen``) calls it too. Every implementation is
+    called; results are ignored. Raise to refuse a config the plugin cannot use (berthd stops).
+    Time bound: instant (no I/O beyond reading files).
+    """
+
+
+@hookspec
 def berth_mechanisms() -> list[str]:
     """The mechanism names this plugin carries out (e.g. ``["checkpoint"]``, ``["vllm"]``).
 

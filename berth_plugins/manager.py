@@ -51,7 +51,8 @@ __all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "ACTION_HOOKS", "DECISION_HOOKS", "P
 
 #: The built-in plugin modules, registered in this order (order never decides the ladder).
 BUILTINS = ("berth_plugins.builtin_front", "berth_plugins.checkpoint", "berth_plugins.protocol",
-            "berth_plugins.vllm", "berth_plugins.sglang", "berth_plugins.llamacpp")
+            "berth_plugins.vllm", "berth_plugins.sglang", "berth_plugins.llamacpp",
+            "berth_hosts.supervisor.plugin")
 
 #: Third-party plugins register under this entry-point group.
 ENTRY_POINT_GROUP = "berth"
@@ -60,7 +61,7 @@ ENTRY_POINT_GROUP = "berth"
 ACTION_HOOKS = ("berth_quiet", "berth_park", "berth_wake", "berth_lend", "berth_return",
                 "berth_drain", "berth_start")
 #: Hooks that answer at once: plain ``def``, never ``async``.
-DECISION_HOOKS = ("berth_mechanisms", "berth_vouch", "berth_front_is_write")
+DECISION_HOOKS = ("berth_configure", "berth_mechanisms", "berth_vouch", "berth_front_is_write")
 #: Actions that grow a holder back: refused unless the broker confirmed room (rule 2).
 _GROWING = ("berth_wake", "berth_return")
 _PREFIX = PROJECT + "_"

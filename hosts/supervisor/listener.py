@@ -1,0 +1,463 @@
+"""The listener's work: supervisord programs kept as Berth lease holders.
+
+Source: issue 7; reference/hosts.md "supervisord" (stale events, buffer overflow, orphans);
+seed 002 rules 1 and 6; core/run.py (the same job for a process Berth starts itself).
+
+Each berth.toml engine entry with ``supervisor = "program"`` is one :class:`Program`. Events are
+stale news: whatever arrives (a ``PROCESS_STATE_*`` event about it, a ``TICK_5``, an instruction
+from berthd), the program is re-read with ``getProcessInfo`` and made true again by
+:meth:`Host._sync`, which runs under the program's lock, one at a time:
+
+1. the process the lease holds is gone (stopped, crashed, restarted): release the lease; berthd
+   ends it once a driver read shows the memory free (rule 1). A gated program stopped by
+   someone else than Berth stays down;
+2. a process runs and the lease has none yet (a gated program the operator started by hand):
+   attach it;
+3. a process is RUNNING with no lease (observe mode, or a restart by supervisord): find the
+   lease berthd already has for that PID (a restarted listener), else ask for one that adopts
+   the PID. If it does not fit, it waits while the program runs: the board shows it over
+   budget;
+4. a gated program is STOPPED, has no lease and is not held down: ask for a lease; once granted,
+   ``startProcess`` and attach;
+5. a drain that failed is tried again.
+
+A ``drain`` instruction (an operator's ``berth drain``, or room for another engine) is
+``stopProcess`` through supervisord (rule 6: Berth signals nothing itself), then the drain is
+reported and the lease released, waiting for the driver to confirm. A gated program drained to
+make room asks for its card again at once (it waits in the queue, and ``startProcess`` is its
+wake); one drained by the operator stays down until someone starts it.
+
+Every ``TICK_5`` re-syncs every program (a dropped event is repaired) and rewrites the mapping
+file (``<state dir>/supervisor-listener.json``), which keeps the "held down" marks across
+restarts of the listener. Leases themselves are found again in berthd's status by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from berth.client import ApiError, BerthdUnavailable, Client
+from berth.process import identify
+from berth_plugins.hookspecs import ActionContext, MechanismError
+from berth_plugins.manager import run_action
+
+from .plugin import MECHANISM
+from .protocol import Event
+from .rpc import STOPPED_STATES, ProcessInfo, Supervisor, SupervisorError, SupervisorUnavailable
+
+__all__ = ["Program", "Host", "programs_from"]
+
+log = logging.getLogger("berth.hosts.supervisor")
+_RETRY_MAX_S = 5.0
+
+
+@dataclass
+class Program:
+    """One supervisord program under Berth. ``lease``/``pid``: the lease and the process it
+    holds (``pid`` is ``None`` while a gated program's lease waits or before its start).
+    ``down``: held down (gate: drained by the operator, stopped by hand, crashed).
+    ``skip_pid``: a running process Berth will not ask a lease for again (refused)."""
+
+    engine: str
+    name: str
+    mode: str
+    lease: str | None = None
+    pid: int | None = None
+    down: bool = False
+    skip_pid: int | None = None
+    drain: dict | None = None
+    stopping: bool = False
+    version: int = 0
+    retry_s: float = 0.2
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    kick: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def about(self, ev: Event) -> bool:
+        """Is ``ev`` about this program (``name`` or ``group:name``)?"""
+        proc, group = ev.fields.get("processname"), ev.fields.get("groupname")
+        return self.name in (proc, f"{group}:{proc}")
+
+
+def programs_from(cfg) -> dict[str, Program]:
+    """One :class:`Program` per engine entry that names a supervisord program."""
+    return {name: Program(name, e.supervisor, e.mode)
+            for name, e in cfg.engines.items() if e.supervisor}
+
+
+class Host:
+    """The listener's asyncio side. ``on_event`` is its only entry from the protocol thread
+    (through ``loop.call_soon_threadsafe``). Durations in seconds."""
+
+    def __init__(self, cfg, sup: Supervisor, client: Client, pm, state_path: Path):
+        self.cfg = cfg
+        self.sup = sup
+        self.client = client
+        self.pm = pm
+        self.state_path = Path(state_path)
+        self.programs = programs_from(cfg)
+        self.release_wait_s = cfg.policy.release_grace
+        self.stop_timeout_s = max(30.0, cfg.policy.release_grace)
+        self.syncs = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._full = asyncio.Lock()
+
+    # -- entry points --------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Load the mapping file, sync everything, then serve events until ``stop``."""
+        self._load()
+        for prog in self.programs.values():
+            self._spawn(self._worker(prog))
+        await self.full_sync()
+        await stop.wait()
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def on_event(self, ev: Event) -> None:
+        """An event from supervisord (already acknowledged): stale news, so only a cue."""
+        if ev.name.startswith("TICK_"):
+            self._spawn(self.full_sync())
+            return
+        if not ev.name.startswith("PROCESS_STATE"):
+            return
+        for prog in self.programs.values():
+            if prog.about(ev):
+                log.info("%s %s (pid %s)", ev.name, prog.name, ev.fields.get("pid", "-"))
+                prog.kick.set()
+
+    async def full_sync(self) -> None:
+        """Re-sync every program, check the leases against berthd, rewrite the mapping file."""
+        if self._full.locked():
+            return
+        async with self._full:
+            await asyncio.gather(*(self._sync_locked(p) for p in self.programs.values()))
+            with contextlib.suppress(BerthdUnavailable, ApiError):
+                await self._audit()
+            self.syncs += 1
+            self._save()
+
+    # -- the sync ------------------------------------------------------------------------------
+    async def _worker(self, prog: Program) -> None:
+        while True:
+            await prog.kick.wait()
+            prog.kick.clear()
+            await self._sync_locked(prog)
+
+    async def _sync_locked(self, prog: Program) -> None:
+        try:
+            async with prog.lock:
+                await self._sync(prog)
+            prog.retry_s = 0.2
+        except (BerthdUnavailable, SupervisorUnavailable) as e:
+            log.log(logging.WARNING if prog.retry_s == 0.2 else logging.DEBUG,
+                    "%s: %s; trying again in %.1fs", prog.engine, e, prog.retry_s)
+            asyncio.get_running_loop().call_later(prog.retry_s, prog.kick.set)
+            prog.retry_s = min(prog.retry_s * 2, _RETRY_MAX_S)
+        except SupervisorError as e:
+            log.error("%s: %s", prog.engine, e)
+        except Exception:
+            log.exception("syncing %s failed", prog.engine)
+
+    async def _sync(self, prog: Program) -> None:
+        """Steps (1)-(5) of the module docstring, for one program, under its lock."""
+        info = await asyncio.to_thread(self.sup.info, prog.name)
+        # (5)
+        if prog.drain is not None:
+            await self._drain(prog)
+            return
+        # (1)
+        if prog.lease is not None and prog.pid is not None and info.pid != prog.pid:
+            log.info("%s: pid %s is gone (%s)", prog.engine, prog.pid, info.statename)
+            if prog.mode == "gate" and not prog.stopping:
+                prog.down = True       # stopped or crashed outside Berth: not restarted by it
+            self._forget(prog, release=True)
+        if info.running:
+            # (2)
+            if prog.lease is not None and prog.pid is None:
+                await self._attach(prog, info)
+            # (3)
+            elif prog.lease is None and info.statename == "RUNNING" and info.pid != prog.skip_pid:
+                prog.down = False
+                await self._adopt(prog, info)
+        # (4)
+        elif (prog.mode == "gate" and info.statename == "STOPPED" and prog.lease is None
+              and not prog.down):
+            await self._request_gate(prog)
+        elif prog.mode == "gate" and info.statename in STOPPED_STATES - {"STOPPED"} \
+                and prog.lease is None and not prog.down:
+            log.warning("%s: %s (exit status %s); Berth will not start it again until it is "
+                        "started by hand", prog.engine, info.statename, info.exitstatus)
+            prog.down = True
+
+    async def _adopt(self, prog: Program, info: ProcessInfo) -> None:
+        st = await self.client.status()
+        for le in st["leases"]:
+            if le["engine"] == prog.engine and le["pid"] == info.pid:
+                log.info("%s: found lease %s for pid %s", prog.engine, le["id"], info.pid)
+                self._hold(prog, le["id"], info.pid)
+                return
+        ident = identify(info.pid)
+        if ident is None:
+            return                     # gone meanwhile: the next event says what happened
+        try:
+            r = await self.client.request_lease({"engine": prog.engine, "pid": ident.pid,
+                                                 "start_time": ident.start_time,
+                                                 "host": MECHANISM})
+        except ApiError as e:
+            log.error("%s: berthd refused a lease for pid %s: %s; it runs unleased",
+                      prog.engine, info.pid, e.message)
+            prog.skip_pid = info.pid
+            return
+        log.info("%s: lease %s adopts pid %s (%s)", prog.engine, r["id"], info.pid, r["state"])
+        self._hold(prog, r["id"], info.pid)
+
+    async def _attach(self, prog: Program, info: ProcessInfo) -> None:
+        ident = identify(info.pid)
+        if ident is None:
+            return
+        try:
+            await self.client.attach(prog.lease, ident.pid, ident.start_time, host=MECHANISM)
+        except ApiError as e:
+            log.error("%s: attach of pid %s to %s refused: %s", prog.engine, info.pid,
+                      prog.lease, e.message)
+            return
+        prog.pid = ident.pid
+        log.info("%s: lease %s holds pid %s", prog.engine, prog.lease, ident.pid)
+
+    async def _request_gate(self, prog: Program) -> None:
+        try:
+            r = await self.client.request_lease({"engine": prog.engine})
+        except ApiError as e:
+            log.error("%s: berthd refused a lease: %s; it stays stopped", prog.engine, e.message)
+            prog.down = True
+            return
+        log.info("%s: lease %s requested (%s); the program starts once it is granted",
+                 prog.engine, r["id"], r["state"])
+        self._hold(prog, r["id"], None)
+        self._spawn(self._until_granted(prog, r["id"]))
+
+    def _hold(self, prog: Program, lease_id: str, pid: int | None) -> None:
+        prog.lease, prog.pid = lease_id, pid
+        prog.version += 1
+        self._spawn(self._instructions(prog, lease_id))
+        self._save()
+
+    def _forget(self, prog: Program, release: bool) -> None:
+        lease, prog.lease, prog.pid = prog.lease, None, None
+        prog.version += 1
+        if release and lease is not None:
+            self._spawn(self._release(prog, lease))
+        self._save()
+
+    # -- gate: start once granted --------------------------------------------------------------
+    async def _until_granted(self, prog: Program, lease_id: str) -> None:
+        while True:
+            try:
+                g = await self.client.wait_grant(lease_id, 20.0)
+            except BerthdUnavailable:
+                await asyncio.sleep(1.0)
+                continue
+            except ApiError as e:
+                async with prog.lock:
+                    if prog.lease == lease_id:
+                        self._forget(prog, release=False)
+                        prog.down = e.status == 410      # ended (drained, rejected): stay down
+                        log.info("%s: lease %s is gone while waiting (%s)", prog.engine,
+                                 lease_id, e.message)
+                        prog.kick.set()
+                return
+            if g.get("granted"):
+                break
+        async with prog.lock:
+            if prog.lease != lease_id or prog.pid is not None:
+                return                 # forgotten, or already running (attached)
+            ctx = self._ctx(prog)
+            try:
+                await run_action(self.pm, "berth_start", ctx)
+                info = await asyncio.to_thread(self.sup.info, prog.name)
+            except (MechanismError, SupervisorError, SupervisorUnavailable) as e:
+                log.error("%s: could not start it: %s; releasing lease %s", prog.engine, e,
+                          lease_id)
+                prog.down = True
+                self._forget(prog, release=True)
+                return
+            log.info("%s: lease %s granted; started through supervisord as pid %s",
+                     prog.engine, lease_id, info.pid)
+            if info.running:
+                await self._attach(prog, info)
+
+    # -- instructions from berthd --------------------------------------------------------------
+    async def _instructions(self, prog: Program, lease_id: str) -> None:
+        after, backoff = 0, 0.2
+        while True:
+            try:
+                r = await self.client.instructions(lease_id, after, 20.0)
+                backoff = 0.2
+            except BerthdUnavailable:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _RETRY_MAX_S)
+                continue
+            except ApiError as e:
+                if e.status in (404, 410):
+                    async with prog.lock:
+                        if prog.lease == lease_id:
+                            log.warning("%s: berthd no longer knows lease %s", prog.engine,
+                                        lease_id)
+                            self._forget(prog, release=False)
+                            prog.kick.set()
+                    return
+                raise
+            for ins in r["instructions"]:
+                after = max(after, ins["seq"])
+                await self._instruction(prog, lease_id, ins)
+            if r.get("ended"):
+                await self._ended(prog, lease_id, r["ended"])
+                return
+
+    async def _instruction(self, prog: Program, lease_id: str, ins: dict) -> None:
+        if ins["op"] != "drain":
+            detail = (f"{ins['op']}: a supervisord program has no park or lend of its own; wrap "
+                      "its command in `berth run --front` (hosts/supervisor/README.md)")
+            with contextlib.suppress(BerthdUnavailable, ApiError):
+                await self.client.report(lease_id, ins["op"], False, detail)
+            return
+        async with prog.lock:
+            if prog.lease != lease_id:
+                return
+            prog.drain = ins
+            await self._drain(prog)
+
+    async def _drain(self, prog: Program) -> None:
+        """stopProcess through supervisord, report the drain, release the lease (under lock)."""
+        ins, lease = prog.drain, prog.lease
+        reason = ins.get("reason", "")
+        if lease is None:
+            prog.drain = None
+            return
+        log.info("%s: drain (%s): stopping %s through supervisord", prog.engine, reason,
+                 prog.name)
+        prog.stopping = True
+        try:
+            await run_action(self.pm, "berth_drain", self._ctx(prog, self.stop_timeout_s))
+        except MechanismError as e:
+            prog.stopping = False
+            log.error("%s: %s; trying again at the next tick", prog.engine, e)
+            return
+        with contextlib.suppress(BerthdUnavailable, ApiError):
+            await self.client.report(lease, "drain", True, f"stopped through supervisord "
+                                                           f"({reason})")
+        prog.drain = None
+        if prog.mode == "gate":
+            prog.down = not reason.startswith("room for")
+        self._forget(prog, release=True)
+        prog.stopping = False
+        prog.kick.set()                # a gated program drained for room asks again
+
+    async def _ended(self, prog: Program, lease_id: str, reason: str) -> None:
+        async with prog.lock:
+            if prog.lease != lease_id:
+                return
+            pid = prog.pid
+            log.info("%s: lease %s ended (%s)", prog.engine, lease_id, reason)
+            self._forget(prog, release=False)
+            if pid is None:
+                prog.down = prog.down or prog.mode == "gate"
+                return
+            try:
+                info = await asyncio.to_thread(self.sup.info, prog.name)
+            except (SupervisorError, SupervisorUnavailable) as e:
+                log.warning("%s: %s", prog.engine, e)
+                prog.kick.set()
+                return
+            if info.pid != pid:        # its process is gone, and Berth did not stop it
+                prog.down = prog.down or prog.mode == "gate"
+                prog.kick.set()
+                return
+            if "drain" in reason:      # the operator drained it while it waited over budget
+                prog.drain, prog.lease = {"op": "drain", "reason": reason}, lease_id
+                await self._drain(prog)
+                prog.down = True
+            else:
+                log.error("%s: pid %s runs without a lease (%s); Berth will not ask again for "
+                          "this process", prog.engine, pid, reason)
+                prog.skip_pid = pid
+
+    async def _release(self, prog: Program, lease_id: str) -> None:
+        """Release once the driver confirms the memory free (up to the release grace)."""
+        try:
+            r = await self.client.release(lease_id, self.release_wait_s,
+                                          f"{prog.name} stopped in supervisord")
+        except ApiError as e:
+            if e.status not in (404, 410):
+                log.warning("%s: releasing %s failed: %s", prog.engine, lease_id, e.message)
+            return
+        except BerthdUnavailable as e:
+            log.warning("%s: cannot release %s: %s", prog.engine, lease_id, e)
+            return
+        if r.get("ended"):
+            log.info("%s: lease %s released; the driver confirmed its memory free",
+                     prog.engine, lease_id)
+        else:
+            log.warning("%s: %s stopped, but its memory is not free %.0fs later: processes it "
+                        "started may still hold it (see `berth status`; set stopasgroup=true "
+                        "and killasgroup=true in [program:%s]). berthd keeps watching.",
+                        prog.engine, prog.name, self.release_wait_s, prog.name)
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+    async def _audit(self) -> None:
+        """Forget leases berthd no longer has (a restart that dropped them). A program whose
+        lease changed while the status was on its way is left for the next audit."""
+        before = {p.engine: p.version for p in self.programs.values()}
+        known = {le["id"] for le in (await self.client.status())["leases"]}
+        for prog in self.programs.values():
+            if prog.lease is not None and prog.lease not in known \
+                    and prog.version == before[prog.engine]:
+                log.warning("%s: lease %s is gone from berthd", prog.engine, prog.lease)
+                self._forget(prog, release=False)
+                prog.kick.set()
+
+    def _ctx(self, prog: Program, timeout_s: float = 30.0) -> ActionContext:
+        return ActionContext(engine=prog.engine, mechanism=MECHANISM, pid=prog.pid,
+                             timeout_s=timeout_s, options={"supervisor_program": prog.name})
+
+    def _spawn(self, coro) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._done)
+
+    def _done(self, t: asyncio.Task) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.error("a listener task failed", exc_info=t.exception())
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            log.warning("ignoring the mapping file %s: %s", self.state_path, e)
+            return
+        for name, rec in (data.get("programs") or {}).items():
+            if name in self.programs and isinstance(rec, dict):
+                self.programs[name].down = bool(rec.get("down"))
+
+    def _save(self) -> None:
+        """Write the mapping file atomically: this listener, its syncs, each program's lease."""
+        data = {"listener_pid": os.getpid(), "syncs": self.syncs,
+                "programs": {p.engine: {"program": p.name, "mode": p.mode, "lease": p.lease,
+                                        "pid": p.pid, "down": p.down}
+                             for p in self.programs.values()}}
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False))
+            os.replace(tmp, self.state_path)
+        except OSError as e:
+            log.warning("cannot write the mapping file %s: %s", self.state_path, e)
