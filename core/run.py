@@ -4,7 +4,7 @@ Source: issue 5; seed 002 "Fronts", rule 3, "Why the run owns the front for a ro
 stage A1; reference/llama-swap.md ("Consequences for a cmd wrapper").
 
     berth run [--engine NAME] [--front HOST:PORT] [--size SIZE[@CARD]]… [--priority N]
-              [--park checkpoint|hook] [--adapter NAME] [--lend] -- CMD…
+              [--park checkpoint|hook] [--adapter NAME] [--lend [--lend-max SIZE]] -- CMD…
 
 1. Ask berthd for a lease and wait. The front is up from the start: while waiting it answers
    reads (``/health`` included) with 503, so llama-swap keeps polling, and it holds writes.
@@ -67,6 +67,7 @@ class RunOptions:
     park: str | None = None
     adapter: str | None = None
     lend: bool = False
+    lend_max: str | None = None
     bound: str | None = None
     health: str = "/health"
     checkpoint_path: str | None = None
@@ -204,6 +205,8 @@ class EngineRun:
             body["front"] = o.front
         if o.park:
             body["park"] = o.park
+        if o.lend_max:
+            body["lend_max"] = o.lend_max
         if o.priority is not None:
             body["priority"] = o.priority
         if o.bound:
@@ -530,11 +533,13 @@ def _cmd_run(args) -> int:
         return 2
     try:
         sizes = parse_sizes(args.size or [])
+        if args.lend_max:
+            parse_size(args.lend_max, field="--lend-max")
         opts = RunOptions(
             cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
             front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
-            adapter=args.adapter, lend=args.lend, bound=args.bound, health=args.health,
-            checkpoint_path=args.checkpoint_path,
+            adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
+            health=args.health, checkpoint_path=args.checkpoint_path,
             wait_limit_s=parse_duration(args.wait_limit, field="--wait-limit"),
             stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
             term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
@@ -567,6 +572,9 @@ def register(sub) -> None:
     p.add_argument("--park", choices=("checkpoint", "hook"))
     p.add_argument("--adapter", help="the hook's adapter: protocol, vllm, sglang, llamacpp")
     p.add_argument("--lend", action="store_true", help="the engine can lend memory (protocol)")
+    p.add_argument("--lend-max", metavar="SIZE",
+                   help="the most it may lend on one card (default: its share less its measured "
+                        "use, which is about nothing for an engine that preallocates its KV cache)")
     p.add_argument("--bound", choices=("declared", "current", "growth"))
     p.add_argument("--health", default="/health", help="the engine's health path, or 'none'")
     p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: on PATH, or "
