@@ -77,10 +77,12 @@ class TestHandComputedWaits:
         # b at 30 (just before the read at 30): park a. The checkpoint takes 12e9 / 70 GB/s
         # = 0.17 s and the driver confirms it well before the read at 31, which shows the
         # card free: b is granted at 31 and ready at 45.25.
-        # a at 50: b is still serving until 50.25; then it parks, the read at 51 grants a's
-        # wake, and the restore takes 12e9 / 8 GB/s = 1.5 s: 52.5.
+        # a at 50: b became ready at 45.25, so its 10 s minimum turn lasts to 55.25 (the turn
+        # counts from when an engine can serve, not from its grant). The end of a turn is no
+        # deadline of its own: the read at 56 plans the park (0.17 s, confirmed by 56.2), the
+        # read at 57 grants a's wake, and the restore takes 12e9 / 8 GB/s = 1.5 s: 58.5.
         got = waits(policy, tiny(TRACE, base=12 * 10**9))
-        assert got == pytest.approx([14.25, 15.25, 2.5])
+        assert got == pytest.approx([14.25, 15.25, 8.5])
 
 
 class TestConservation:

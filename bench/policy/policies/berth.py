@@ -272,6 +272,10 @@ class BerthPolicy(SimPolicy):
             return
         if S.RESUMING in lease.states():
             self._apply(self.sched.report(lid, Op.WAKE, True, self.world.now))
+        else:
+            # A cold load answered its health check: berth run reports it ready, and the
+            # engine's minimum turn starts now.
+            self._apply(self.sched.ready(lid, self.world.now))
         self._pump(proc.engine)
 
     def on_parked(self, proc) -> None:
