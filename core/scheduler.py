@@ -521,6 +521,9 @@ class Scheduler:
                 self.deadlines[(w.lease_id, pci, Op.RETURN)] = now + self.policy.wake_limit_s
             fx.append(Instruct(w.lease_id, Op.RETURN, tuple(w.need), seq, dict(w.need),
                                reason="the borrower's memory is confirmed gone"))
+            fx.append(Note(w.lease_id, "returning", f"{lease.engine} grows back "
+                           + ", ".join(f"{self._name(p)}:{b}" for p, b in w.need.items()),
+                           {"cards": dict(w.need), "waited_s": now - w.since}))
         else:
             self.counters.extensions += 1
             fx.append(Note(w.lease_id, "extend", f"{lease.engine} reservation extended by "
@@ -665,17 +668,19 @@ class Scheduler:
         sh = self.ledger.move(lease.id, pci, S.FREED, now)
         self.deadlines.pop((lease.id, pci, Op.DRAIN), None)
         fx: list[Effect] = []
+        # The freed entry first: the lender's return follows from it (rule 2), and the
+        # timeline must show them in that order.
+        if lease.is_over():
+            self._step_done(lease.id)
+            self._drop(lease.id)
+            fx.append(Ended(lease.id, "freed"))
+            fx.append(Note(lease.id, "freed", f"{lease.engine}: memory confirmed free"))
         if sh.borrowed_from:
             lender = self.ledger.leases.get(sh.borrowed_from)
             if lender is not None and pci in lender.shares \
                     and lender.shares[pci].lent_to == lease.id:
                 self.ledger.update(lender.id, pci, lent_to=None)
                 fx += self._want_return(lender, now)
-        if lease.is_over():
-            self._step_done(lease.id)
-            self._drop(lease.id)
-            fx.append(Ended(lease.id, "freed"))
-            fx.append(Note(lease.id, "freed", f"{lease.engine}: memory confirmed free"))
         return fx
 
     def _after_use(self, lease: Lease, sh: Share, now: float) -> list[Effect]:
