@@ -557,7 +557,10 @@ def _cmd_run(args) -> int:
         print("berth run: --park needs --front (rule 3: an engine sleeps only behind a front)",
               file=sys.stderr)
         return 2
-    return asyncio.run(EngineRun(opts).main())
+    code = asyncio.run(EngineRun(opts).main())
+    # An engine killed by a signal has returncode -N; exit 128 + N as a shell reports it
+    # (sys.exit(-9) would exit 247).
+    return 128 - code if code < 0 else code
 
 
 def register(sub) -> None:
