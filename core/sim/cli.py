@@ -94,8 +94,8 @@ def engine_arguments(p: argparse.ArgumentParser) -> None:
     """The ``berth sim engine`` flags (the engine itself is :mod:`berth.sim.engine`)."""
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--card", help="a PCI address, sim card name or UUID "
-                                  "(default: the first of $CUDA_VISIBLE_DEVICES)")
+    p.add_argument("--card", help="a PCI address, sim card name or UUID (default: every card "
+                                  "of $CUDA_VISIBLE_DEVICES, each with the same profile)")
     p.add_argument("--weights", required=True, metavar="SIZE", help="weights to load, e.g. 14GiB")
     p.add_argument("--load-s", default="0", metavar="S", help="seconds the load takes (default 0)")
     p.add_argument("--kv-per-token", default="131072", metavar="BYTES",

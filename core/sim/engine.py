@@ -11,6 +11,11 @@ cache grows in blocks of 16 tokens as requests need it (prompt and generated tok
 mark, as with PyTorch's caching allocator. With ``--kv-pool`` the pool is preallocated after the
 weights (as vLLM does) and a request that fills it stops with ``finish_reason = "length"``.
 
+Several cards: with ``CUDA_VISIBLE_DEVICES`` naming several cards (and no ``--card``), every visible
+card holds the same profile (context, weights, KV pool), as the ranks of a tensor-parallel engine
+do; each token's KV is taken on every card, so a request may use what the smallest card's KV cache
+holds. A lend or return names one card and changes only that card.
+
 Every generation step goes through the card store: while ``cuda-checkpoint`` (the stand-in) has
 the process locked or checkpointed, steps wait, as CUDA calls block in a real one. Requests that
 arrive while parked load the engine again (the share becomes "unparked", seed 002).
@@ -59,8 +64,9 @@ class StubEngine:
     def __init__(self, store: SimCards, pci: str, *, weights_bytes: int, load_s: float,
                  kv_per_token_bytes: int, tokens_per_s: float, residual_bytes: int,
                  kv_pool_bytes: int | None, lend: bool, park_noop: bool, wake_hang: bool,
-                 model: str):
+                 model: str, more_pcis: tuple[str, ...] = ()):
         self.store, self.pci, self.pid = store, pci, os.getpid()
+        self.pcis = [pci, *(p for p in dict.fromkeys(more_pcis) if p != pci)]
         self.weights_bytes, self.load_s = weights_bytes, load_s
         self.kv_per_token_bytes, self.tokens_per_s = kv_per_token_bytes, tokens_per_s
         self.residual_bytes, self.kv_pool_bytes = residual_bytes, kv_pool_bytes
@@ -69,12 +75,25 @@ class StubEngine:
         self.loaded = False
         self.parked = False
         self.closing = False
-        self.held_bytes = 0      # on the card, as the store counts it
-        self.kv_alloc_bytes = 0  # KV cache on the card
-        self.kv_used_bytes = 0   # KV in use by requests in flight
-        self.lent_bytes = 0
+        self.held = {p: 0 for p in self.pcis}       # on each card, as the store counts it
+        self.kv_alloc = {p: 0 for p in self.pcis}   # KV cache on each card
+        self.lent = {p: 0 for p in self.pcis}
+        self.kv_used_bytes = 0   # KV in use by requests in flight (on every card)
         self.in_flight = 0
         self._mem = asyncio.Lock()
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(self.held.values())
+
+    @property
+    def kv_alloc_bytes(self) -> int:
+        """The KV cache a request may use: what the smallest card holds."""
+        return min(self.kv_alloc.values())
+
+    @property
+    def lent_bytes(self) -> int:
+        return sum(self.lent.values())
 
     # ---- the card --------------------------------------------------------------------------------
 
@@ -85,7 +104,12 @@ class StubEngine:
         if self.closing:
             raise _Reject(503, "the engine is shutting down", "unavailable_error")
 
-    async def _card(self, nbytes: int, sign: int) -> None:
+    async def _card(self, nbytes: int, sign: int, pci: str | None = None) -> None:
+        """Allocate (``sign`` +1) or free ``nbytes`` on ``pci``, or on every card when None."""
+        for p in self.pcis if pci is None else [pci]:
+            await self._card_one(p, nbytes, sign)
+
+    async def _card_one(self, pci: str, nbytes: int, sign: int) -> None:
         if nbytes <= 0:
             return
         if self.closing:
@@ -94,10 +118,10 @@ class StubEngine:
         while True:
             await self.gpu_step()
             try:
-                op(self.pci, nbytes, self.pid, block=False)
+                op(pci, nbytes, self.pid, block=False)
             except SimBusy:
                 continue
-            self.held_bytes += sign * nbytes
+            self.held[pci] += sign * nbytes
             return
 
     async def load(self) -> None:
@@ -111,13 +135,13 @@ class StubEngine:
             await asyncio.sleep(self.load_s / 8)
         if self.kv_pool_bytes:
             await self._card(self.kv_pool_bytes, +1)
-            self.kv_alloc_bytes = self.kv_pool_bytes
+            self.kv_alloc = {p: self.kv_pool_bytes for p in self.pcis}
         self.loaded = True
 
     def state(self) -> dict:
         """``GET /berth/v1/state``: ``state`` (active / parked / lent), ``lent`` {pci: bytes}."""
         name = "parked" if self.parked else ("lent" if self.lent_bytes else "active")
-        return {"state": name, "lent": {self.pci: self.lent_bytes} if self.lent_bytes else {},
+        return {"state": name, "lent": {p: n for p, n in self.lent.items() if n},
                 "held_bytes": self.held_bytes, "weights_bytes": self.weights_bytes,
                 "kv_bytes": self.kv_alloc_bytes, "in_flight": self.in_flight}
 
@@ -128,13 +152,15 @@ class StubEngine:
                 return self.state()
             if self.lent_bytes:
                 raise _Reject(409, f"cannot park while {self.lent_bytes} bytes are lent on "
-                                   f"{self.pci}; return them first", "conflict_error")
+                                   f"{', '.join(p for p, n in self.lent.items() if n)}; return "
+                                   "them first", "conflict_error")
             if self.in_flight:
                 raise _Reject(409, f"cannot park with {self.in_flight} requests in flight; "
                                    "quiesce first", "conflict_error")
             if not self.park_noop:
-                await self._card(self.held_bytes - self.residual_bytes, -1)
-                self.kv_alloc_bytes = 0
+                for p in self.pcis:
+                    await self._card(self.held[p] - self.residual_bytes, -1, p)
+                self.kv_alloc = {p: 0 for p in self.pcis}
             self.parked = True
             return self.state()
 
@@ -151,7 +177,7 @@ class StubEngine:
                     await self._card(need, +1)
                 except SimOOM as e:
                     raise _Reject(500, f"wake failed: {e}", "server_error") from None
-                self.kv_alloc_bytes = self.kv_pool_bytes or 0
+                self.kv_alloc = {p: self.kv_pool_bytes or 0 for p in self.pcis}
             self.parked = False
             return self.state()
 
@@ -162,33 +188,33 @@ class StubEngine:
             self._check_card(pci)
             if self.parked:
                 raise _Reject(409, "cannot lend while parked", "conflict_error")
-            spare = self.kv_alloc_bytes - self.kv_used_bytes
+            spare = self.kv_alloc[pci] - self.kv_used_bytes
             if nbytes > spare:
-                raise _Reject(409, f"cannot lend {nbytes} bytes on {self.pci}: only {spare} "
+                raise _Reject(409, f"cannot lend {nbytes} bytes on {pci}: only {spare} "
                                    "bytes of the KV cache are unused", "conflict_error")
-            await self._card(nbytes, -1)
-            self.kv_alloc_bytes -= nbytes
-            self.lent_bytes += nbytes
+            await self._card(nbytes, -1, pci)
+            self.kv_alloc[pci] -= nbytes
+            self.lent[pci] += nbytes
             return self.state()
 
     async def return_(self, pci: str, nbytes: int) -> dict:
         """Grow the KV cache back by ``nbytes`` of what was lent (an OOM is a 500)."""
         async with self._mem:
             self._check_card(pci)
-            if nbytes > self.lent_bytes:
-                raise _Reject(400, f"bytes: {nbytes} is more than the {self.lent_bytes} bytes "
-                                   f"lent on {self.pci}")
+            if nbytes > self.lent[pci]:
+                raise _Reject(400, f"bytes: {nbytes} is more than the {self.lent[pci]} bytes "
+                                   f"lent on {pci}")
             try:
-                await self._card(nbytes, +1)
+                await self._card(nbytes, +1, pci)
             except SimOOM as e:
                 raise _Reject(500, f"return failed: {e}", "server_error") from None
-            self.kv_alloc_bytes += nbytes
-            self.lent_bytes -= nbytes
+            self.kv_alloc[pci] += nbytes
+            self.lent[pci] -= nbytes
             return self.state()
 
     def _check_card(self, pci: str) -> None:
-        if pci != self.pci:
-            raise _Reject(400, f"card: this engine runs on {self.pci}, not {pci}")
+        if pci not in self.pcis:
+            raise _Reject(400, f"card: this engine runs on {', '.join(self.pcis)}, not {pci}")
 
     async def _kv(self, tokens: int) -> bool:
         """Take KV for ``tokens`` more tokens, growing the cache if it may. False when full."""
@@ -199,9 +225,12 @@ class StubEngine:
                 if self.kv_pool_bytes or self.lent_bytes:
                     return False
                 block = _KV_BLOCK_TOKENS * self.kv_per_token_bytes
-                grow = -(-short // block) * block
-                await self._card(grow, +1)
-                self.kv_alloc_bytes += grow
+                for p in self.pcis:
+                    short = self.kv_used_bytes + need - self.kv_alloc[p]
+                    if short > 0:
+                        grow = -(-short // block) * block
+                        await self._card(grow, +1, p)
+                        self.kv_alloc[p] += grow
             self.kv_used_bytes += need
             return True
 
@@ -396,14 +425,14 @@ def make_app(engine: StubEngine, protocol: bool) -> web.Application:
 
 def _engine_from_args(args: argparse.Namespace) -> StubEngine:
     store = SimCards(args.dir)
-    key = args.card
-    if key is None:   # as CUDA does: the first visible device; unset means all, so card 0
+    keys = [args.card]
+    if args.card is None:   # every visible device; unset means all, so card 0 (one card)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        key = "0" if visible is None else visible.split(",")[0].strip()
-        if not key:
+        keys = ["0"] if visible is None else [k.strip() for k in visible.split(",")]
+        if not keys[0]:
             raise ValueError("card: CUDA_VISIBLE_DEVICES is empty, so no card is visible; "
                              "give --card")
-    spec = store.resolve(key)
+    spec, *more = [store.resolve(k) for k in keys if k]
     if not 0 < args.port < 65536:
         raise ValueError(f"port: expected 1-65535, got {args.port}")
     if not args.tokens_per_s > 0:
@@ -415,7 +444,7 @@ def _engine_from_args(args: argparse.Namespace) -> StubEngine:
         kv_per_token_bytes=parse_size(args.kv_per_token, field="kv-per-token"),
         tokens_per_s=args.tokens_per_s, residual_bytes=parse_size(args.residual, field="residual"),
         kv_pool_bytes=pool, lend=args.lend, park_noop=args.park_noop, wake_hang=args.wake_hang,
-        model=args.model)
+        model=args.model, more_pcis=tuple(m.pci for m in more))
 
 
 async def _serve(eng: StubEngine, host: str, port: int, protocol: bool) -> int:
@@ -433,7 +462,7 @@ async def _serve(eng: StubEngine, host: str, port: int, protocol: bool) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     print(f"berth sim engine: pid {eng.pid} serving {eng.model} on http://{host}:{port} "
-          f"(card {eng.pci})", file=sys.stderr, flush=True)
+          f"(card {', '.join(eng.pcis)})", file=sys.stderr, flush=True)
     rc = 0
     loading = asyncio.create_task(eng.load())
     stopping = asyncio.create_task(stop.wait())
