@@ -12,7 +12,8 @@ from berthd), the program is re-read with ``getProcessInfo`` and made true again
    ends it once a driver read shows the memory free (rule 1). A gated program stopped by
    someone else than Berth stays down;
 2. a process runs and the lease has none yet (a gated program the operator started by hand):
-   attach it;
+   attach it; once the lease is granted and supervisord says RUNNING (``startsecs`` passed),
+   tell berthd the program serves, so its minimum turn counts from then;
 3. a process is RUNNING with no lease (observe mode, or a restart by supervisord): find the
    lease berthd already has for that PID (a restarted listener), else ask for one that adopts
    the PID. If it does not fit, it waits while the program runs: the board shows it over
@@ -61,14 +62,17 @@ _RETRY_MAX_S = 5.0
 class Program:
     """One supervisord program under Berth. ``lease``/``pid``: the lease and the process it
     holds (``pid`` is ``None`` while a gated program's lease waits or before its start).
-    ``down``: held down (gate: drained by the operator, stopped by hand, crashed).
-    ``skip_pid``: a running process Berth will not ask a lease for again (refused)."""
+    ``granted``/``ready``: the lease is granted / berthd was told the program serves (its
+    minimum turn counts from then). ``down``: held down (gate: drained by the operator, stopped
+    by hand, crashed). ``skip_pid``: a running process Berth will not lease again (refused)."""
 
     engine: str
     name: str
     mode: str
     lease: str | None = None
     pid: int | None = None
+    granted: bool = False
+    ready: bool = False
     down: bool = False
     skip_pid: int | None = None
     drain: dict | None = None
@@ -181,6 +185,8 @@ class Host:
             # (2)
             if prog.lease is not None and prog.pid is None:
                 await self._attach(prog, info)
+            if prog.lease is not None and prog.pid == info.pid:
+                await self._ready(prog, info)
             # (3)
             elif prog.lease is None and info.statename == "RUNNING" and info.pid != prog.skip_pid:
                 prog.down = False
@@ -200,7 +206,10 @@ class Host:
         for le in st["leases"]:
             if le["engine"] == prog.engine and le["pid"] == info.pid:
                 log.info("%s: found lease %s for pid %s", prog.engine, le["id"], info.pid)
-                self._hold(prog, le["id"], info.pid)
+                granted = any(sh["state"] != "waiting" for sh in le["shares"])
+                self._hold(prog, le["id"], info.pid, granted)
+                prog.ready = bool(le.get("ready"))
+                await self._ready(prog, info)
                 return
         ident = identify(info.pid)
         if ident is None:
@@ -215,7 +224,8 @@ class Host:
             prog.skip_pid = info.pid
             return
         log.info("%s: lease %s adopts pid %s (%s)", prog.engine, r["id"], info.pid, r["state"])
-        self._hold(prog, r["id"], info.pid)
+        self._hold(prog, r["id"], info.pid, r["state"] != "waiting")
+        await self._ready(prog, info)
 
     async def _attach(self, prog: Program, info: ProcessInfo) -> None:
         ident = identify(info.pid)
@@ -230,6 +240,18 @@ class Host:
         prog.pid = ident.pid
         log.info("%s: lease %s holds pid %s", prog.engine, prog.lease, ident.pid)
 
+    async def _ready(self, prog: Program, info: ProcessInfo) -> None:
+        """Tell berthd the program serves, once: granted, and RUNNING in supervisord."""
+        if prog.ready or not prog.granted or info.statename != "RUNNING":
+            return
+        try:
+            await self.client.ready(prog.lease)
+        except ApiError as e:
+            log.warning("%s: berthd did not take the ready of %s: %s", prog.engine, prog.lease,
+                        e.message)
+            return
+        prog.ready = True
+
     async def _request_gate(self, prog: Program) -> None:
         try:
             r = await self.client.request_lease({"engine": prog.engine})
@@ -239,24 +261,28 @@ class Host:
             return
         log.info("%s: lease %s requested (%s); the program starts once it is granted",
                  prog.engine, r["id"], r["state"])
-        self._hold(prog, r["id"], None)
-        self._spawn(self._until_granted(prog, r["id"]))
+        self._hold(prog, r["id"], None, r["state"] != "waiting")
 
-    def _hold(self, prog: Program, lease_id: str, pid: int | None) -> None:
-        prog.lease, prog.pid = lease_id, pid
+    def _hold(self, prog: Program, lease_id: str, pid: int | None, granted: bool) -> None:
+        prog.lease, prog.pid, prog.granted, prog.ready = lease_id, pid, granted, False
         prog.version += 1
+        if not granted or pid is None:   # a gated program starts on the grant, even at once
+            self._spawn(self._until_granted(prog, lease_id))
         self._spawn(self._instructions(prog, lease_id))
         self._save()
 
     def _forget(self, prog: Program, release: bool) -> None:
         lease, prog.lease, prog.pid = prog.lease, None, None
+        prog.granted = prog.ready = False
         prog.version += 1
         if release and lease is not None:
             self._spawn(self._release(prog, lease))
         self._save()
 
-    # -- gate: start once granted --------------------------------------------------------------
+    # -- the grant: a gated program starts, a running one is ready ---------------------------
     async def _until_granted(self, prog: Program, lease_id: str) -> None:
+        """Wait for the grant of a waiting lease; then start the program (gate) or, if it
+        already runs (adopted over budget), tell berthd it serves."""
         while True:
             try:
                 g = await self.client.wait_grant(lease_id, 20.0)
@@ -275,8 +301,13 @@ class Host:
             if g.get("granted"):
                 break
         async with prog.lock:
-            if prog.lease != lease_id or prog.pid is not None:
-                return                 # forgotten, or already running (attached)
+            if prog.lease != lease_id:
+                return                 # forgotten meanwhile
+            prog.granted = True
+            if prog.pid is not None:   # already running (adopted, or attached when started)
+                with contextlib.suppress(SupervisorError, SupervisorUnavailable):
+                    await self._ready(prog, await asyncio.to_thread(self.sup.info, prog.name))
+                return
             ctx = self._ctx(prog)
             try:
                 await run_action(self.pm, "berth_start", ctx)
@@ -291,6 +322,7 @@ class Host:
                      prog.engine, lease_id, info.pid)
             if info.running:
                 await self._attach(prog, info)
+                await self._ready(prog, info)
 
     # -- instructions from berthd --------------------------------------------------------------
     async def _instructions(self, prog: Program, lease_id: str) -> None:

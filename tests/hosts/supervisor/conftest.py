@@ -66,7 +66,8 @@ class _UnixHTTP(http.client.HTTPConnection):
 
 @dataclass
 class Prog:
-    """A ``[program:x]`` section: ``engine`` is its berth.toml entry (``None``: unmapped)."""
+    """A ``[program:x]`` section: ``engine`` is its berth.toml entry (``None``: unmapped) with
+    ``size``, ``mode`` and the lease ``priority``."""
 
     name: str
     command: str
@@ -120,7 +121,8 @@ class Stack:
             if p.engine:
                 lines += [f"[engines.{json.dumps(p.engine, ensure_ascii=False)}]",
                           f"supervisor = {json.dumps(p.name, ensure_ascii=False)}",
-                          f'mode = "{p.mode}"', f'size = "{p.size}"', 'card = "gpu0"']
+                          f'mode = "{p.mode}"', f'size = "{p.size}"', 'card = "gpu0"',
+                          f"priority = {p.priority}"]
         self.toml.write_text("\n".join(lines) + "\n", encoding="utf-8")
         sv = [
             "[unix_http_server]", f"file={self.sock}",
@@ -135,7 +137,7 @@ class Stack:
             f"stdout_logfile={self.logs / 'berthd.log'}",
         ]
         for p in self.progs:
-            sv += [f"[program:{p.name}]", f"command={p.command}", f"priority={p.priority + 10}",
+            sv += [f"[program:{p.name}]", f"command={p.command}", "priority=10",
                    f"autostart={'true' if p.autostart else 'false'}", "autorestart=false",
                    "startsecs=0", "stopwaitsecs=5", "redirect_stderr=true",
                    f"stdout_logfile={self.logs / (p.name + '.log')}"]

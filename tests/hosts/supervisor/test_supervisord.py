@@ -80,3 +80,33 @@ def test_observe_drain_gate_restart_over_budget(stack_factory):
     assert "small-d" in board and "over budget" in board, board
     assert len(s.leases("small-d")) == 1
     assert s.info("small-d").statename == "RUNNING"     # Berth never signals it (rule 6)
+
+
+def test_gate_program_drained_for_room_is_started_again_when_room_frees(stack_factory):
+    progs = [Prog("filler", engine_cmd(free_port(), "10GiB"), engine="filler", priority=50),
+             Prog("gated", engine_cmd(free_port(), "10GiB"), engine="gated", mode="gate",
+                  autostart=False, priority=0),
+             Prog("urgent", engine_cmd(free_port(), "1GiB"), engine="urgent", size="2GiB",
+                  autostart=False, priority=100)]
+    s = stack_factory(progs, policy={"min_turn": "0s"})
+    first = wait_for(lambda: s.info("gated").statename == "RUNNING" and s.info("gated").pid,
+                     20, "Berth to start the gated program")
+    wait_for(lambda: s.active("gated", first), 15, "the gated program's lease")
+
+    # A program of higher priority is started by hand and does not fit: Berth makes room by
+    # draining the gated program through supervisord; the urgent one is then granted.
+    s.ctl("start", "urgent")
+    wait_for(lambda: s.active("urgent"), 20, "the urgent program's lease to be granted")
+    assert s.info("gated").statename == "STOPPED"
+    assert s.info("filler").statename == "RUNNING"     # priority 50 > 0: the gated one went
+    # The gated program wants its card back: its new lease waits, the program stays stopped.
+    w = wait_for(lambda: s.waiting("gated"), 15, "the gated program to ask again")
+    assert "running" not in w
+    assert s.mapping()["programs"]["gated"]["down"] is False
+
+    # Room frees (the operator stops the urgent one): Berth starts the gated program again.
+    s.ctl("stop", "urgent")
+    again = wait_for(lambda: (i := s.info("gated")).statename == "RUNNING" and i.pid != first
+                     and i.pid, 20, "Berth to start the gated program again")
+    lease = wait_for(lambda: s.active("gated", again), 15, "its new lease on the new pid")
+    assert lease["id"] == w["id"]
