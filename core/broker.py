@@ -167,8 +167,11 @@ class Broker:
                 continue
             try:
                 self._carry_out(fx)
-                if any(not isinstance(e, Note) for e in fx):
+                if fx:
+                    # A note alone may mark a change the state file must keep (an attach's
+                    # pid, ready, hold), or a restart would lose it (rule 5).
                     self._persist()
+                if any(not isinstance(e, Note) for e in fx):
                     self._kick.set()
             except Exception:               # an effect failed: log it, keep serving
                 log.exception("carrying out effects failed")
