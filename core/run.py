@@ -114,6 +114,13 @@ def _child_setup(parent: int) -> None:
         os._exit(1)
 
 
+async def _cancel(task: asyncio.Task) -> None:
+    """Cancel ``task`` and wait for it to finish (its cleanup runs: a tool it ran is killed)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 class EngineRun:
     """One run of one engine. :meth:`main` returns the exit code."""
 
@@ -343,42 +350,76 @@ class EngineRun:
     # -- instructions --------------------------------------------------------------------------
     async def _instructions(self) -> None:
         """Long-poll berthd for instructions and carry them out, one at a time. Survives berthd
-        restarts; asks for a new lease if berthd lost this one."""
+        restarts; asks for a new lease if berthd lost this one.
+
+        Polling goes on while an action runs: a drain calls off the park, wake, lend or return
+        in progress and stops the engine at once (rule 4: berthd's release grace and wake limit
+        decide when, not the run's own action timeouts, which may be longer)."""
+        queued: list[dict] = []
+        worker: asyncio.Task | None = None
+
+        async def work() -> None:
+            while queued:
+                await self._carry_out(queued.pop(0))
+
         backoff = 0.5
-        while True:
-            if not self.lease_id:
-                await self._reconnect()
-                continue
-            try:
-                r = await self.client.instructions(self.lease_id, self.after_seq, 20.0)
-                backoff = 0.5
-            except BerthdUnavailable:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            except ApiError as e:
-                if e.status in (404, 410):
-                    log.warning("berthd no longer knows lease %s (%s); asking for a new one",
-                                self.lease_id, e.message)
-                    self.lease_id = None
+        try:
+            while True:
+                if not self.lease_id:
+                    await self._reconnect()
                     continue
-                raise
-            self.pids = r.get("pids") or []
-            self.use = r.get("use") or {}
-            for ins in r["instructions"]:
-                self.after_seq = max(self.after_seq, ins["seq"])
-                await self._carry_out(ins)
-            if r.get("ended"):
-                log.info("lease %s ended (%s)", self.lease_id, r["ended"])
-                return
+                try:
+                    r = await self.client.instructions(self.lease_id, self.after_seq, 20.0)
+                    backoff = 0.5
+                except BerthdUnavailable:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                except ApiError as e:
+                    if e.status in (404, 410):
+                        log.warning("berthd no longer knows lease %s (%s); asking for a new one",
+                                    self.lease_id, e.message)
+                        self.lease_id = None
+                        continue
+                    raise
+                self.pids = r.get("pids") or []
+                self.use = r.get("use") or {}
+                for ins in r["instructions"]:
+                    self.after_seq = max(self.after_seq, ins["seq"])
+                    if ins["op"] == "drain":
+                        queued.clear()
+                        if worker is not None and not worker.done():
+                            log.info("a drain calls off the action in progress")
+                            await _cancel(worker)
+                        await self._carry_out(ins)
+                        continue
+                    queued.append(ins)
+                    if worker is None or worker.done():
+                        worker = asyncio.create_task(work())
+                if r.get("ended"):
+                    log.info("lease %s ended (%s)", self.lease_id, r["ended"])
+                    return
+        finally:
+            if worker is not None:
+                await _cancel(worker)
 
     async def _reconnect(self) -> None:
         """berthd is back without our lease (or was down at start): lease the running engine.
-        It is not attached before the grant, so meanwhile it counts as a stowaway."""
+        The request adopts it (pid and start time; the run is its parent), so berthd counts the
+        memory it already holds as the waiting lease's own, not as a stowaway's that would leave
+        no room for it. A refusal leaves the run serving unleased; it asks again later."""
+        body = self._body()
+        if self.engine_id is not None and self.proc is not None and self.proc.returncode is None:
+            body["pid"], body["start_time"] = self.engine_id.pid, self.engine_id.start_time
         try:
-            r = await self.client.request_lease(self._body())
+            r = await self.client.request_lease(body)
         except BerthdUnavailable:
             await asyncio.sleep(2.0)
+            return
+        except ApiError as e:
+            log.warning("berthd refused to lease the running %s: %s; still UNLEASED, asking "
+                        "again in 5 s", self.o.engine, e.message)
+            await asyncio.sleep(5.0)
             return
         self.lease_id = r["id"]
         while True:
