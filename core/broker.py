@@ -259,10 +259,32 @@ class Broker:
         self.channels[lease.id] = self._channel()
         self.engines[lease.id] = lease.engine
         try:
-            return await self.submit(lambda now: self.sched.request(lease, now))
+            return await self.submit(lambda now: self._unbaseline(lease)
+                                     + self.sched.request(lease, now))
         except Exception:
             self.channels.pop(lease.id, None)
             raise
+
+    def _unbaseline(self, lease: Lease) -> list[Effect]:
+        """A lease that adopts a process berthd measured into a card's baseline at start (it ran
+        before berthd: a ``berth run`` that failed open) owns those bytes now: they leave the
+        baseline, or the lease would never fit beside its own engine."""
+        if lease.pid is None:
+            return []
+        tree = tree_pids(lease.pid)
+        fx: list[Effect] = []
+        for pci in lease.shares:
+            base, r = self.baseline_pids.get(pci), self.last_reads.get(pci)
+            mine = (base & tree) if base and r is not None else set()
+            if not mine:
+                continue
+            n = sum(r.processes.get(pid) or 0 for pid in mine)
+            card = self.sched.ledger.cards[pci]
+            card.baseline_bytes = max(0, card.baseline_bytes - n)
+            base -= mine
+            fx.append(Note(lease.id, "baseline", f"{lease.engine}: {n} bytes of pid "
+                           f"{lease.pid} leave {card.name}'s baseline (measured before its lease)"))
+        return fx
 
     async def wait_grant(self, lease_id: str, timeout_s: float) -> Granted | None:
         """The grant, or ``None`` after ``timeout_s``. Raises :class:`LeaseGone` or ``KeyError``."""
