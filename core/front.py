@@ -183,6 +183,9 @@ class Front:
     ``is_write(method, path)``: True when a request needs the engine awake (default: any method
     but GET, HEAD and OPTIONS).
     ``shutdown_grace_s``: how long :meth:`stop` lets in-flight requests finish, seconds.
+    ``max_in_flight``: the most writes forwarded at once (the engine's parallel slots; ``None``:
+    no limit). Further writes wait in the front, not in the engine's own queue, so a park waits
+    only for what the engine is running, and what waits can be held while it sleeps.
 
     Counters (plain ints): ``forwarded`` requests sent to the engine, ``held`` requests that
     waited, ``held_timeouts`` held requests answered 503 at a deadline, ``client_gone`` clients
@@ -196,9 +199,13 @@ class Front:
                  on_activity: Callable[[], None] | None = None,
                  on_state: Callable[[FrontState, FrontState, str], None] | None = None,
                  is_write: Callable[[str, str], bool] | None = None,
-                 activity_every_s: float = 1.0, shutdown_grace_s: float = 2.0):
+                 activity_every_s: float = 1.0, shutdown_grace_s: float = 2.0,
+                 max_in_flight: int | None = None):
         if wait_limit_s <= 0:
             raise ValueError(f"wait_limit_s must be positive, got {wait_limit_s}")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
         self.host, self.port, self.name = host, port, name
         self.wait_limit_s = wait_limit_s
         self.activity_every_s = activity_every_s
@@ -410,7 +417,10 @@ class Front:
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         st = self._state
         if st is F.OPEN:
-            return await self._forward(request)
+            if self.max_in_flight is None or self.in_flight < self.max_in_flight \
+                    or not self._writes(request):
+                return await self._forward(request)
+            return await self._hold(request)
         if not self._writes(request):
             self.refused_reads += 1
             return self._unavailable(str(st), f"engine {self.name!r} is {st}; the front answers "
@@ -444,7 +454,8 @@ class Front:
                         return self._unavailable(self._fail_reason, f"engine {self.name!r} is "
                                                  f"unavailable: {self._fail_reason}")
                     st = self._state
-                    if st is F.OPEN:
+                    if st is F.OPEN and (self.max_in_flight is None
+                                         or self.in_flight < self.max_in_flight):
                         break
                     if st is F.STOPPED:
                         return self._unavailable(self._stop_reason, f"engine {self.name!r} is "
@@ -558,7 +569,8 @@ class Front:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
-
+            if self.max_in_flight is not None and self._holding:
+                self._notify()          # a slot freed: a waiting write may go
     def _unavailable(self, reason: str, message: str) -> web.Response:
         return _error(503, reason, message, "unavailable_error")
 

@@ -75,6 +75,7 @@ class RunOptions:
     term_grace_s: float = 4.0
     release_wait_s: float = 3.0
     wait_limit_s: float = 120.0
+    max_in_flight: int | None = None
     release_grace_s: float = 20.0
     wake_limit_s: float = 60.0
     options: dict = field(default_factory=dict)
@@ -169,7 +170,8 @@ class EngineRun:
             self.front = Front(host or "127.0.0.1", int(port), name=self.o.engine,
                                wait_limit_s=self.o.wait_limit_s, on_wake=self._on_wake,
                                on_activity=self._on_activity,
-                               is_write=lambda m, p: is_write(self.pm, self.o.engine, m, p))
+                               is_write=lambda m, p: is_write(self.pm, self.o.engine, m, p),
+                               max_in_flight=self.o.max_in_flight)
             await self.front.start()
         granted = await self._lease()
         if granted is None:
@@ -582,6 +584,7 @@ def _cmd_run(args) -> int:
             adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
             health=args.health, checkpoint_path=args.checkpoint_path,
             wait_limit_s=parse_duration(args.wait_limit, field="--wait-limit"),
+            max_in_flight=args.max_in_flight,
             stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
             term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
             release_grace_s=parse_duration(args.release_grace, field="--release-grace"),
@@ -624,6 +627,9 @@ def register(sub) -> None:
     p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: on PATH, or "
                                              "$BERTH_CUDA_CHECKPOINT)")
     p.add_argument("--wait-limit", default="120s", help="longest a request is held (default 120s)")
+    p.add_argument("--max-in-flight", type=int, metavar="N",
+                   help="forward at most N requests at once (the engine's parallel slots); the "
+                        "rest wait in the front, so a park waits only for running requests")
     p.add_argument("--stop-grace", default="1s", help="in-flight grace on stop (default 1s)")
     p.add_argument("--term-grace", default="4s", help="SIGTERM to SIGKILL (default 4s)")
     p.add_argument("--release-grace", default="20s")

@@ -139,9 +139,15 @@ class BerthPolicy(SimPolicy):
         sts = lease.states()
         proc = self.proc_of.get(lid)
         if proc is not None and proc.state == READY and proc.after is None and sts <= _SERVING:
-            while self.held[engine]:
+            # The front forwards no more than the engine runs at once (its slots) and holds
+            # the rest: a backlog queued inside the engine would have to finish before any
+            # park could begin, and every other engine would wait behind it.
+            forwarded = False
+            while self.held[engine] and len(proc.running) + len(proc.queue) < proc.spec.slots:
                 self.world.forward(self.held[engine].popleft(), proc)
-            self._apply(self.sched.touch(lid, now))
+                forwarded = True
+            if forwarded:
+                self._apply(self.sched.touch(lid, now))
         elif sts & _ASLEEP:
             self._apply(self.sched.wake(lid, now))
 
@@ -157,6 +163,9 @@ class BerthPolicy(SimPolicy):
                       need_bytes=dict(spec.base_bytes), caps=caps)
         self.lease_of[engine], self.engine_of[lid] = lid, engine
         self._apply(self.sched.request(lease, self.world.now))
+
+    def on_job_end(self, job, ok: bool) -> None:
+        self._pump(job.engine)
 
     def on_job_start(self, job) -> None:
         lid = self.lease_of.get(job.engine)
