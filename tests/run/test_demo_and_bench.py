@@ -1,0 +1,83 @@
+"""``berth demo`` and ``bench/switch.py`` run end to end (issue 5). The demo is run as shipped
+(its own config, the stand-in at 7 GB/s); the bench at a tiny scale, its figures not judged here:
+they belong to the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.berthd import BERTH
+from tests.run.world import sweep
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "switch.py"
+
+
+@pytest.fixture
+def isolated():
+    """An environment whose temporary files (the demo's berthd state, the bench's) go under a
+    fresh directory, with no BERTH_* of the caller's; everything started there is killed after.
+    The directory is short: berthd's socket path must fit a Unix socket address (108 bytes)."""
+    tmp = Path(tempfile.mkdtemp(prefix="brt-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BERTH_")}
+    env["TMPDIR"] = str(tmp)
+    yield env
+    sweep(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(argv: list[str], env: dict, timeout_s: float) -> tuple[int, str, float]:
+    """Run ``argv`` in its own session; on timeout SIGINT it (its cleanup runs), then SIGKILL."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            out, _ = p.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, _ = p.communicate()
+        raise AssertionError(f"{argv[:3]} ran past {timeout_s} s:\n{out}")
+    return p.returncode, out, time.monotonic() - t0
+
+
+def test_berth_demo_exits_0_within_60s_with_a_park_and_a_wake_per_engine_and_no_oom(isolated):
+    rc, out, elapsed = _run([BERTH, "demo"], isolated, 60)
+    assert rc == 0, out
+    assert elapsed < 60
+    for engine in ("A", "B"):
+        assert re.search(rf"berthd park\s+{engine} parks by checkpoint", out), out
+        assert re.search(rf"berthd parked\s+{engine} parked", out), out
+        assert re.search(rf"berthd wake\s+{engine} woke", out), out
+    assert len(re.findall(r"chat → [AB]: first byte after", out)) == 4, out
+    assert "out-of-memory events on the card: 0" in out
+    assert "OK: every chat answered, no OOM." in out
+
+
+def test_bench_switch_prints_its_figures_as_json(isolated):
+    rc, out, _ = _run([sys.executable, str(BENCH), "--json", "-n", "2", "--rate", "70e9"],
+                      isolated, 90)
+    assert rc == 0, out
+    figures = json.loads(out.strip().splitlines()[-1])
+    for key in ("overhead_ms_median", "overhead_ms_p90", "overhead_incl_room_ms_median",
+                "ttfb_ms_median", "restore_tool_ms_median", "park_tool_ms_median"):
+        assert isinstance(figures[key], float), key
+    assert figures["n"] == 2 and len(figures["switches"]) == 2
+    for row in figures["switches"]:
+        # Each switch restored one engine and parked the other, and what is left is positive.
+        assert row["restore_tool_ms"] > 0 and row["park_tool_ms"] > 0
+        assert 0 < row["overhead_ms"] < row["overhead_incl_room_ms"] < row["ttfb_ms"]
+        assert row["breakdown_ms"], row
