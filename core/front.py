@@ -122,7 +122,7 @@ EDGES: dict[tuple[FrontState, FrontState], str] = {
     (F.STARTING, F.OPEN): "the engine answered",
     (F.OPEN, F.CLOSING): "a park, checkpoint or lend begins: drain first (seed 002 Fronts)",
     (F.CLOSING, F.ASLEEP): "in-flight requests done, the engine sleeps",
-    (F.CLOSING, F.OPEN): "the park was called off",
+    (F.CLOSING, F.OPEN): "the park was called off, or the lend is done (the engine serves on)",
     (F.ASLEEP, F.WAKING): "a write arrived, or the broker resumes the lease",
     (F.ASLEEP, F.OPEN): "the engine was woken without a held write (the broker resumed it)",
     (F.WAKING, F.OPEN): "the wake answered",
