@@ -1,0 +1,24 @@
+"""Fixtures for the live acceptance of issue 6 (see :mod:`tests.live.world`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.live.world import Live
+
+
+@pytest.fixture
+def live(tmp_path):
+    """``live(cards=[("gpu0", "24GiB")], **policy)`` -> a started :class:`Live`; every process
+    it started is killed at the end."""
+    made: list[Live] = []
+
+    def make(cards=(("gpu0", "24GiB"),), **policy) -> Live:
+        lv = Live(tmp_path, list(cards), policy)
+        made.append(lv)
+        return lv.start()
+    try:
+        yield make
+    finally:
+        for lv in made:
+            lv.close()
