@@ -314,7 +314,7 @@ def main() -> int:
                 rows.append(row)
                 print(f"switch {i:2d} -> {target}: ttfb {row['ttfb_ms']:7.1f} ms = restore "
                       f"{row['restore_tool_ms']:6.1f} + park {row['park_tool_ms']:6.1f} + Berth "
-                      f"{row['overhead_ms']:6.1f} ms  (data move at the modelled rate: "
+                      f"{row['overhead_ms']:6.1f} ms  (modelled data moves, both engines: "
                       f"{row['move_ms']:.0f} ms)", flush=True)
             target = "B" if target == "A" else "A"
     finally:
