@@ -57,7 +57,7 @@ def test_berthd_killed_the_run_keeps_serving_and_reattaches_when_it_is_back(worl
     # ...and a write to the front wakes it through the new berthd.
     ans = chat(a.port, "A", max_tokens=6)
     assert ans.content_chunks == 6 and ans.finish_reason == "length", ans
-    assert d.state_of("A") == "active"
+    wait_for(lambda: d.state_of("A") == "active", 5, "A's wake reported")
     assert [c.oom_events for c in world.sim().cards] == [0]
     st = a.stop()
     assert st.exit_code == 0 and not st.killed and st.elapsed_s < UNLOAD_TIMEOUT_S, st

@@ -113,7 +113,7 @@ def test_a_read_never_wakes_a_parked_engine(world):
     # The control: a write does wake it, and is answered in full.
     ans = chat(a.port, "A", max_tokens=4)
     assert ans.content_chunks == 4 and ans.finish_reason == "length"
-    assert d.state_of("A") == "active"
+    wait_for(lambda: d.state_of("A") == "active", 5, "A's wake reported")
     assert [c.oom_events for c in world.sim().cards] == [0]
 
 
