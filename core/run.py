@@ -141,6 +141,7 @@ class EngineRun:
         self.after_seq = 0
         self.pids: list[int] = []
         self.use: dict[str, int | None] = {}
+        self.ram_available: int | None = None
         self.leased = False
         self._http: aiohttp.ClientSession | None = None
         self._touching = False
@@ -386,6 +387,7 @@ class EngineRun:
                     raise
                 self.pids = r.get("pids") or []
                 self.use = r.get("use") or {}
+                self.ram_available = r.get("ram_available_bytes")
                 for ins in r["instructions"]:
                     self.after_seq = max(self.after_seq, ins["seq"])
                     if ins["op"] == "drain":
@@ -455,7 +457,7 @@ class EngineRun:
                              start_time=self.engine_id.start_time if self.engine_id else None,
                              pids=pids, cards=list(ins.get("cards") or []),
                              bytes={k: int(v) for k, v in (ins.get("bytes") or {}).items()},
-                             use_bytes=dict(self.use),
+                             use_bytes=dict(self.use), ram_available_bytes=self.ram_available,
                              room_confirmed=op in ("wake", "return"), timeout_s=timeout,
                              options=opts)
 
