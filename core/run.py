@@ -384,7 +384,12 @@ class EngineRun:
                                     self.lease_id, e.message)
                         self.lease_id = None
                         continue
-                    raise
+                    # Any other refusal must not end the loop (the run would stop hearing
+                    # drains) nor escape into the stop sequence: say it and poll again.
+                    log.error("berthd refused the instruction poll: %s; polling again", e)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
                 self.pids = r.get("pids") or []
                 self.use = r.get("use") or {}
                 self.ram_available = r.get("ram_available_bytes")
