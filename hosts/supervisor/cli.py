@@ -11,8 +11,8 @@ Start-up, in order:
 
 1. guard standard output (:func:`~berth_hosts.supervisor.protocol.guard_stdout`) before
    anything else runs, so nothing but the protocol ever reaches supervisord;
-2. read berth.toml (exit 2 on an error: supervisord backs off and marks it FATAL, which
-   ``supervisorctl status`` shows), load the plugins and hand them the config;
+2. read berth.toml, load the plugins and hand them the config (exit 2 on an error in any of
+   them: supervisord backs off and marks it FATAL, which ``supervisorctl status`` shows);
 3. start the asyncio side (:class:`~berth_hosts.supervisor.listener.Host`) in a thread;
 4. run the protocol in the main thread: ``READY``, read an event, hand it over, ``RESULT 2 OK``
    at once; the slow work (berthd calls, ``startProcess``/``stopProcess``) runs on the other
@@ -114,8 +114,12 @@ def listen(config_path: str | None, proto_fd: int, stdin=None) -> int:
     if not any(e.supervisor for e in cfg.engines.values()):
         log.warning("%s names no supervisord program (engines.X.supervisor); nothing to do",
                     path or "the default config")
-    pm = make_plugin_manager()
-    pm.hook.berth_configure(config=cfg)
+    try:
+        pm = make_plugin_manager()
+        pm.hook.berth_configure(config=cfg)
+    except Exception as e:                 # a plugin refused to load, or refused the config
+        log.error("the listener cannot start: a plugin failed: %s: %s", type(e).__name__, e)
+        return 2
     side = _Side(cfg, pm, sup)
     side.start()
     side.started_ok.wait()

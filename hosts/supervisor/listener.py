@@ -291,7 +291,8 @@ class Host:
                 continue
             except ApiError as e:
                 async with prog.lock:
-                    if prog.lease == lease_id:
+                    # A running (adopted) program's lease that ended is _ended's to handle.
+                    if prog.lease == lease_id and prog.pid is None:
                         self._forget(prog, release=False)
                         prog.down = e.status == 410      # ended (drained, rejected): stay down
                         log.info("%s: lease %s is gone while waiting (%s)", prog.engine,

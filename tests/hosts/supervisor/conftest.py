@@ -36,9 +36,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: Deadlines are generous (a cold first start imports everything); they bound failures only.
+SLACK = 2.0
+
+
 def wait_for(check, timeout_s: float = 20.0, what: str = "condition", every_s: float = 0.05):
     """Call ``check`` until it returns something truthy and return it; fail after
-    ``timeout_s`` seconds naming ``what`` and the last value."""
+    ``timeout_s`` × :data:`SLACK` seconds naming ``what`` and the last value."""
+    timeout_s *= SLACK
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:

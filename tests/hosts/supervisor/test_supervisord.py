@@ -54,8 +54,9 @@ def test_observe_drain_gate_restart_over_budget(stack_factory):
     c_info = s.info("vllm-c")
     c_lease = wait_for(lambda: s.active("vllm-c", c_info.pid), 15, "vllm-c's lease on its pid")
     assert _same_process(c_lease, c_info)
-    assert "vllm-a" in s.log("listener.log") and "started through supervisord" in s.log(
-        "listener.log")
+    wait_for(lambda: "vllm-c: lease" in (t := s.log("listener.log"))
+             and "started through supervisord" in t, 10,
+             "the listener's log (supervisord copies it) to tell of the start")
     assert s.info("vllm-a").statename == "STOPPED"      # operator drain: it stays down
 
     # Killing the listener: supervisord restarts it, it finds its leases, nothing duplicates.
@@ -80,6 +81,11 @@ def test_observe_drain_gate_restart_over_budget(stack_factory):
     assert "small-d" in board and "over budget" in board, board
     assert len(s.leases("small-d")) == 1
     assert s.info("small-d").statename == "RUNNING"     # Berth never signals it (rule 6)
+    # The operator drains it while it waits: supervisord stops it, nothing leases it again.
+    s.berth("drain", "small-d")
+    wait_for(lambda: "STOPPED" in s.ctl("status", "small-d"), 15, "small-d stopped")
+    wait_for(lambda: not s.leases("small-d") and not s.waiting("small-d"), 15,
+             "small-d's lease to be gone")
 
 
 def test_gate_program_drained_for_room_is_started_again_when_room_frees(stack_factory):
