@@ -73,16 +73,19 @@ class TestHandComputedWaits:
     def test_berth_park_and_wake(self, policy):
         # Here a and b load their whole declared 12e9 (14 s), so only one fits the 19e9 that
         # the 1e9 reserve leaves, and the broker's last driver read decides each grant.
-        # a: granted at the read at 0, ready at 14.25 (berth run is llama-swap's cmd).
+        # a: granted at the read at 0, ready at 14.25 (berth run is llama-swap's cmd, whose
+        # health polls come at 0.25 s and then every second).
         # b at 30 (just before the read at 30): park a. The checkpoint takes 12e9 / 70 GB/s
-        # = 0.17 s and the driver confirms it well before the read at 31, which shows the
-        # card free: b is granted at 31 and ready at 45.25.
-        # a at 50: b became ready at 45.25, so its 10 s minimum turn lasts to 55.25 (the turn
-        # counts from when an engine can serve, not from its grant). The end of a turn is no
-        # deadline of its own: the read at 56 plans the park (0.17 s, confirmed by 56.2), the
-        # read at 57 grants a's wake, and the restore takes 12e9 / 8 GB/s = 1.5 s: 58.5.
+        # = 0.1714 s; the run reports it done at 30.1714, the confirmation helper's first poll
+        # (at once) shows the memory gone, and that read grants b at once: b loads 14 s, to
+        # 44.1714, and the health poll at 44.4214 sees it: a wait of 14.4214.
+        # a at 50: b became ready at 44.4214, so its 10 s minimum turn lasts to 54.4214 (the
+        # turn counts from when an engine can serve, not from its grant). The end of a turn is
+        # no deadline of its own: the read at 55 plans the park (0.1714 s), whose confirming
+        # read grants a's wake at 55.1714; the restore takes 12e9 / 8 GB/s = 1.5 s: 56.6714.
         got = waits(policy, tiny(TRACE, base=12 * 10**9))
-        assert got == pytest.approx([14.25, 15.25, 8.5])
+        park = 12e9 / 70e9
+        assert got == pytest.approx([14.25, 30 + park + 14 + 0.25 - 30, 55 + park + 1.5 - 50])
 
 
 class TestConservation:

@@ -269,7 +269,10 @@ class BerthPolicy(SimPolicy):
             return      # the helper gave up; the scheduler's own deadline falls back
         proc = self.proc_of.get(lid)
         use = proc.res.get(pci, 0) if proc is not None else 0
-        self._apply(self.sched.confirmed(lid, pci, w.until, self.world.now, use_bytes=use))
+        # As berthd does: the confirming read is a driver read like any other, so it feeds
+        # observe first (a grant need not wait for the next periodic read).
+        self._apply(self.sched.observe({pci: self._card_read(pci)}, self.world.now)
+                    + self.sched.confirmed(lid, pci, w.until, self.world.now, use_bytes=use))
         if w.until == "parked" and proc is not None:
             self._pump(proc.engine)     # an asleep front with held requests asks for the wake
 
@@ -318,16 +321,17 @@ class BerthPolicy(SimPolicy):
         for pci in proc.res:
             self._check_watch(proc.tag, pci)
 
-    def on_read(self, now: float) -> None:
+    def _card_read(self, pci: str) -> CardRead:
         w = self.world
         leases = self.sched.ledger.leases
-        reads = {}
-        for pci in w.total:
-            used, mapped = {}, 0
-            for p in w.procs_on(pci):
-                if p.tag in leases:
-                    used[p.tag] = p.res[pci]
-                    mapped += p.res[pci]
-            reads[pci] = CardRead(free_bytes=w.free(pci), stowaway_bytes=w.used[pci] - mapped,
-                                  used=used, total_bytes=w.total[pci])
-        self._apply(self.sched.observe(reads, now))
+        used, mapped = {}, 0
+        for p in w.procs_on(pci):
+            if p.tag in leases:
+                used[p.tag] = p.res[pci]
+                mapped += p.res[pci]
+        return CardRead(free_bytes=w.free(pci), stowaway_bytes=w.used[pci] - mapped,
+                        used=used, total_bytes=w.total[pci])
+
+    def on_read(self, now: float) -> None:
+        self._apply(self.sched.observe({pci: self._card_read(pci) for pci in self.world.total},
+                                       now))
