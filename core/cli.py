@@ -26,13 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="berth", description="Berth: a GPU-memory broker for local inference engines.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:   # an area not built yet in this checkout
-            if e.name != name:
-                raise
-            continue
-        mod.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 
