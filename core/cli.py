@@ -24,6 +24,8 @@ _COMMAND_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="berth", description="Berth: a GPU-memory broker for local inference engines.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"berth {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         importlib.import_module(name).register(sub)
