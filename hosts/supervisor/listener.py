@@ -19,7 +19,9 @@ from berthd), the program is re-read with ``getProcessInfo`` and made true again
    the PID. If it does not fit, it waits while the program runs: the board shows it over
    budget;
 4. a gated program is STOPPED, has no lease and is not held down: ask for a lease; once granted,
-   ``startProcess`` and attach;
+   ``startProcess`` and attach. Not while an observed program is starting or not yet leased:
+   its memory would be missing from berthd's count (admission reads the driver at most
+   ``read_interval`` ago) and the gated program could be granted room that is being filled;
 5. a drain that failed is tried again.
 
 A ``drain`` instruction (an operator's ``berth drain``, or room for another engine) is
@@ -62,6 +64,7 @@ _RETRY_MAX_S = 5.0
 class Program:
     """One supervisord program under Berth. ``lease``/``pid``: the lease and the process it
     holds (``pid`` is ``None`` while a gated program's lease waits or before its start).
+    ``state``/``seen_pid``: supervisord's last answer (state name, PID or 0).
     ``granted``/``ready``: the lease is granted / berthd was told the program serves (its
     minimum turn counts from then). ``down``: held down (gate: drained by the operator, stopped
     by hand, crashed). ``skip_pid``: a running process Berth will not lease again (refused)."""
@@ -71,6 +74,8 @@ class Program:
     mode: str
     lease: str | None = None
     pid: int | None = None
+    state: str | None = None
+    seen_pid: int = 0
     granted: bool = False
     ready: bool = False
     down: bool = False
@@ -136,11 +141,14 @@ class Host:
                 prog.kick.set()
 
     async def full_sync(self) -> None:
-        """Re-sync every program, check the leases against berthd, rewrite the mapping file."""
+        """Re-sync every program (observed ones first: step 4), check the leases against
+        berthd, rewrite the mapping file."""
         if self._full.locked():
             return
         async with self._full:
-            await asyncio.gather(*(self._sync_locked(p) for p in self.programs.values()))
+            for mode in ("observe", "gate"):
+                await asyncio.gather(*(self._sync_locked(p) for p in self.programs.values()
+                                       if p.mode == mode))
             with contextlib.suppress(BerthdUnavailable, ApiError):
                 await self._audit()
             self.syncs += 1
@@ -167,10 +175,22 @@ class Host:
             log.error("%s: %s", prog.engine, e)
         except Exception:
             log.exception("syncing %s failed", prog.engine)
+        if prog.mode == "observe" and not self._observed_settling():
+            for gated in self.programs.values():
+                if gated.mode == "gate" and gated.lease is None and not gated.down:
+                    gated.kick.set()       # step (4) may go on now
+
+    def _observed_settling(self) -> bool:
+        """Is an observed program starting, or running without a lease yet? (Step 4.)"""
+        return any(p.mode == "observe" and (
+            p.state is None or p.state in ("STARTING", "BACKOFF")
+            or (p.state == "RUNNING" and p.lease is None and p.seen_pid != p.skip_pid))
+            for p in self.programs.values())
 
     async def _sync(self, prog: Program) -> None:
         """Steps (1)-(5) of the module docstring, for one program, under its lock."""
         info = await asyncio.to_thread(self.sup.info, prog.name)
+        prog.state, prog.seen_pid = info.statename, info.pid
         # (5)
         if prog.drain is not None:
             await self._drain(prog)
@@ -194,7 +214,11 @@ class Host:
         # (4)
         elif (prog.mode == "gate" and info.statename == "STOPPED" and prog.lease is None
               and not prog.down):
-            await self._request_gate(prog)
+            if self._observed_settling():
+                log.debug("%s: waiting for the observed programs to be leased before asking "
+                          "for a lease", prog.engine)
+            else:
+                await self._request_gate(prog)
         elif prog.mode == "gate" and info.statename in STOPPED_STATES - {"STOPPED"} \
                 and prog.lease is None and not prog.down:
             log.warning("%s: %s (exit status %s); Berth will not start it again until it is "
