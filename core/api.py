@@ -251,7 +251,7 @@ async def request_lease(request: web.Request) -> web.Response:
                                         "give --front HOST:PORT")
     adopted, use = None, {}
     if body.pid is not None:
-        adopted, refusal, why = _claim(broker, request, body.pid, body.start_time, body.engine,
+        adopted, refusal, why = await _claim(broker, request, body.pid, body.start_time, body.engine,
                                        body.host)
         if refusal is not None:
             return refusal
@@ -317,7 +317,7 @@ async def wait_grant(request: web.Request) -> web.Response:
                               "driver": {"kind": broker.driver.kind, "sim_dir": broker.sim_dir}})
 
 
-def _claim(broker: Broker, request: web.Request, pid: int, start_time: float | None,
+async def _claim(broker: Broker, request: web.Request, pid: int, start_time: float | None,
            engine: str, host: str | None) -> tuple[ProcessId, web.Response | None, str]:
     """May the caller claim process ``pid`` for ``engine``? Returns ``(identity, refusal,
     why)``: ``refusal`` is a 403 answer, or ``None`` when allowed because the caller is the
@@ -340,8 +340,9 @@ def _claim(broker: Broker, request: web.Request, pid: int, start_time: float | N
         else:
             why = f"caller pid {peer[0]} is neither pid {pid} nor its parent ({ppid})"
     if not allowed and broker.pm is not None:
-        verdict = broker.pm.hook.berth_vouch(pid=pid, start_time=actual.start_time,
-                                             engine=engine, host=host)
+        # A plugin may ask its host (supervisord's XML-RPC, up to about a second): off the loop.
+        verdict = await asyncio.to_thread(broker.pm.hook.berth_vouch, pid=pid,
+                                          start_time=actual.start_time, engine=engine, host=host)
         if verdict:
             allowed, why = True, f"vouched for by the {host or 'host'} plugin"
         elif host:
@@ -357,7 +358,7 @@ async def attach(request: web.Request) -> web.Response:
     lid = request.match_info["id"]
     body: AttachBody = await _body(request, AttachBody)
     lease = _lease(broker, lid)
-    actual, refusal, why = _claim(broker, request, body.pid, body.start_time, lease.engine,
+    actual, refusal, why = await _claim(broker, request, body.pid, body.start_time, lease.engine,
                                   body.host)
     if refusal is not None:
         return refusal
