@@ -75,8 +75,9 @@ def _cmd_wrap(args) -> int:
             print(f"{_PROG}: note: {line}", file=sys.stderr)
         if sizes is None and report.wrapped:
             print(f"{_PROG}: note: sizes come from berth.toml at lease time: each model needs "
-                  f"an [engines.\"<model id>\"] entry with a size (check with --size-from)",
-                  file=sys.stderr)
+                  f"an [engines.\"<engine>\"] entry with a size, <engine> being its --engine "
+                  f"(the model ID, unless a warning above names another; check with "
+                  f"--size-from)", file=sys.stderr)
         done = f"wrapped {len(report.wrapped)} model(s)"
         if report.already:
             done += f"; already wrapped, left as they were: {', '.join(report.already)}"
@@ -104,7 +105,7 @@ def register(sub) -> None:
                    help="checkpoint: add --park checkpoint to every berth run line (needs "
                         "cuda-checkpoint; not for container cmds); default none (drain)")
     w.add_argument("--size-from", metavar="berth.toml",
-                   help="put each model's size from its [engines.\"<model id>\"] entry on its "
+                   help="put each model's size from its [engines.\"<engine>\"] entry on its "
                         "berth run line, and warn for models with no entry (optional: berthd "
                         "reads the entries at lease time anyway)")
     w.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")

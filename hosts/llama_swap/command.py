@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-__all__ = ["Macros", "strip_comments", "sanitize", "split_posix", "macro_text", "scope", "expand",
-           "argv", "PORT", "MODEL_ID"]
+__all__ = ["Macros", "strip_comments", "sanitize", "split_posix", "open_quote", "macro_text",
+           "scope", "expand", "argv", "PORT", "MODEL_ID"]
 
 #: llama-swap's reserved macros in a model's values (``${PID}`` exists only in ``cmdStop``).
 PORT, MODEL_ID = "${PORT}", "${MODEL_ID}"
@@ -72,10 +72,22 @@ def split_posix(text: str) -> list[str]:
     """Split like ``shlex.Posix.Split`` of ``billziss-gh/golib``: words split on space, tab and
     newline; ``'…'`` and ``"…"`` quote; a backslash escapes the next character (inside double
     quotes only ``$ ` " \\``); backslash-newline vanishes; an unclosed quote runs to the end
-    (no error, unlike Python's :func:`shlex.split`); no comments."""
+    (no error, unlike Python's :func:`shlex.split`; :func:`open_quote` finds one); no comments."""
+    return _split(text)[0]
+
+
+def open_quote(text: str) -> int | None:
+    """Where the quote that :func:`split_posix` leaves open at the end of ``text`` starts (its
+    index in ``text``), or ``None`` when every quote is closed. golib does not complain about
+    one: the rest of the text becomes part of one word."""
+    return _split(text)[1]
+
+
+def _split(text: str) -> tuple[list[str], int | None]:
     tokens: list[str] = []
     token: list[str] | None = None
     state = [_SPACE]
+    opened = 0
     i, n = 0, len(text)
     while i < n:
         r = text[i]
@@ -95,6 +107,7 @@ def split_posix(text: str) -> list[str]:
             elif r in "\"'":
                 state += [_WORD, r]
                 token = []
+                opened = i - 1
             elif r not in " \t\n":
                 state.append(_WORD)
                 token = (token or []) + [r]
@@ -103,6 +116,7 @@ def split_posix(text: str) -> list[str]:
                 token.append(e)
             elif r in "\"'":
                 state.append(r)
+                opened = i - 1
             elif r in " \t\n":
                 state.pop()
                 tokens.append("".join(token))
@@ -118,7 +132,7 @@ def split_posix(text: str) -> list[str]:
                 token.append(r)
     if token is not None:
         tokens.append("".join(token))
-    return tokens
+    return tokens, (opened if state[-1] not in (_SPACE, _WORD) else None)
 
 
 def macro_text(value: Any) -> str:

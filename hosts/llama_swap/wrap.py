@@ -6,7 +6,10 @@ reference/llama-swap.md ("How ``cmd`` is run", "Consequences for a ``cmd`` wrapp
 For every model, in order:
 
 1. Parse its ``cmd`` as llama-swap does (:mod:`.command`). One that already runs ``berth run``
-   is left as it is, so wrapping twice changes nothing.
+   is left as it is, so wrapping twice changes nothing. Refused, as llama-swap refuses them at
+   load: a ``cmd`` that is not a string, and a macro that no ``macros`` block declares (in
+   ``cmd``, ``cmdStop``, ``proxy``, ``checkEndpoint``, ``env``). Refused although llama-swap
+   runs it: a quote left open in ``cmd`` (golib's split makes the rest of the command one word).
 2. The engine's ``${PORT}`` becomes ``{port}``, the port ``berth run`` picks: in the ``cmd`` text,
    and in the macros that carry ``${PORT}`` into it. Such a macro is rewritten where it is
    declared when every use of it ends up in a ``cmd``; otherwise its text is put in place in
@@ -18,13 +21,20 @@ For every model, in order:
    (b) ``proxy`` a fixed address (the engine has its own fixed port): the front gets a new
    ``${PORT}`` from llama-swap, ``proxy`` becomes ``http://127.0.0.1:${PORT}`` (its path
    kept), and ``--upstream`` tells ``berth run`` where the engine listens;
-   (c) refused: a proxy on another host (the front listens on loopback), or no ``${PORT}``
-   in ``cmd`` and no ``proxy`` (llama-swap refuses that too).
-4. The ``cmd`` becomes ``berth run --engine <model id> --front 127.0.0.1:${PORT} [--upstream
+   (c) refused: a proxy whose host is not loopback (``127.0.0.0/8``, ``::1``, ``localhost``;
+   ``0.0.0.0`` reaches this host too): Berth leases this machine's GPU memory, so the engine
+   must run here; with ``${PORT}`` only ``127.0.0.1``/``localhost``/``0.0.0.0``, where the
+   front listens. Also refused: no ``${PORT}`` in ``cmd`` and no ``proxy`` (llama-swap refuses
+   that too), and ``${PORT}`` in ``env`` (macros expanded as llama-swap does), which would now
+   give the engine the front's port: ``{port}`` is put in place only in the command line.
+4. The ``cmd`` becomes ``berth run --engine <engine> --front 127.0.0.1:${PORT} [--upstream
    URL] [--health PATH] [--park checkpoint] [--size SIZE[@CARD]]… -- <the engine's command>``;
    ``--health`` mirrors ``checkEndpoint`` under the proxy's path (``none`` too). A block ``cmd`` stays a block, its
    comment lines and backslash continuations kept. The result is split again and must give
-   exactly ``berth run …`` followed by the engine's old argv.
+   exactly ``berth run …`` followed by the engine's old argv. ``<engine>`` is the model ID, or,
+   for an ID with whitespace or control characters (berthd refuses those in an engine name),
+   the ID with each run of them replaced by ``-`` (made unique), with a warning: its berth.toml
+   entry is ``[engines."<engine>"]``.
 5. ``cmdStop`` is kept: a ``docker stop`` still stops the container, the ``docker run`` client
    exits, and ``berth run`` sees its engine exit, releases the lease and exits. ``${PID}`` in it
    now names ``berth run``.
@@ -37,6 +47,7 @@ the wait for a lease and ``unloadTimeout`` to cover ``berth run``'s stop sequenc
 from __future__ import annotations
 
 import copy
+import ipaddress
 import os
 import re
 import shlex
@@ -58,6 +69,11 @@ __all__ = ["WrapError", "WrapOptions", "Report", "wrap_text", "wrap_config", "is
 FRONT_HOST = "127.0.0.1"
 _MACRO_REF = re.compile(r"\$\{([a-zA-Z0-9_-]+)\}")
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./${}~-]+$")
+#: What berthd refuses in an engine name: whitespace and control characters.
+_NOT_IN_NAME = re.compile(r"[\s\x00-\x1f\x7f-\x9f]+")
+#: The model keys whose macros wrap checks are declared; llama-swap refuses any left unexpanded
+#: (``${PID}`` only in ``cmdStop``).
+_MACRO_KEYS = ("cmd", "cmdStop", "proxy", "checkEndpoint", "env")
 
 
 class WrapError(ValueError):
@@ -79,10 +95,12 @@ class WrapOptions:
 
 @dataclass
 class Report:
-    """What a wrap did: models wrapped now, models already wrapped, notes, warnings."""
+    """What a wrap did: models wrapped now, models already wrapped, notes, warnings, and the
+    engine names that differ from their model IDs (model ID -> engine name)."""
 
     wrapped: list[str] = field(default_factory=list)
     already: list[str] = field(default_factory=list)
+    engines: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -135,10 +153,82 @@ def _this_host(host: str | None) -> bool:
     return host in ("localhost", FRONT_HOST, "0.0.0.0")
 
 
+def _loopback(host: str | None) -> bool:
+    """Whether an engine at ``host`` runs on this machine: ``localhost``, ``127.0.0.0/8``,
+    ``::1`` (or IPv4-mapped loopback), or ``0.0.0.0``/``::``, which connect to this host."""
+    if not host:
+        return False
+    if host.rstrip(".").lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if ip.version == 6 and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_unspecified
+
+
 def _address(parts) -> str:
     """``host:port`` of a parsed URL, the names of this host as :data:`FRONT_HOST`."""
     host = FRONT_HOST if _this_host(parts.hostname) else parts.hostname
+    if ":" in host:
+        host = f"[{host}]"
     return f"{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+def _kind(value) -> str:
+    """A YAML value's kind, in words."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def _strings(value):
+    """Every string in a value (inside mappings and lists too)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _check_macros(mid: str, conf: dict, scope: command.Macros) -> None:
+    """Refuse a ``${name}`` that no macro declares, as llama-swap does at load ("unknown
+    macro"), in the keys wrap reads."""
+    for key in _MACRO_KEYS:
+        for text in _strings(conf.get(key)):
+            if key in ("cmd", "cmdStop"):
+                text = command.strip_comments(text)
+            known = {"PORT", "PID"} if key == "cmdStop" else {"PORT"}
+            for name in _MACRO_REF.findall(command.expand(text, scope)):
+                if name not in known:
+                    raise WrapError(
+                        f"models.{mid}.{key}: unknown macro ${{{name}}}: neither macros nor "
+                        f"models.{mid}.macros declares it, and llama-swap refuses to load a "
+                        f"config that uses one; declare it, or fix its name")
+
+
+def _check_quotes(mid: str, cmd: str, scope: command.Macros) -> None:
+    """Refuse a quote left open in ``cmd`` (macros expanded): golib's split does not complain,
+    it makes the rest of the command one word, which is never what was meant."""
+    text = command.sanitize(command.expand(command.strip_comments(cmd), scope))
+    at = command.open_quote(text)
+    if at is not None:
+        rest = " ".join(text[at:].split())
+        shown = rest if len(rest) <= 40 else rest[:39] + "…"
+        raise WrapError(f"models.{mid}.cmd: the quote {text[at]} that opens {shown!r} is never "
+                        f"closed (macros expanded); llama-swap would pass everything after it to "
+                        f"the engine as one word; close it")
 
 
 @dataclass
@@ -150,6 +240,7 @@ class _Model:
     wrapped: bool
     has_port: bool                 # the engine's cmd uses ${PORT} (macros expanded)
     fixed: str | None = None       # host:port the engine listens on, when fixed
+    engine: str = ""               # the engine name on its berth run line
 
 
 def _models(doc) -> dict[str, _Model]:
@@ -172,11 +263,16 @@ def _models(doc) -> dict[str, _Model]:
                             f"{type(conf).__name__}")
         conf = models[key] = copy.deepcopy(conf)    # YAML aliases may share one mapping
         cmd = conf.get("cmd")
-        if not isinstance(cmd, str) or not cmd.strip():
+        if cmd is None or (isinstance(cmd, str) and not cmd.strip()):
             raise WrapError(f"models.{mid}.cmd: missing or empty; every model needs the "
                             f"command that starts its engine")
+        if not isinstance(cmd, str):
+            raise WrapError(f"models.{mid}.cmd: must be a string (the command that starts the "
+                            f"engine), got {_kind(cmd)}: {cmd!r}")
         local = list(_macros(conf.get("macros"), f"models.{mid}.macros").items())
         scope = command.scope(mid, globals_, local)
+        _check_macros(mid, conf, scope)
+        _check_quotes(mid, cmd, scope)
         argv = command.argv(cmd, scope)
         if not argv:
             raise WrapError(f"models.{mid}.cmd: no command is left once the comment lines are "
@@ -279,6 +375,11 @@ def _front(m: _Model, report: Report) -> tuple[str | None, str | None, str]:
         parts = parts._replace(netloc="")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise WrapError(f"{where}: expected a URL like http://127.0.0.1:8999, got {text!r}")
+    if not _loopback(parts.hostname):
+        raise WrapError(f"{where}: {text!r} points at {parts.hostname}, another host: berth run "
+                        f"leases this machine's GPU memory for the engine, so the engine must run "
+                        f"here and listen on loopback (127.0.0.1, ::1 or localhost); run this "
+                        f"model's llama-swap and berthd on {parts.hostname} instead")
     m.fixed = _address(parts)
     own = urlsplit(text)
     if not (own.scheme and own.netloc):    # the whole URL comes from a macro
@@ -303,7 +404,7 @@ def _wrap_model(m: _Model, inline: set[str], opts: WrapOptions, report: Report) 
     upstream, proxy, path = _front(m, report)
     body = _engine_text(m, inline)
     container = _container(engine_argv)
-    words = [opts.berth, "run", "--engine", m.id, "--front", f"{FRONT_HOST}:{PORT}"]
+    words = [opts.berth, "run", "--engine", m.engine, "--front", f"{FRONT_HOST}:{PORT}"]
     if upstream:
         words += ["--upstream", upstream]
     # berth run polls the engine itself, at the path llama-swap's check reaches it by.
@@ -322,13 +423,13 @@ def _wrap_model(m: _Model, inline: set[str], opts: WrapOptions, report: Report) 
             if opts.checkpoint_path:
                 words += ["--checkpoint-path", opts.checkpoint_path]
     if opts.sizes is not None:
-        if m.id in opts.sizes:
-            for size in opts.sizes[m.id]:
+        if m.engine in opts.sizes:
+            for size in opts.sizes[m.engine]:
                 words += ["--size", size]
         else:
             report.warnings.append(
-                f"models.{m.id}: berth.toml has no [engines.\"{m.id}\"] entry, so berthd will "
-                f"refuse its lease (no size); add one with size = \"…GiB\"")
+                f"models.{m.id}: berth.toml has no [engines.\"{m.engine}\"] entry, so berthd "
+                f"will refuse its lease (no size); add one with size = \"…GiB\"")
     words.append("--")
     prefix = " ".join(_quote(w) for w in words)
     tidy = "\n".join(line.rstrip() for line in body.split("\n")).strip("\n")
@@ -355,7 +456,7 @@ def _warn_cards(m: _Model, argv: list[str], container: bool, report: Report) -> 
         report.warnings.append(
             f"models.{m.id}.env: sets CUDA_VISIBLE_DEVICES, which berth run replaces with the "
             f"cards Berth grants; to pin the model to a card, set card = \"…\" in its "
-            f"[engines.\"{m.id}\"] entry of berth.toml (or --size SIZE@CARD)")
+            f"[engines.\"{m.engine}\"] entry of berth.toml (or --size SIZE@CARD)")
     if container and not any("CUDA_VISIBLE_DEVICES" in a for a in argv):
         report.warnings.append(
             f"models.{m.id}.cmd: the container does not see the cards Berth grants: berth run "
@@ -367,6 +468,55 @@ def _warn_cards(m: _Model, argv: list[str], container: bool, report: Report) -> 
                             f"sent there runs berth run's stop sequence")
 
 
+def _engine_names(models: dict[str, _Model], report: Report) -> None:
+    """``m.engine`` for every model: the model ID when berthd accepts it as an engine name (no
+    whitespace, no control characters), else the ID with each run of those replaced by ``-``,
+    made unique among the other engine names, with a warning."""
+    taken = set()
+    for m in models.values():
+        if m.wrapped:
+            m.engine = _run_option(m.argv, "--engine") or m.id
+        elif not _NOT_IN_NAME.search(m.id):
+            m.engine = m.id
+        else:
+            continue
+        taken.add(m.engine)
+    for m in models.values():
+        if m.engine:
+            continue
+        base = _NOT_IN_NAME.sub("-", m.id.strip()) or "model"
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}-{n}"
+        taken.add(name)
+        m.engine = name
+        report.engines[m.id] = name
+        report.warnings.append(
+            f"models.{m.id}: the model ID {m.id!r} has whitespace or control characters, which "
+            f"berthd refuses in an engine name; its berth run line uses --engine {name}, so its "
+            f"berth.toml entry must be [engines.\"{name}\"]")
+
+
+def _check_env(m: _Model, report: Report) -> None:
+    """``${PORT}`` in ``env`` (macros expanded, as llama-swap expands them) is the front's port
+    once wrapped: refuse it for a model wrapped now, warn for one already wrapped."""
+    for item in _strings(m.conf.get("env")):
+        expanded = command.expand(item, m.scope)
+        if PORT not in expanded:
+            continue
+        via = "" if expanded == item else f" ({expanded!r} once macros are expanded)"
+        what = (f"models.{m.id}.env: {item!r}{via} gives the engine llama-swap's ${{PORT}}, "
+                f"which under berth run is the front's port, not the engine's: berth run picks "
+                f"the engine's port at each start and puts it only in the command line, in "
+                f"place of {{port}}")
+        if m.wrapped:
+            report.warnings.append(what)
+            return
+        raise WrapError(f"{what}; pass the port on the command line instead (e.g. --port "
+                        f"${{PORT}}, which wrap turns into --port {{port}}) and drop it from env")
+
+
 def wrap_config(doc, opts: WrapOptions | None = None) -> Report:
     """Wrap a parsed llama-swap config in place. Raises :class:`WrapError`."""
     opts = opts or WrapOptions()
@@ -374,6 +524,9 @@ def wrap_config(doc, opts: WrapOptions | None = None) -> Report:
         raise WrapError(f"--park: expected checkpoint or none, got {opts.park!r}")
     report = Report()
     models = _models(doc)
+    _engine_names(models, report)
+    for m in models.values():
+        _check_env(m, report)
     rewrite, inline = _port_macros(doc, models)
     _rewrite_macros(doc, models, rewrite)
     for m in models.values():

@@ -62,3 +62,15 @@ def test_readme_berth_toml_entries_are_valid_and_name_example_models():
     for path in EXAMPLES:
         models |= set(load_yaml(path.read_text())["models"])
     assert cfg.engines and set(cfg.engines) <= models
+
+
+def test_a_model_id_with_a_space_is_warned_about_with_its_engine_name(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text('models:\n  "Qwen 7B":\n    cmd: llama-server --port ${PORT}\n'
+                   '  Qwen/Qwen2.5-7B:\n    cmd: llama-server --port ${PORT}\n')
+    assert main(["llama-swap", "wrap", str(cfg)]) == 0
+    out, err = capsys.readouterr()
+    warned = [line for line in err.splitlines() if "engine name" in line]
+    assert len(warned) == 1 and "warning: models.Qwen 7B:" in warned[0]
+    assert "--engine Qwen-7B" in warned[0] and '[engines."Qwen-7B"]' in warned[0]
+    assert llama_swap_argv(load_yaml(out), "Qwen/Qwen2.5-7B")[3] == "Qwen/Qwen2.5-7B"

@@ -56,3 +56,12 @@ def test_argv_drops_comments_before_expanding_and_assigns_the_port():
     scope = command.scope("m", [("server", "llama-server --port ${PORT}")], [])
     assert command.argv(cmd, scope) == ["llama-server", "--port", "${PORT}", "--model", "a.gguf"]
     assert command.argv(cmd, scope, port="5800")[2] == "5800"
+
+
+def test_open_quote_finds_the_quote_golib_leaves_open():
+    assert command.open_quote("a 'b c") == 2
+    assert command.open_quote('x "y \\" z') == 2           # \" does not close it
+    assert command.open_quote("it's here") == 2             # opened inside a word
+    assert command.open_quote("a 'b' \"c\" d\\'e") is None  # closed, and an escaped quote
+    assert command.open_quote("'a\"b'") is None            # the other quote inside one
+    assert command.open_quote("") is None

@@ -270,8 +270,8 @@ def test_size_from_puts_sizes_on_the_run_line(tmp_path):
     head, opts, _ = split_run(llama_swap_argv(after, "qwen:7b"))
     assert opts["--size"] == ["9GiB@gpu1"]
     head, opts, _ = split_run(llama_swap_argv(after, "other model"))
-    assert head[3] == "other model" and "--size" not in opts
-    assert any('[engines."other model"]' in w for w in report.warnings)
+    assert head[3] == "other-model" and "--size" not in opts      # berthd refuses a space
+    assert any('[engines."other-model"]' in w and "no " in w for w in report.warnings)
 
 
 def test_legacy_matrix_becomes_groups():
@@ -386,3 +386,232 @@ def test_proxies_the_front_cannot_serve_are_refused(proxy):
                 cmd: srv --port ${{PORT}}
                 proxy: "{proxy}"
             """)
+
+
+# -- engine names (berthd refuses whitespace and control characters in one, accepts "/") --------
+def test_a_model_id_with_a_slash_is_the_engine_name_as_it_is():
+    after, report, out = wrap("""
+        models:
+          Qwen/Qwen2.5-7B:
+            cmd: llama-server --port ${PORT} -hf Qwen/Qwen2.5-7B-Instruct-GGUF
+        """)
+    head, _, _ = split_run(llama_swap_argv(after, "Qwen/Qwen2.5-7B"))
+    assert head[3] == "Qwen/Qwen2.5-7B"
+    assert after["models"]["Qwen/Qwen2.5-7B"]["cmd"].startswith(
+        "berth run --engine Qwen/Qwen2.5-7B --front")                  # not quoted
+    assert report.engines == {} and not [w for w in report.warnings if "engine name" in w]
+
+
+def test_a_model_id_with_whitespace_gets_a_safe_engine_name_and_a_warning():
+    after, report, _ = wrap("""
+        models:
+          "Qwen 2.5  7B":
+            cmd: llama-server --port ${PORT}
+          "a\tb":
+            cmd: llama-server --port ${PORT}
+          a-b:
+            cmd: llama-server --port ${PORT}
+        """)
+    assert report.engines == {"Qwen 2.5  7B": "Qwen-2.5-7B", "a\tb": "a-b-2"}
+    assert split_run(llama_swap_argv(after, "Qwen 2.5  7B"))[0][3] == "Qwen-2.5-7B"
+    assert split_run(llama_swap_argv(after, "a\tb"))[0][3] == "a-b-2"
+    assert split_run(llama_swap_argv(after, "a-b"))[0][3] == "a-b"       # kept; the other moved
+    warned = [w for w in report.warnings if "engine name" in w]
+    assert len(warned) == 2
+    assert ("'Qwen 2.5  7B'" in warned[0] and "--engine Qwen-2.5-7B" in warned[0]
+            and '[engines."Qwen-2.5-7B"]' in warned[0])
+    # the model ID itself is unchanged where llama-swap uses it: models and groups
+    assert "Qwen 2.5  7B" in after["models"]
+    assert "Qwen 2.5  7B" in after["groups"]["berth"]["members"]
+
+
+def test_size_from_looks_up_the_engine_name_not_the_model_id():
+    after, report, _ = wrap("""
+        models:
+          "big model":
+            cmd: llama-server --port ${PORT}
+        """, sizes={"big-model": ["20GiB"]})
+    _, opts, _ = split_run(llama_swap_argv(after, "big model"))
+    assert opts["--size"] == ["20GiB"]
+    assert not [w for w in report.warnings if "no [engines." in w]
+
+
+def test_an_already_wrapped_engine_name_is_not_taken_again():
+    after, report, _ = wrap("""
+        models:
+          x:
+            cmd: berth run --engine "a-b" --front 127.0.0.1:${PORT} -- srv --port {port}
+          "a b":
+            cmd: srv --port ${PORT}
+        """)
+    assert report.engines == {"a b": "a-b-2"}
+
+
+# -- proxies on another host ---------------------------------------------------------------------
+@pytest.mark.parametrize("proxy, host", [
+    ("http://10.0.0.5:9000", "10.0.0.5"),
+    ("http://gpu-box.lan:9000/v1", "gpu-box.lan"),
+    ("http://[fe80::1]:9000", "fe80::1"),
+    ("https://api.example.com", "api.example.com"),
+])
+def test_a_fixed_proxy_on_another_host_is_refused_naming_the_model_and_the_proxy(proxy, host):
+    with pytest.raises(WrapError) as e:
+        wrap(f"""
+            models:
+              a:
+                cmd: /opt/srv --port 9000
+                proxy: {proxy}
+            """)
+    msg = str(e.value)
+    assert msg.startswith("test.yaml: models.a.proxy: ")
+    assert repr(proxy) in msg and f"points at {host}, another host" in msg
+
+
+@pytest.mark.parametrize("proxy", ["http://127.0.0.1:9000", "http://127.0.0.2:9000",
+                                   "http://localhost:9000", "http://LOCALHOST:9000",
+                                   "http://[::1]:9000", "http://0.0.0.0:9000"])
+def test_a_fixed_proxy_on_loopback_is_wrapped(proxy):
+    after, _, _ = wrap(f"""
+        models:
+          a:
+            cmd: /opt/srv --port 9000
+            proxy: "{proxy}"
+        """)
+    _, opts, _ = split_run(llama_swap_argv(after, "a"))
+    assert opts["--upstream"] == [proxy]
+    assert after["models"]["a"]["proxy"] == "http://127.0.0.1:${PORT}"
+
+
+def test_a_remote_proxy_through_a_macro_is_refused_too():
+    with pytest.raises(WrapError, match=r"models\.a\.proxy: '\$\{far\}' points at 10\.1\.2\.3"):
+        wrap("""
+            macros:
+              far: http://10.1.2.3:8000
+            models:
+              a: {cmd: "srv --port 8000", proxy: "${far}"}
+            """)
+
+
+# -- ${PORT} in env: the front's port once wrapped -------------------------------------------------
+def test_port_in_env_through_a_macro_is_refused_with_advice():
+    with pytest.raises(WrapError) as e:
+        wrap("""
+            macros:
+              port-env: PORT_IS=${PORT}
+            models:
+              m:
+                cmd: llama-server --port ${PORT}
+                env: ["${port-env}"]
+            """)
+    msg = str(e.value)
+    assert "models.m.env: '${port-env}' ('PORT_IS=${PORT}' once macros are expanded)" in msg
+    assert "front's port" in msg and "--port ${PORT}" in msg and "{port}" in msg
+
+
+def test_port_in_env_directly_or_through_a_model_macro_is_refused():
+    for text in ("""
+            models:
+              m:
+                cmd: llama-server --port ${PORT}
+                env: ["LLAMA_ARG_PORT=${PORT}", A=1]
+            """, """
+            macros:
+              p: "${PORT}"
+            models:
+              m:
+                macros:
+                  q: "X=${p}"
+                cmd: llama-server --port ${PORT}
+                env: ["${q}"]
+            """):
+        with pytest.raises(WrapError, match=r"models\.m\.env: .*front's port"):
+            wrap(text)
+
+
+def test_port_elsewhere_than_env_is_still_fine_and_an_already_wrapped_env_is_warned_about():
+    _, report, _ = wrap("""
+        models:
+          m:
+            cmd: llama-server --port ${PORT}
+            env: [A=1, "B=${MODEL_ID}"]
+            description: "on ${PORT}"
+          w:
+            cmd: berth run --engine w --front 127.0.0.1:${PORT} -- srv --port {port}
+            env: ["P=${PORT}"]
+        """)
+    assert report.wrapped == ["m"]
+    assert any(w.startswith("models.w.env: 'P=${PORT}'") for w in report.warnings)
+
+
+# -- cmd: not a string, an unknown macro, a quote left open --------------------------------------
+@pytest.mark.parametrize("value, kind", [("5", "a number"), ("[llama-server, --port, x]", "a list"),
+                                         ("true", "a boolean"), ("{a: b}", "a mapping")])
+def test_a_cmd_that_is_not_a_string_says_so(value, kind):
+    with pytest.raises(WrapError, match=rf"models\.a\.cmd: must be a string .*got {kind}"):
+        wrap_text(f"models:\n  a:\n    cmd: {value}\n", "test.yaml")
+
+
+@pytest.mark.parametrize("text, key, name", [
+    ("models:\n  m:\n    cmd: llama-server --port ${PORT} -m ${gguf}/a.gguf\n", "cmd", "gguf"),
+    ("macros:\n  srv: llama-server ${flags}\nmodels:\n  m:\n    cmd: ${srv} --port ${PORT}\n",
+     "cmd", "flags"),
+    ("models:\n  m:\n    cmd: srv --port ${PORT} --pid ${PID}\n", "cmd", "PID"),
+    ("models:\n  m:\n    cmd: srv --port ${PORT}\n    cmdStop: kill ${SIG} ${PID}\n",
+     "cmdStop", "SIG"),
+    ("models:\n  m:\n    cmd: srv --port ${PORT}\n    env: [\"A=${nope}\"]\n", "env", "nope"),
+    ("models:\n  m:\n    cmd: srv --port 9\n    proxy: http://127.0.0.1:${p}\n", "proxy", "p"),
+    ("models:\n  m:\n    cmd: srv --port ${PORT}\n    checkEndpoint: /${h}\n",
+     "checkEndpoint", "h"),
+])
+def test_an_undeclared_macro_is_refused_naming_the_model_key_and_macro(text, key, name):
+    with pytest.raises(WrapError, match=rf"test\.yaml: models\.m\.{key}: unknown macro "
+                                        rf"\$\{{{name}\}}"):
+        wrap_text(text, "test.yaml")
+
+
+def test_declared_macros_pid_in_cmdstop_env_macros_and_comments_are_not_unknown():
+    after, _, _ = wrap("""
+        macros:
+          bin: ${env.HOME}/bin
+        models:
+          m:
+            macros:
+              ctx: 4096
+            cmd: |
+              # ${not-declared} in a comment line is never expanded
+              ${bin}/llama-server --port ${PORT} -c ${ctx} --alias ${MODEL_ID}
+            cmdStop: kill -TERM ${PID}
+        """)
+    assert llama_swap_argv(after, "m")[-1] == "m"
+
+
+@pytest.mark.parametrize("cmd, quote, shown", [
+    ("sh -c 'exec llama-server --port ${PORT}", "'", "'exec llama-server --port ${PORT}"),
+    ('llama-server --port ${PORT} --chat-template "{{x}}', '"', '"{{x}}'),
+    ("llama-server --port ${PORT} --alias it's\n      -m x.gguf", "'", "'s -m x.gguf"),
+])
+def test_a_quote_left_open_is_refused_naming_the_model(cmd, quote, shown):
+    with pytest.raises(WrapError) as e:
+        wrap_text(f"models:\n  m:\n    cmd: |\n      {cmd}\n", "test.yaml")
+    assert str(e.value).startswith(f"test.yaml: models.m.cmd: the quote {quote} that opens "
+                                   f"{shown!r} is never closed")
+
+
+def test_a_quote_left_open_by_a_macro_is_refused_and_a_closed_one_is_not():
+    with pytest.raises(WrapError, match=r"models\.m\.cmd: the quote ' that opens "
+                                        r"\"'a b --port \$\{PORT\}\""):
+        wrap("""
+            macros:
+              half: "'a b"
+            models:
+              m:
+                cmd: sh -c ${half} --port ${PORT}
+            """)
+    after, _, _ = wrap("""
+        macros:
+          half: "'a b"
+        models:
+          m:
+            cmd: sh -c ${half} --port ${PORT}'
+        """)
+    assert split_run(llama_swap_argv(after, "m"))[2] == ["sh", "-c", "a b --port {port}"]
