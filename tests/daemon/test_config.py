@@ -52,3 +52,169 @@ def test_card_entries_must_name_a_declared_sim_card():
 def test_tcp_api_needs_a_key():
     with pytest.raises(ConfigError, match="api"):
         parse({"api": {"tcp": "127.0.0.1:7878"}})
+
+
+# -- values the tester found accepted (each must name its key path and its value) -------------
+SIM = {"kind": "sim", "cards": [{"pci": "0000:01:00.0", "name": "gpu0", "total": "24GiB"},
+                                {"pci": "0000:02:00.0", "name": "gpu1", "total": "12GiB"}]}
+
+
+def _problems(doc: dict) -> dict[str, str]:
+    with pytest.raises(ConfigError) as e:
+        parse(doc)
+    return dict(e.value.problems)
+
+
+def _one(doc: dict, key: str, *words: str) -> str:
+    """``doc`` is refused with exactly one problem, at ``key``, whose message has ``words``."""
+    probs = _problems(doc)
+    assert list(probs) == [key], probs
+    for w in words:
+        assert w in probs[key], probs
+    return probs[key]
+
+
+def test_an_engine_card_must_be_a_declared_sim_card():
+    _one({"driver": SIM, "engines": {"e": {"size": "1GiB", "card": "gpu9"}}},
+         "engines.e.card", "'gpu9'", "gpu0 (0000:01:00.0)")
+    cfg = parse({"driver": SIM, "engines": {"a": {"card": "gpu1", "size": "1GiB"},
+                                            "b": {"card": "02:00.0", "size": "1GiB"}}})
+    assert cfg.engines["b"].card == "0000:02:00.0"      # as berthd keys its cards
+    # A card shown under another name ([cards.X] name) is found by that name only, as berthd does.
+    msg = _one({"driver": SIM, "cards": {"gpu1": {"name": "small"}},
+                "engines": {"e": {"size": "1GiB", "card": "gpu1"}}}, "engines.e.card", "'small'")
+    assert "'gpu1'" in msg
+    parse({"driver": SIM, "cards": {"gpu1": {"name": "small"}},
+           "engines": {"e": {"size": "1GiB", "card": "small"}}})
+
+
+def test_an_engine_size_must_be_more_than_zero():
+    _one({"engines": {"e": {"size": "0GiB"}}}, "engines.e.size", "'0GiB'", "more than 0")
+
+
+def test_a_sim_engine_size_must_fit_its_card_or_some_card():
+    _one({"driver": SIM, "engines": {"e": {"size": "13GiB", "card": "gpu1"}}},
+         "engines.e.size", "'13GiB'", "gpu1", "11.5GiB")
+    _one({"driver": SIM, "engines": {"e": {"size": "30GiB"}}},
+         "engines.e.size", "'30GiB'", "any simulated card", "gpu0", "23.5GiB")
+    _one({"driver": SIM, "engines": {"e": {"size": "card", "card": "gpu1", "need": "20GiB"}}},
+         "engines.e.need", "'20GiB'", "gpu1")
+    parse({"driver": SIM, "engines": {"e": {"size": "23GiB"}, "f": {"size": "card"}}})
+
+
+def test_a_reserve_of_the_whole_card_is_refused():
+    _one({"driver": SIM, "cards": {"gpu1": {"reserve": "12GiB"}}},
+         "cards.gpu1.reserve", "12.0GiB", "whole card")
+    # No [cards.X] entry: the default reserve (512 MiB) on a 256 MiB card.
+    _one({"driver": {"kind": "sim", "cards": [{"pci": "01:00.0", "name": "g", "total": "256MiB"}]}},
+         "driver.cards.0.total", "512.0MiB", "256.0MiB")
+
+
+def test_reserve_claims_and_baseline_must_leave_memory_to_grant():
+    _one({"driver": SIM, "cards": {"gpu1": {"reserve": "4GiB", "claims": {"game": "4GiB"},
+                                            "baseline": "4GiB"}}},
+         "cards.gpu1", "no memory would be left to grant", "12.0GiB total", "4.0GiB reserve")
+
+
+def test_claims_and_baselines_larger_than_the_card_are_refused():
+    probs = _problems({"driver": SIM, "cards": {"gpu0": {"claims": {"game": "30GiB"},
+                                                         "baseline": "30GiB"}}})
+    assert set(probs) == {"cards.gpu0.claims.game", "cards.gpu0.baseline"}, probs
+    assert all("30.0GiB" in m and "24.0GiB" in m for m in probs.values())
+    sim = {"kind": "sim", "cards": [{"pci": "01:00.0", "name": "g", "total": "8GiB",
+                                     "baseline": "9GiB"}]}
+    _one({"driver": sim}, "driver.cards.0.baseline", "9.0GiB", "8.0GiB")
+
+
+def test_a_card_total_of_nothing_or_more_than_a_pebibyte_is_refused():
+    probs = _problems({"driver": {"kind": "sim", "cards": [
+        {"pci": "01:00.0", "name": "a", "total": "0B"},
+        {"pci": "02:00.0", "name": "b", "total": "2000TiB"}]}})
+    assert set(probs) == {"driver.cards.0.total", "driver.cards.1.total"}, probs
+    assert "'0B'" in probs["driver.cards.0.total"]
+    assert "'2000TiB'" in probs["driver.cards.1.total"] and "1 PiB" in probs["driver.cards.1.total"]
+
+
+def test_checkpoint_rate_must_be_positive_and_free_delay_not_negative():
+    _one({"driver": {"checkpoint_rate": "0GB"}}, "driver.checkpoint_rate", "'0GB'", "more than 0")
+    _one({"driver": {"free_delay": "-1s"}}, "driver.free_delay", "'-1s'", "negative")
+    _one({"driver": {"free_delay": -1}}, "driver.free_delay", "-1", "negative")
+
+
+@pytest.mark.parametrize("tcp", ["nope", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000",
+                                 "host:port", ""])
+def test_api_tcp_must_be_host_and_port(tcp):
+    _one({"api": {"tcp": tcp, "key": "k"}}, "api.tcp", repr(tcp), "HOST:PORT", "65535")
+
+
+def test_api_tcp_accepts_host_and_port():
+    assert parse({"api": {"tcp": "127.0.0.1:7878", "key": "k"}}).api.tcp == "127.0.0.1:7878"
+
+
+def test_an_engine_need_must_not_exceed_its_size():
+    _one({"engines": {"e": {"size": "8GiB", "need": "9GiB"}}}, "engines.e.need", "'9GiB'", "'8GiB'")
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, "3"])
+def test_priority_is_a_whole_number_not_a_boolean(bad):
+    _one({"engines": {"e": {"priority": bad}}}, "engines.e.priority", repr(bad), "whole number")
+    _one({"policy": {"juggle_max_swaps": bad}}, "policy.juggle_max_swaps", repr(bad))
+
+
+def test_read_interval_of_zero_is_refused_saying_why():
+    _one({"policy": {"read_interval": "0s"}}, "policy.read_interval", "'0s'", "50ms", "CPU")
+    _one({"policy": {"read_interval": "10ms"}}, "policy.read_interval", "'10ms'")
+    assert parse({"policy": {"read_interval": "50ms"}}).policy.read_interval == 0.05
+
+
+@pytest.mark.parametrize("key", ["release_grace", "wake_limit", "wait_limit"])
+def test_limits_must_be_more_than_zero(key):
+    _one({"policy": {key: "0s"}}, f"policy.{key}", "'0s'", "more than 0")
+
+
+def test_min_turn_and_juggle_window_may_be_zero_not_negative():
+    p = parse({"policy": {"min_turn": "0s", "juggle_window": "0s"}}).policy
+    assert p.min_turn == 0 and p.juggle_window == 0
+    probs = _problems({"policy": {"min_turn": "-1s", "juggle_window": -5}})
+    assert set(probs) == {"policy.min_turn", "policy.juggle_window"}
+    assert all("negative" in m for m in probs.values())
+
+
+def test_a_dotted_engine_name_says_to_quote_it(tmp_path):
+    f = tmp_path / "berth.toml"
+    f.write_text('[engines.qwen2.5-coder-14b]\nsize = "8GiB"\n')
+    with pytest.raises(ConfigError) as e:
+        load(f)
+    ((key, msg),) = e.value.problems
+    assert key == 'engines."qwen2.5-coder-14b"'
+    assert '[engines."qwen2.5-coder-14b"]' in msg and "quote" in msg
+
+
+def test_an_unknown_key_is_named_with_the_allowed_keys():
+    msg = _one({"engines": {"e": {"sise": "8GiB"}}}, "engines.e.sise", "unknown key", "'8GiB'",
+               "'size'")
+    assert "growth_allowance" in msg and "Extra inputs" not in msg
+    _one({"engine": {"e": {}}}, "engine", "unknown key", "'engines'")
+
+
+def test_an_unknown_sim_card_entry_is_reported_at_its_key():
+    _one({"driver": SIM, "cards": {"gpu7": {"reserve": "1GiB"}}}, "cards.gpu7", "'gpu7'")
+
+
+def test_every_problem_is_listed_at_once_values_and_cross_checks_together():
+    probs = _problems({"driver": SIM, "cards": {"gpu7": {}, "gpu1": {"reserve": "lots"}},
+                       "policy": {"read_interval": "0s"},
+                       "engines": {"e": {"size": "8GiB", "need": "9GiB", "priority": True},
+                                   "f": {"card": "gpu9"}}})
+    assert set(probs) == {"cards.gpu7", "cards.gpu1.reserve", "policy.read_interval",
+                          "engines.e.need", "engines.e.priority", "engines.f.card"}, probs
+
+
+def test_the_summary_echoes_baselines_and_the_ram_budget():
+    from berth.config import summary
+    cfg = parse({"driver": SIM, "cards": {"gpu0": {"baseline": "600MiB"}},
+                 "policy": {"ram_budget": "64GiB"}})
+    text = summary(cfg)
+    assert "baseline 600.0MiB (configured)" in text and "64.0GiB" in text
+    nvml = summary(parse({"cards": {"gpu0": {"baseline": "1GiB"}}}))
+    assert "baseline 1.0GiB (configured)" in nvml and "ram budget for parks: auto" in nvml
