@@ -14,6 +14,7 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 ``POST /v1/leases/{id}/report``            ``{"op", "ok", "detail"}``: park/wake/lend/return/drain
 ``GET  /v1/leases/{id}/instructions``      long-poll ``?after=SEQ&timeout=S`` → instructions
 ``POST /v1/leases/{id}/wake``              a front holds a write for this lease
+``DELETE /v1/leases/{id}/wake``            the writes that asked for it have all gone
 ``POST /v1/leases/{id}/touch``             the engine served a request
 ``POST /v1/leases/{id}/ready``             the engine answers: its minimum turn starts
 ``POST /v1/leases/{id}/release``           the run is done (``?wait=S``: until the driver
@@ -82,7 +83,9 @@ class ShareBody(_Body):
 
 
 class LeaseBody(_Body):
-    engine: str = Field(min_length=1, max_length=200, pattern=r"^[^\s/]+$")
+    # Any name without whitespace or control characters: llama-swap model ids such as
+    # "Qwen/Qwen2.5-7B" included (lease ids are made safe separately).
+    engine: str = Field(min_length=1, max_length=200, pattern=r"^[^\s\x00-\x1f\x7f]+$")
     shares: list[ShareBody] = Field(default_factory=list, max_length=64)
     bound: Bound = Bound.DECLARED
     growth_allowance: Annotated[int, BeforeValidator(_size)] = 0
@@ -282,6 +285,14 @@ async def request_lease(request: web.Request) -> web.Response:
     else:
         owner_pid = body.owner_pid or (peer[0] if peer else None)
         owner = identify(owner_pid) if owner_pid else None
+        if body.owner_pid is not None:
+            # The owner ties the lease's life to a process: it must be alive, and the caller
+            # must be it or one of its ancestors (a lease owned by pid 1 would never end).
+            if owner is None:
+                raise web.HTTPBadRequest(reason=f"owner_pid: no live process {body.owner_pid}")
+            if peer is not None and not _is_self_or_descendant(owner.pid, peer[0]):
+                raise web.HTTPBadRequest(reason=f"owner_pid: {owner.pid} is neither the caller "
+                                                f"({peer[0]}) nor a process it started")
     lease = Lease(id=broker.new_lease_id(body.engine), engine=body.engine, shares=shares,
                   priority=body.priority, bound=body.bound,
                   growth_allowance_bytes=body.growth_allowance, need_bytes=need,
@@ -299,7 +310,7 @@ async def request_lease(request: web.Request) -> web.Response:
     if lease.id not in broker.sched.ledger.leases:
         ch = broker.channels.get(lease.id)
         return _error(409, ch.ended if ch and ch.ended else "rejected", "rejected", id=lease.id)
-    return web.json_response({"id": lease.id, "state": state,
+    return web.json_response({"id": lease.id, "state": state, "policy": _limits(broker),
                               "cards": _cards_json(broker, {p: s.size_bytes
                                                             for p, s in shares.items()})},
                              status=201)
@@ -314,7 +325,15 @@ async def wait_grant(request: web.Request) -> web.Response:
         pos = [w.lease_id for w in broker.sched.queue].index(lid) if lid in broker.sched.queue else None
         return web.json_response({"granted": False, "queue_position": pos})
     return web.json_response({"granted": True, "cards": _cards_json(broker, g.cards), "rung": g.rung,
-                              "driver": {"kind": broker.driver.kind, "sim_dir": broker.sim_dir}})
+                              "driver": {"kind": broker.driver.kind, "sim_dir": broker.sim_dir},
+                              "policy": _limits(broker)})
+
+
+def _limits(broker: Broker) -> dict:
+    """The time limits (seconds) a run takes from berthd unless its own line sets them."""
+    p = broker.cfg.policy
+    return {"wait_limit_s": p.wait_limit, "release_grace_s": p.release_grace,
+            "wake_limit_s": p.wake_limit}
 
 
 async def _claim(broker: Broker, request: web.Request, pid: int, start_time: float | None,
@@ -365,6 +384,16 @@ async def attach(request: web.Request) -> web.Response:
     await broker.submit(lambda now: broker.sched.attach(lid, actual.pid, actual.start_time, now))
     return web.json_response({"id": lid, "pid": actual.pid, "start_time": actual.start_time,
                               "why": why})
+
+
+def _is_self_or_descendant(pid: int, ancestor: int) -> bool:
+    """True if ``pid`` is ``ancestor`` or one of its descendants."""
+    if pid == ancestor:
+        return True
+    try:
+        return any(p.pid == ancestor for p in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
 
 
 def _ppid(pid: int) -> int | None:
@@ -439,6 +468,24 @@ async def ready(request: web.Request) -> web.Response:
     return web.json_response({"id": lid})
 
 
+def _may_release(lease: Lease, caller: int) -> bool:
+    """The lease's owner (the run that asked for it), its engine, or an ancestor of either may
+    release it; nobody else."""
+    for pid in (lease.owner_pid, lease.pid):
+        if pid is not None and _is_self_or_descendant(pid, caller):
+            return True
+    return lease.owner_pid is None and lease.pid is None
+
+
+async def unwake(request: web.Request) -> web.Response:
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    _lease(broker, lid)
+    fx = await broker.submit(lambda now: broker.sched.unwake(lid, now))
+    return web.json_response({"id": lid, "withdrawn": any(getattr(e, "kind", "") == "wake.off"
+                                                          for e in fx)})
+
+
 async def release(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
@@ -446,6 +493,12 @@ async def release(request: web.Request) -> web.Response:
     wait = _num(request, "wait", 0.0, 0.0, 600.0)
     lease = broker.sched.ledger.leases.get(lid)
     if lease is not None:
+        peer = _peer(request)
+        if peer is not None and not _may_release(lease, peer[0]):
+            log.warning("release of lease %s by pid %s refused", lid, peer[0])
+            return _error(403, f"release refused: pid {peer[0]} neither owns lease {lid} nor "
+                               f"started its engine; an operator drains it instead "
+                               f"(berth drain {lease.engine})", "forbidden")
         await broker.submit(lambda now: broker.sched.exited(lid, now))
     ch = broker.channels.get(lid)
     if ch is None:
@@ -568,6 +621,7 @@ def make_app(broker: Broker, key: str | None = None) -> web.Application:
     r.add_post("/v1/leases/{id}/report", report)
     r.add_get("/v1/leases/{id}/instructions", instructions)
     r.add_post("/v1/leases/{id}/wake", wake)
+    r.add_delete("/v1/leases/{id}/wake", unwake)
     r.add_post("/v1/leases/{id}/touch", touch)
     r.add_post("/v1/leases/{id}/ready", ready)
     r.add_post("/v1/leases/{id}/release", release)
@@ -579,6 +633,19 @@ def make_app(broker: Broker, key: str | None = None) -> web.Application:
     return app
 
 
+def _live(path: Path) -> bool:
+    import socket as _socket
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        s.settimeout(0.5)
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
                 key: str | None = None) -> web.AppRunner:
     """Start the API on ``socket_path`` (mode 0660) and optionally ``tcp`` (``host:port``)."""
@@ -587,12 +654,15 @@ async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
     await runner.setup()
     socket_path = Path(socket_path)
     socket_path.parent.mkdir(parents=True, exist_ok=True)
+    if socket_path.exists() and _live(socket_path):
+        raise OSError(f"another berthd answers on {socket_path}")
+    # Long polls end at once on shutdown (Broker.begin_shutdown); what is left gets 2 s.
+    site = web.UnixSite(runner, str(socket_path), shutdown_timeout=2.0)
     if socket_path.exists():
         socket_path.unlink()
-    site = web.UnixSite(runner, str(socket_path))
     await site.start()
     os.chmod(socket_path, 0o660)
     if tcp:
         host, _, port = tcp.rpartition(":")
-        await web.TCPSite(runner, host or "127.0.0.1", int(port)).start()
+        await web.TCPSite(runner, host or "127.0.0.1", int(port), shutdown_timeout=2.0).start()
     return runner

@@ -23,6 +23,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,7 @@ class Broker:
         self.dropped: list[str] = []
         self.quarantined: Path | None = None
         self.sim_dir: str | None = None
+        self.closing = False
         self._carry_out_later: list[Effect] = []
         self.engines: dict[str, str] = {}     # lease id -> engine name, ended leases too
 
@@ -134,6 +136,21 @@ class Broker:
         self._tasks = [asyncio.create_task(self._loop(), name="berth-broker"),
                        asyncio.create_task(self._reader(), name="berth-reader")]
         self._persist()
+
+    def begin_shutdown(self) -> None:
+        """End every long poll now (instructions, grants, the timeline), so the API can close
+        without waiting out the polls' own timeouts; the runs poll again and find the next
+        berthd."""
+        self.closing = True
+        for ch in self.channels.values():
+            self._changed(ch)
+            if not ch.grant.done():
+                ch.grant.cancel()
+
+        async def notify():
+            async with self._timeline_cond:
+                self._timeline_cond.notify_all()
+        asyncio.get_running_loop().create_task(notify())
 
     async def stop(self) -> None:
         for t in [*self._tasks, *self._watches]:
@@ -242,16 +259,19 @@ class Broker:
             return [x for x in self.timeline if x["seq"] > after_seq]
         async with self._timeline_cond:
             try:
-                await asyncio.wait_for(self._timeline_cond.wait_for(lambda: bool(newer())),
-                                       timeout_s)
+                await asyncio.wait_for(self._timeline_cond.wait_for(
+                    lambda: bool(newer()) or self.closing), timeout_s)
             except TimeoutError:
                 pass
         return newer()
 
     # -- requests from the API ---------------------------------------------------------------
     def new_lease_id(self, engine: str) -> str:
+        """A lease id safe in a URL path: the engine's name with anything but letters, digits,
+        ``.``, ``_`` and ``-`` replaced by ``-``, then a time stamp and a counter."""
+        safe = re.sub(r"[^A-Za-z0-9._-]", "-", engine)[:60] or "engine"
         while True:
-            lid = f"{engine}-{int(time.time()) % 100000:05d}-{next(self._ids)}"
+            lid = f"{safe}-{int(time.time()) % 100000:05d}-{next(self._ids)}"
             if lid not in self.sched.ledger.leases:
                 return lid
 
@@ -297,7 +317,11 @@ class Broker:
                                                    for p, s in lease.shares.items()}))
         try:
             return await asyncio.wait_for(asyncio.shield(ch.grant), timeout_s)
-        except TimeoutError:
+        except (TimeoutError, asyncio.CancelledError):
+            if ch.grant.cancelled() and not self.closing:
+                ch.grant = asyncio.get_running_loop().create_future()
+            if asyncio.current_task().cancelling():
+                raise
             return None
 
     async def instructions(self, lease_id: str, after_seq: int, timeout_s: float):
@@ -310,10 +334,11 @@ class Broker:
         def ready():
             return [i for i in ch.pending if i.seq > after_seq]
         async with ch.changed:
-            if not ready() and ch.ended is None:
+            if not ready() and ch.ended is None and not self.closing:
                 try:
                     await asyncio.wait_for(ch.changed.wait_for(
-                        lambda: bool(ready()) or ch.ended is not None), timeout_s)
+                        lambda: bool(ready()) or ch.ended is not None or self.closing),
+                        timeout_s)
                 except TimeoutError:
                     pass
         return ready(), ch.ended

@@ -35,7 +35,7 @@ class Client:
 
     def __init__(self, socket: str | os.PathLike | None = None, url: str | None = None,
                  key: str | None = None, timeout_s: float = 30.0):
-        self.socket = Path(socket) if socket else paths.socket_path()
+        self.socket = Path(socket) if socket else paths.client_socket()
         self.url = url or "http://berthd"
         self.key = key
         self.timeout_s = timeout_s

@@ -48,15 +48,11 @@ def load_config(path: str | None) -> tuple[Config, Path | None]:
 
 
 def state_dir_of(cfg: Config) -> Path:
-    return Path(cfg.state_dir) if cfg.state_dir else paths.state_dir()
+    return paths.state_dir(cfg)
 
 
 def sim_dir_of(cfg: Config) -> Path:
-    if cfg.driver.sim_dir:
-        return Path(cfg.driver.sim_dir)
-    if os.environ.get("BERTH_SIM_DIR"):
-        return Path(os.environ["BERTH_SIM_DIR"])
-    return state_dir_of(cfg) / "sim"
+    return paths.sim_dir(cfg)
 
 
 def open_driver(cfg: Config) -> Driver:
@@ -85,6 +81,9 @@ async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:
     from .broker import Broker
     sdir = state_dir_of(cfg)
     sdir.mkdir(parents=True, exist_ok=True)
+    lock = _lock(sdir)
+    if lock is None:
+        return 4
     try:
         driver = open_driver(cfg)
         driver.cards()
@@ -105,8 +104,7 @@ async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:
         broker.sched.ledger.ram_budget_bytes = cfg.policy.ram_budget
     await broker.start()
     await broker.resume_restored()
-    sock = Path(cfg.api.socket) if cfg.api.socket else (
-        Path(os.environ["BERTH_SOCKET"]) if os.environ.get("BERTH_SOCKET") else sdir / "berthd.sock")
+    sock = paths.socket_path(cfg)
     runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key)
     broker.sim_dir = str(sim_dir_of(cfg)) if cfg.driver.kind == "sim" else None
     cards = ", ".join(f"{c.name}={c.pci}" for c in broker.sched.ledger.cards.values())
@@ -122,10 +120,32 @@ async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:
         ready.set()
     await stop.wait()
     log.info("berthd stopping")
+    broker.begin_shutdown()
     await runner.cleanup()
     await broker.stop()
     driver.close()
     return 0
+
+
+def _lock(sdir: Path):
+    """Hold ``<state dir>/berthd.lock`` for the daemon's life: one berthd per state directory
+    (two would each believe they own the cards and the socket). ``None`` if another holds it."""
+    import fcntl
+    f = open(sdir / "berthd.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        other = f.read().strip() or "?"
+        log.error("another berthd (pid %s) already serves %s; stop it first, or give this one "
+                  "its own state_dir", other, sdir)
+        f.close()
+        return None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 def _cmd_daemon(args) -> int:

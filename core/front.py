@@ -186,6 +186,8 @@ class Front:
     ``max_in_flight``: the most writes forwarded at once (the engine's parallel slots; ``None``:
     no limit). Further writes wait in the front, not in the engine's own queue, so a park waits
     only for what the engine is running, and what waits can be held while it sleeps.
+    ``on_unwanted``: called when the last held request leaves (answered at its deadline, or its
+    client gone) while the front is ``waking``: nobody waits for that wake any more.
 
     Counters (plain ints): ``forwarded`` requests sent to the engine, ``held`` requests that
     waited, ``held_timeouts`` held requests answered 503 at a deadline, ``client_gone`` clients
@@ -200,12 +202,14 @@ class Front:
                  on_state: Callable[[FrontState, FrontState, str], None] | None = None,
                  is_write: Callable[[str, str], bool] | None = None,
                  activity_every_s: float = 1.0, shutdown_grace_s: float = 2.0,
-                 max_in_flight: int | None = None):
+                 max_in_flight: int | None = None,
+                 on_unwanted: Callable[[], None] | None = None):
         if wait_limit_s <= 0:
             raise ValueError(f"wait_limit_s must be positive, got {wait_limit_s}")
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
+        self._on_unwanted = on_unwanted
         self.host, self.port, self.name = host, port, name
         self.wait_limit_s = wait_limit_s
         self.activity_every_s = activity_every_s
@@ -474,6 +478,11 @@ class Front:
             raise
         finally:
             self._holding -= 1
+            if self._holding == 0 and self._state is F.WAKING and self._on_unwanted is not None:
+                try:
+                    self._on_unwanted()
+                except Exception:
+                    log.exception("front %s: on_unwanted callback failed", self.name)
         return await self._forward(request)
 
     async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:

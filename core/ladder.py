@@ -59,7 +59,8 @@ class Step:
     """One holder making room. ``cards``: the PCI addresses it acts on (a park or drain acts on
     the whole lease; a lend on one card). ``lend_bytes``: N for a lend. ``frees_bytes``: what the
     ladder expects the step to take off each card's count. ``fallback``: the action to take if
-    the step is not confirmed within the grace (``None`` for a drain)."""
+    the step is not confirmed within the grace (``None`` for a drain). ``why``: for a drain of
+    a holder that declared a park, why it is not parked (the host RAM budget)."""
 
     lease_id: str
     engine: str
@@ -68,6 +69,7 @@ class Step:
     frees_bytes: dict[str, int]
     lend_bytes: int = 0
     fallback: Action | None = None
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -246,10 +248,14 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
                     continue
                 action = None
                 whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
+                why = ""
                 if le.caps.can_park() and whole and (ram is None or _ram_cost(le, policy) <= ram):
                     action = Action.PARK
                 elif allow_drain:
                     action = Action.DRAIN
+                    if le.caps.can_park() and whole:
+                        why = (f"no park: it would put {_ram_cost(le, policy)} bytes in host RAM "
+                               f"and the RAM budget has {max(0, ram or 0)} left")
                 if action is None:
                     continue
                 f = frees(le, action)
@@ -258,7 +264,7 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
                 if action is Action.PARK and ram is not None:
                     ram -= _ram_cost(le, policy)
                 trial[le.id] = Step(le.id, le.engine, action, tuple(le.shares), f,
-                                    fallback=_FALLBACK[action])
+                                    fallback=_FALLBACK[action], why=why)
                 got += f[p]
             if got >= gap:
                 trial = _prune(trial, p, gap, got)

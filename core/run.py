@@ -74,10 +74,12 @@ class RunOptions:
     stop_grace_s: float = 1.0
     term_grace_s: float = 4.0
     release_wait_s: float = 3.0
-    wait_limit_s: float = 120.0
+    # None: use berthd's [policy] values (sent with the grant); 120 s / 20 s / 60 s without one.
+    wait_limit_s: float | None = None
     max_in_flight: int | None = None
-    release_grace_s: float = 20.0
-    wake_limit_s: float = 60.0
+    release_grace_s: float | None = None
+    wake_limit_s: float | None = None
+    require_berthd: bool = False
     options: dict = field(default_factory=dict)
 
 
@@ -122,6 +124,18 @@ async def _cancel(task: asyncio.Task) -> None:
         await task
 
 
+class _NoEngine(Exception):
+    """The engine's command could not be started; ``code`` is the shell's (127, 126)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+class _Busy(RuntimeError):
+    """The front could not go quiet in time: the park never began."""
+
+
 class EngineRun:
     """One run of one engine. :meth:`main` returns the exit code."""
 
@@ -146,6 +160,7 @@ class EngineRun:
         self._http: aiohttp.ClientSession | None = None
         self._touching = False
         self._drained: str | None = None
+        self.policy: dict = {}
 
     # -- entry ---------------------------------------------------------------------------------
     async def main(self) -> int:
@@ -161,6 +176,16 @@ class EngineRun:
             if self.front is not None:
                 await self.front.stop()
 
+    _DEFAULT_LIMITS = {"wait_limit_s": 120.0, "release_grace_s": 20.0, "wake_limit_s": 60.0}
+
+    def _limit(self, name: str) -> float:
+        """A time limit in seconds: the run line's own, else berthd's [policy], else the
+        default."""
+        mine = getattr(self.o, name)
+        if mine is not None:
+            return mine
+        return float(self.policy.get(name) or self._DEFAULT_LIMITS[name])
+
     async def _main(self) -> int:
         from berth_plugins.manager import make_plugin_manager
         self.pm = make_plugin_manager()
@@ -169,22 +194,35 @@ class EngineRun:
             host, _, port = self.o.front.rpartition(":")
             from berth_plugins.manager import is_write
             self.front = Front(host or "127.0.0.1", int(port), name=self.o.engine,
-                               wait_limit_s=self.o.wait_limit_s, on_wake=self._on_wake,
+                               wait_limit_s=self._limit("wait_limit_s"), on_wake=self._on_wake,
                                on_activity=self._on_activity,
                                is_write=lambda m, p: is_write(self.pm, self.o.engine, m, p),
-                               max_in_flight=self.o.max_in_flight)
-            await self.front.start()
+                               max_in_flight=self.o.max_in_flight,
+                               on_unwanted=self._on_unwanted)
+            try:
+                await self.front.start()
+            except OSError as e:
+                log.error("cannot listen on the front %s: %s", self.o.front, e.strerror or e)
+                self.front = None
+                return 2
         granted = await self._lease()
         if granted is None:
             return 143 if self.stop_event.is_set() else 1
-        await self._spawn()
+        try:
+            await self._spawn()
+        except _NoEngine as e:
+            if self.front is not None:
+                self.front.stopped("the engine could not be started")
+            await self._release("the engine could not be started")
+            return e.code
         engine_exit = asyncio.create_task(self.proc.wait())
         stop = asyncio.create_task(self.stop_event.wait())
         healthy = asyncio.create_task(self._until_healthy())
         done, _ = await asyncio.wait({engine_exit, stop, healthy}, return_when=asyncio.FIRST_COMPLETED)
         if healthy in done and healthy.result():
             self._open()
-            log.info("%s is serving on %s", self.o.engine, self.engine_url)
+            log.info("%s is serving%s", self.o.engine,
+                     f" on {self.engine_url}" if self.engine_url else f" (pid {self.proc.pid})")
             await self._ready()
         elif not healthy.done():
             healthy.cancel()
@@ -226,16 +264,32 @@ class EngineRun:
     async def _lease(self) -> dict | None:
         """Request the lease and wait for the grant. ``None``: stopped or refused. With berthd
         unreachable, returns ``{}`` and the run goes on unleased (fails open)."""
-        try:
-            r = await self.client.request_lease(self._body())
-        except BerthdUnavailable as e:
-            log.warning("%s; running %s UNLEASED (fail-open): Berth cannot protect this card "
-                        "until berthd is back", e, self.o.engine)
-            return {}
-        except ApiError as e:
-            log.error("berthd refused the lease: %s", e.message)
-            return None
+        said = False
+        while True:
+            try:
+                r = await self.client.request_lease(self._body())
+                break
+            except BerthdUnavailable as e:
+                if not self.o.require_berthd:
+                    log.warning("%s; running %s UNLEASED (fail-open): Berth cannot protect this "
+                                "card until berthd is back (--require-berthd waits instead)",
+                                e, self.o.engine)
+                    return {}
+                if not said:
+                    log.warning("%s; waiting for it (--require-berthd)", e)
+                    said = True
+                try:
+                    await asyncio.wait_for(self.stop_event.wait(), 1.0)
+                    return None
+                except TimeoutError:
+                    continue
+            except ApiError as e:
+                log.error("berthd refused the lease: %s", e.message)
+                return None
         self.lease_id = r["id"]
+        self.policy = r.get("policy") or {}
+        if self.front is not None:
+            self.front.wait_limit_s = self._limit("wait_limit_s")
         log.info("lease %s requested (%s)", self.lease_id, r["state"])
         while not self.stop_event.is_set():
             wait = asyncio.create_task(self._grant_once())
@@ -253,6 +307,9 @@ class EngineRun:
                 return None
             self.cards = g["cards"]
             self.driver = g.get("driver") or {}
+            self.policy = g.get("policy") or {}
+            if self.front is not None:
+                self.front.wait_limit_s = self._limit("wait_limit_s")
             self.leased = True
             log.info("lease %s granted: %s (%s)", self.lease_id,
                      ", ".join(f"{c['name']}={c['bytes']}" for c in self.cards), g.get("rung"))
@@ -303,8 +360,12 @@ class EngineRun:
         if self.driver.get("sim_dir"):
             env["BERTH_SIM_DIR"] = self.driver["sim_dir"]
         parent = os.getpid()
-        self.proc = await asyncio.create_subprocess_exec(
-            *cmd, env=env, preexec_fn=lambda: _child_setup(parent))
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *cmd, env=env, preexec_fn=lambda: _child_setup(parent))
+        except OSError as e:
+            log.error("cannot start %s: %s: %s", self.o.engine, cmd[0], e.strerror or e)
+            raise _NoEngine(127 if isinstance(e, FileNotFoundError) else 126) from None
         ident = identify(self.proc.pid)
         self.engine_id = ident or ProcessId(self.proc.pid, time.time())
         log.info("started %s as pid %s: %s", self.o.engine, self.proc.pid, " ".join(cmd))
@@ -456,7 +517,8 @@ class EngineRun:
         opts = dict(self.o.options)
         if self.o.checkpoint_path:
             opts["checkpoint_path"] = self.o.checkpoint_path
-        timeout = self.o.release_grace_s if op in ("park", "lend") else self.o.wake_limit_s
+        timeout = self._limit("release_grace_s") if op in ("park", "lend") \
+            else self._limit("wake_limit_s")
         return ActionContext(engine=self.o.engine, mechanism=mech, engine_url=self.engine_url,
                              pid=self.engine_id.pid if self.engine_id else None,
                              start_time=self.engine_id.start_time if self.engine_id else None,
@@ -478,10 +540,12 @@ class EngineRun:
         try:
             if op in ("park", "lend"):
                 if self.front is not None:
-                    quiet = await self.front.close_and_drain(self.o.release_grace_s)
+                    quiet = await self.front.close_and_drain(self._limit("release_grace_s"))
                     if not quiet:
                         self.front.open()
-                        raise RuntimeError("in-flight requests did not finish within the grace")
+                        # "busy": the engine was never touched; berthd calls the park off when
+                        # nothing waits for the room, else falls back (rule 4).
+                        raise _Busy("busy: in-flight requests did not finish within the grace")
                 await run_action(self.pm, f"berth_{op}", self._ctx(op, ins))
                 if self.front is not None:
                     if op == "park":
@@ -492,9 +556,11 @@ class EngineRun:
                 await run_action(self.pm, f"berth_{op}" if op == "wake" else "berth_return",
                                  self._ctx(op, ins))
                 if op == "wake":
-                    if not await self._until_healthy(self.o.wake_limit_s):
+                    if not await self._until_healthy(self._limit("wake_limit_s")):
                         raise RuntimeError("the engine did not answer its health check after the wake")
                     self._open()
+        except _Busy as e:
+            ok, detail = False, str(e)
         except Exception as e:                          # reported; berthd falls back (rule 4)
             ok, detail = False, f"{type(e).__name__}: {e}"
             log.error("%s failed: %s", op, detail)
@@ -518,6 +584,23 @@ class EngineRun:
             await self.client.wake(self.lease_id)
         except BerthdUnavailable as e:
             raise RuntimeError(f"berthd is unavailable ({e}); the engine stays parked") from None
+
+    def _on_unwanted(self) -> None:
+        """The last request held for a wake gave up: withdraw the wake, unless it is under way,
+        so it does not later displace an engine in use for nobody."""
+        if not self.lease_id or self.front is None:
+            return
+
+        async def withdraw():
+            try:
+                r = await self.client.call("DELETE", f"/v1/leases/{self.lease_id}/wake")
+            except (BerthdUnavailable, ApiError):
+                return
+            if r.get("withdrawn") and self.front is not None and self.front.holding == 0:
+                with contextlib.suppress(Exception):
+                    self.front.sleep()
+                log.info("the requests that asked for the wake have gone; it stays parked")
+        asyncio.get_running_loop().create_task(withdraw())
 
     def _on_activity(self) -> None:
         if not self.lease_id or self._touching:
@@ -572,16 +655,57 @@ class EngineRun:
         return self.proc.returncode
 
 
+def _positive(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    v = parse_duration(text, field=flag)
+    if v <= 0:
+        raise ValueError(f"{flag}: must be more than 0 seconds, got {text!r}")
+    return v
+
+
+def _check_front(front: str) -> None:
+    """``HOST:PORT`` with a port of 1–65535 (IPv6 as ``[::1]:PORT``). Raises ``ValueError``."""
+    host, sep, port = front.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--front: expected HOST:PORT with a port of 1-65535, got {front!r}")
+    if host.startswith("[") != host.endswith("]"):
+        raise ValueError(f"--front: unbalanced brackets in {front!r}")
+
+
+def _check_checkpoint(path: str | None) -> None:
+    """The cuda-checkpoint a checkpoint park will run must exist now, not at the first park
+    (a missing tool would turn that park into a drain). Raises ``ValueError``."""
+    import shutil
+    tool = path or os.environ.get("BERTH_CUDA_CHECKPOINT") or "cuda-checkpoint"
+    first = tool.split()[0]
+    if shutil.which(first) is None:
+        raise ValueError(f"--park checkpoint: cannot find {first!r} (give --checkpoint-path, set "
+                         f"BERTH_CUDA_CHECKPOINT, or put NVIDIA's cuda-checkpoint on PATH; with "
+                         f"simulated cards use berth-sim-cuda-checkpoint)")
+
+
 def _cmd_run(args) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s berth run[{args.engine or '?'}] %(levelname)s: %(message)s")
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
+    name = args.engine or (os.path.basename(cmd[0]) if cmd else "?")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s berth run[{name}] %(levelname)s: %(message)s")
     if not cmd:
         print("berth run: give the engine's command after --", file=sys.stderr)
         return 2
     try:
+        if args.front:
+            _check_front(args.front)
+        options = {}
+        for o in args.option or []:
+            key, eq, value = o.partition("=")
+            if not eq or not key:
+                raise ValueError(f"--option: expected KEY=VALUE, got {o!r}")
+            options[key] = value
+        if args.park == "checkpoint":
+            _check_checkpoint(args.checkpoint_path)
         sizes = parse_sizes(args.size or [])
         if args.lend_max:
             parse_size(args.lend_max, field="--lend-max")
@@ -590,13 +714,15 @@ def _cmd_run(args) -> int:
             front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
             adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
             health=args.health, checkpoint_path=args.checkpoint_path,
-            wait_limit_s=parse_duration(args.wait_limit, field="--wait-limit"),
+            wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
             max_in_flight=args.max_in_flight,
             stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
             term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
-            release_grace_s=parse_duration(args.release_grace, field="--release-grace"),
-            wake_limit_s=parse_duration(args.wake_limit, field="--wake-limit"),
-            options=dict(o.split("=", 1) for o in (args.option or [])))
+            release_grace_s=_positive(args.release_grace, "--release-grace"),
+            wake_limit_s=_positive(args.wake_limit, "--wake-limit"),
+            require_berthd=args.require_berthd, options=options)
+        if args.max_in_flight is not None and args.max_in_flight < 1:
+            raise ValueError(f"--max-in-flight: must be at least 1, got {args.max_in_flight}")
     except ValueError as e:
         print(f"berth run: {e}", file=sys.stderr)
         return 2
@@ -633,14 +759,18 @@ def register(sub) -> None:
     p.add_argument("--health", default="/health", help="the engine's health path, or 'none'")
     p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: on PATH, or "
                                              "$BERTH_CUDA_CHECKPOINT)")
-    p.add_argument("--wait-limit", default="120s", help="longest a request is held (default 120s)")
+    p.add_argument("--wait-limit", help="longest a request is held (default: berthd's "
+                                        "[policy] wait_limit, else 120s)")
     p.add_argument("--max-in-flight", type=int, metavar="N",
                    help="forward at most N requests at once (the engine's parallel slots); the "
                         "rest wait in the front, so a park waits only for running requests")
     p.add_argument("--stop-grace", default="1s", help="in-flight grace on stop (default 1s)")
     p.add_argument("--term-grace", default="4s", help="SIGTERM to SIGKILL (default 4s)")
-    p.add_argument("--release-grace", default="20s")
-    p.add_argument("--wake-limit", default="60s")
+    p.add_argument("--release-grace", help="park/lend time limit (default: berthd's [policy])")
+    p.add_argument("--wake-limit", help="wake/return time limit (default: berthd's [policy])")
+    p.add_argument("--require-berthd", action="store_true",
+                   help="wait for berthd instead of running the engine unleased (fail-open) "
+                        "when it cannot be reached")
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="a mechanism option (e.g. model=ID for llama.cpp's router)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")

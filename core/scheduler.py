@@ -165,6 +165,7 @@ class Scheduler:
         self.wake_wanted: set[str] = set()
         self._seq = itertools.count(first_seq)
         self._noplan_said: dict[str, str] = {}
+        self._over: set[tuple[str, str]] = set()
 
     # -- events -------------------------------------------------------------------------------
     def request(self, lease: Lease, now: float) -> list[Effect]:
@@ -187,7 +188,8 @@ class Scheduler:
         """Take back a lease that is still waiting. A granted lease must be released instead."""
         lease = self.ledger.leases[lease_id]
         if not lease.is_waiting():
-            raise ValueError(f"lease {lease_id}: not waiting (states {sorted(lease.states())}); "
+            raise ValueError(f"lease {lease_id}: not waiting (it is "
+                             f"{', '.join(sorted(st.value for st in lease.states()))}); "
                              f"release it instead")
         fx = self._cancel_room(lease_id, now)
         self.queue.remove(lease_id)
@@ -311,7 +313,17 @@ class Scheduler:
                     fx += self._stop(lease, now, f"{op} failed: {detail or 'no reason given'}")
         elif op in (Op.PARK, Op.LEND):
             src = S.PARKING if op == Op.PARK else S.LENDING
-            if not ok and src in sts:
+            if not ok and src in sts and op == Op.PARK and detail.startswith("busy") \
+                    and not self._awaited(lease_id):
+                # The engine was never touched (its front could not go quiet in time) and
+                # nothing waits for the room: call the park off rather than stop it.
+                for pci, sh in lease.shares.items():
+                    if sh.state is S.PARKING:
+                        self.ledger.move(lease_id, pci, S.ACTIVE, now, parked_bytes=0)
+                        self.deadlines.pop((lease_id, pci, Op.PARK), None)
+                fx.append(Note(lease_id, "park.off", f"{lease.engine}: park called off, nothing "
+                               f"waits for the room ({detail})"))
+            elif not ok and src in sts:
                 fx += self._fallback(lease, now, f"{op} failed: {detail or 'no reason given'}")
             elif ok:
                 # The run says it is done: that is the event a driver read must follow (rule 1).
@@ -366,7 +378,24 @@ class Scheduler:
             self.wake_wanted.add(lease_id)
             return [Note(lease_id, "wake", f"{lease.engine}: wake asked while parking; it "
                                             f"resumes once the park settles")]
-        return []
+        return [Note(lease_id, "wake.none", f"{lease.engine} is not parked (it is "
+                                             f"{', '.join(sorted(st.value for st in sts))}); "
+                                             f"nothing to wake")]
+
+    def unwake(self, lease_id: str, now: float) -> list[Effect]:
+        """Every request that asked for this wake has gone (answered 503 at its deadline): take
+        the wake out of the queue, so it does not later displace an engine in use for nobody.
+        A wake already granted (resuming) goes on."""
+        lease = self.ledger.leases[lease_id]
+        self.wake_wanted.discard(lease_id)
+        w = self.queue.get(lease_id)
+        if w is None or w.kind is not WaitKind.RESUME:
+            return []
+        self.queue.remove(lease_id)
+        fx = self._cancel_room(lease_id, now)
+        fx.append(Note(lease_id, "wake.off", f"{lease.engine}: the requests that asked for the "
+                                              f"wake have gone; it stays parked"))
+        return fx + self._pass(now)
 
     def operator(self, op: str, lease_id: str, now: float) -> list[Effect]:
         """Operator actions: ``park``, ``wake``, ``drain``, ``hold``, ``release-hold``.
@@ -386,8 +415,9 @@ class Scheduler:
                 raise ValueError(f"lease {lease_id}: {lease.engine} declared no park with a "
                                  f"front (park={lease.caps.park}, front={lease.caps.front})")
             if not all(sh.state is S.ACTIVE for sh in lease.shares.values()):
-                raise ValueError(f"lease {lease_id}: can only park when every share is active "
-                                 f"(states {sorted(lease.states())})")
+                raise ValueError(f"lease {lease_id}: {lease.engine} can only park when every "
+                                 f"share is active; it is "
+                                 f"{', '.join(sorted(st.value for st in lease.states()))}")
             return self._begin_park(lease, now, "operator") + self._pass(now)
         if op == "drain":
             if lease.is_waiting():
@@ -563,7 +593,9 @@ class Scheduler:
         self.rooms[w.lease_id] = Room(p, frozenset(w.need), {st.lease_id for st in p.steps}, now)
         self.ledger.earmark(w.lease_id, w.need)
         fx: list[Effect] = [Note(w.lease_id, "plan", f"making room for {lease.engine} by "
-                                 f"{p.rung}: " + ", ".join(f"{st.action} {st.engine}" for st in p.steps),
+                                 f"{p.rung}: " + ", ".join(
+                                     f"{st.action} {st.engine}" + (f" ({st.why})" if st.why else "")
+                                     for st in p.steps),
                                  {"rung": p.rung.value,
                                   "steps": [(st.action.value, st.engine) for st in p.steps]})]
         for st in p.steps:
@@ -576,6 +608,10 @@ class Scheduler:
             else:
                 fx += self._stop(victim, now, reason)
         return fx
+
+    def _awaited(self, victim_id: str) -> bool:
+        """Does room being made for a waiter depend on this victim's step?"""
+        return any(victim_id in r.pending for r in self.rooms.values())
 
     def _step_done(self, victim_id: str) -> bool:
         """Mark the victim's step done in whichever room waits on it; False if none does."""
@@ -697,13 +733,27 @@ class Scheduler:
                          f"{self._name(sh.card)} while parked; counted active again",
                          {"card": sh.card, "used_bytes": used}),
                     Instruct(lease.id, Op.WAKE, (sh.card,), next(self._seq), reason="unparked")]
+        key = (lease.id, sh.card)
+        if sh.state is S.ACTIVE and used > sh.reserved_bytes + _UNPARK_SLACK:
+            if key not in self._over:
+                self._over.add(key)
+                fx_over = [Note(lease.id, "over_lease", f"{lease.engine} uses {used} bytes on "
+                                f"{self._name(sh.card)}, more than its lease's {sh.reserved_bytes}"
+                                f"; counted at its use, not its lease",
+                                {"card": sh.card, "used_bytes": used,
+                                 "reserved_bytes": sh.reserved_bytes})]
+            else:
+                fx_over = []
+        else:
+            self._over.discard(key)
+            fx_over = []
         if sh.state is S.ACTIVE and lease.bound is Bound.GROWTH and used > sh.reserved_bytes \
                 and lease.id not in self.queue:
             want = min(sh.size_bytes, used + lease.growth_allowance_bytes) - sh.reserved_bytes
             if want > 0:
                 self.queue.push(Waiter(lease.id, WaitKind.EXTEND, lease.priority, now,
                                        {sh.card: want}))
-        return []
+        return fx_over
 
     # -- helpers -------------------------------------------------------------------------------
     def _watch(self, lease: Lease, pci: str, until: str, max_use: int, now: float,
@@ -735,10 +785,14 @@ class Scheduler:
         return ", ".join(f"{self._name(p)}:{getattr(sh, attr)}" for p, sh in lease.shares.items())
 
     def find(self, key: str) -> Lease:
-        """A lease by id, or the newest lease of an engine by name. Raises ``KeyError``."""
+        """A lease by id, or the one lease of an engine by name. Raises ``KeyError`` for none and
+        ``ValueError`` when several leases run that engine."""
         if key in self.ledger.leases:
             return self.ledger.leases[key]
         named = [le for le in self.ledger.leases.values() if le.engine == key]
         if not named:
             raise KeyError(f"no lease or engine named {key!r}")
-        return max(named, key=lambda le: le.requested_at)
+        if len(named) > 1:
+            raise ValueError(f"{len(named)} leases run engine {key!r} "
+                             f"({', '.join(sorted(le.id for le in named))}); name the lease")
+        return named[0]

@@ -199,7 +199,7 @@ class SimCards:
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None):
-        self.directory = Path(directory) if directory is not None else paths.sim_dir()
+        self.directory = Path(directory) if directory is not None else paths.client_sim_dir()
 
     # ---- declaring -------------------------------------------------------------------------------
 

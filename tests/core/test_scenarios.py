@@ -353,3 +353,60 @@ def _lease_not_ready(w: World, lid: str, size: int) -> str:
     from berth.model import Lease, Share
     w.s.request(Lease(lid, lid, {G0: Share(G0, size)}), w.now)
     return lid
+
+
+class TestFoundByANewUser:
+    def test_a_wake_nobody_waits_for_any_more_is_withdrawn(self):
+        w = World([24 * GiB], Policy(min_turn_s=30, juggle_window_s=0))
+        w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
+        w.apply(w.s.operator("park", "a", w.now))
+        w.do_all()
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        w.apply(w.s.wake("a", w.now))              # B is inside its turn: A's wake waits
+        assert w.s.queue.get("a") is not None
+        w.apply(w.s.unwake("a", w.now))            # the held request gave up
+        assert w.s.queue.get("a") is None
+        w.advance(60)                              # B's turn ends: nothing parks it for A
+        assert state(w, "b") is S.ACTIVE and state(w, "a") is S.PARKED
+
+    def test_a_park_whose_engine_cannot_go_quiet_is_called_off_when_nothing_waits(self):
+        w = World([24 * GiB])
+        w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
+        w.apply(w.s.operator("park", "a", w.now))
+        w.pending.clear()
+        w.apply(w.s.report("a", "park", False, w.now, "busy: in-flight requests did not finish"))
+        assert state(w, "a") is S.ACTIVE and w.s.counters.fallbacks_to_drain == 0
+        w.check()
+
+    def test_a_busy_park_that_a_waiter_needs_still_falls_back_to_drain(self):
+        w = World([24 * GiB], Policy(min_turn_s=0))
+        w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
+        w.request("b", "B", {G0: 14 * GiB})
+        w.pending.clear()
+        w.apply(w.s.report("a", "park", False, w.now, "busy: in-flight requests did not finish"))
+        assert state(w, "a") is S.DRAINING and w.s.counters.fallbacks_to_drain == 1
+
+    def test_the_plan_says_why_a_parkable_holder_is_drained(self):
+        w = World([24 * GiB], Policy(min_turn_s=0))
+        w.s.ledger.ram_budget_bytes = 4 * GiB
+        w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
+        w.request("b", "B", {G0: 14 * GiB})
+        plan = notes(w, "plan")[-1]
+        assert "drain A (no park: it would put" in plan.text and "RAM budget" in plan.text
+
+    def test_an_engine_over_its_lease_is_noted_once(self):
+        w = World([24 * GiB])
+        w.request("a", "A", {G0: 4 * GiB})
+        w.used[("a", G0)] = 6 * GiB
+        w.read()
+        w.read()
+        over = notes(w, "over_lease")
+        assert len(over) == 1 and over[0].data["used_bytes"] == 6 * GiB
+
+    def test_an_engine_name_run_twice_is_ambiguous_for_the_operator(self):
+        w = World([24 * GiB])
+        w.request("a1", "dup", {G0: 4 * GiB})
+        w.request("a2", "dup", {G0: 4 * GiB})
+        with pytest.raises(ValueError, match="a1, a2"):
+            w.s.find("dup")
+        assert w.s.find("a2").id == "a2"

@@ -94,13 +94,15 @@ def test_a_wake_that_never_answers_stops_the_engine_and_its_held_request_gets_a_
     status, body = chat(h.front, timeout_s=30)       # held while the wake hangs
     waited = time.monotonic() - t0
     assert status == 503 and body["src"] == "berth", body
-    assert "wake did not answer within wake_limit (3s)" in body["reason"], body
-    assert "wake did not answer" in body["error"]["message"], body
-    assert 3 <= waited < 15, waited                  # berthd's 3 s, not the run's 60 s
+    # The run now takes berthd's wake_limit (3 s) for its own wake too, so either side may
+    # give up first; both name the wake and the limit.
+    assert "wake" in body["reason"] and "did not answer within" in body["reason"], body
+    assert "did not answer" in body["error"]["message"], body
+    assert 2 <= waited < 15, waited                  # the 3 s wake_limit, not a 60 s default
     wait_for(lambda: h.exited() is not None, 15, "the run to stop its engine")
     assert gone(hl["pid"])
     drain = lv.entry("H", "drain")
-    assert "wake did not answer within wake_limit (3s)" in drain["text"], drain
+    assert "wake" in drain["text"] and "did not answer" in drain["text"], drain
     wait_for(lambda: lv.lease("H") is None, 10, "H's memory confirmed free")
     c = lv.counters()
     assert c["drains"] == 1 and c["wakes"] == 0 and c["fallbacks_to_drain"] == 0, c

@@ -1,0 +1,204 @@
+"""Problems a new user found by using Berth as documented; each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.berthd import BERTH, Berthd, api, berth_run, sim_config, wait_for
+
+CKPT = str(BERTH) + "-sim-cuda-checkpoint"
+
+
+@pytest.fixture
+def berthd(tmp_path):
+    made: list[Berthd] = []
+
+    def make(**kw) -> Berthd:
+        d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")], **kw)).start()
+        made.append(d)
+        return d
+    yield make
+    for d in made:
+        d.stop()
+
+
+@pytest.fixture
+def runs():
+    procs: list[subprocess.Popen] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(5)
+
+
+def _port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_second_berthd_on_the_same_state_directory_is_refused(berthd):
+    d = berthd()
+    out = subprocess.run([BERTH, "daemon", "--config", str(d.config)], env=d.env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 4 and "another berthd" in out.stderr
+    assert d.status()["cards"]                      # the first one still answers
+
+
+def test_clients_find_the_socket_from_the_configs_state_dir(berthd, tmp_path):
+    d = berthd()
+    env = {k: v for k, v in d.env.items() if k not in ("BERTH_SOCKET", "BERTH_STATE_DIR")}
+    out = subprocess.run([BERTH, "status", "--json"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr          # found via BERTH_CONFIG's state_dir
+    assert json.loads(out.stdout)["cards"][0]["name"] == "gpu0"
+
+
+def test_berthd_stops_promptly_while_runs_long_poll_it(berthd, runs):
+    d = berthd()
+    for name in ("A", "B"):
+        runs.append(berth_run(d, name, "--size", "2GiB", weights="1GiB"))
+    wait_for(lambda: d.state_of("A") == "active" and d.state_of("B") == "active", what="runs")
+    wait_for(lambda: all(le["ready"] for le in d.status()["leases"]), what="both serving")
+    t0 = time.monotonic()
+    d.stop()
+    assert time.monotonic() - t0 < 5, "berthd waited out its clients' long polls"
+
+
+def test_the_policy_wait_limit_applies_to_the_runs_front(berthd, runs):
+    d = berthd(policy={"wait_limit": "1s"})
+    api(d.sock, "POST", "/v1/leases", {"engine": "holder", "owner_pid": os.getpid(),
+                                      "priority": 9, "shares": [{"card": "gpu0", "size": "20GiB"}]})
+    port = _port()
+    runs.append(berth_run(d, "B", "--front", f"127.0.0.1:{port}", "--size", "10GiB"))
+    wait_for(lambda: d.state_of("B") == "waiting", what="B waiting")
+    wait_for(lambda: _listening(port), what="B's front")
+    t0 = time.monotonic()
+    status, body = _post(port)
+    assert status == 503 and body["reason"] == "wait_limit"
+    assert time.monotonic() - t0 < 5            # 1 s from berth.toml, not the 120 s default
+
+
+def test_a_wake_nobody_waits_for_is_withdrawn(berthd, runs):
+    d = berthd(policy={"min_turn": "30s", "ram_budget": "64GiB"})
+    port = _port()
+    runs.append(berth_run(d, "A", "--front", f"127.0.0.1:{port}", "--size", "14GiB",
+                          "--park", "checkpoint", "--checkpoint-path", CKPT,
+                          "--wait-limit", "1s", weights="13GiB"))
+    wait_for(lambda: (d.lease_of("A") or {}).get("ready"), what="A serving")
+    assert d.call("POST", "/v1/operator/park", {"target": "A"})[0] == 200
+    wait_for(lambda: d.state_of("A") == "parked", what="A parked")
+    runs.append(berth_run(d, "B", "--size", "14GiB", weights="13GiB"))
+    wait_for(lambda: (d.lease_of("B") or {}).get("ready"), what="B serving (30 s turn)")
+    status, body = _post(port)                   # held 1 s while B keeps its turn, then 503
+    assert status == 503
+    wait_for(lambda: any(e["kind"] == "wake.off" for e in d.timeline()), what="wake withdrawn")
+    assert not d.status()["waiting"]             # nothing left to displace B for, later
+
+
+def test_nobody_but_the_owner_releases_a_lease(berthd, runs):
+    d = berthd()
+    runs.append(berth_run(d, "J", "--size", "2GiB", weights="1GiB"))
+    wait_for(lambda: d.state_of("J") == "active", what="J")
+    lid = d.lease_of("J")["id"]
+    # Another process (not an ancestor of J's run, as this test process is) tries it.
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; sys.path.insert(0, %r); from tests.berthd import api; "
+         "c, r = api(%r, 'POST', '/v1/leases/%s/release', {}); print(c, r)"
+         % (os.getcwd(), str(d.sock), lid)], capture_output=True, text=True,
+        start_new_session=True)
+    assert out.stdout.startswith("403") and "drain" in out.stdout, out.stdout + out.stderr
+    assert d.state_of("J") == "active"
+
+
+def test_a_lease_cannot_be_owned_by_a_process_the_caller_did_not_start(berthd):
+    d = berthd()
+    for owner in (999_999_999, 1):
+        code, r = d.call("POST", "/v1/leases", {"engine": "q", "owner_pid": owner,
+                                                "shares": [{"card": "gpu0", "size": "1GiB"}]})
+        assert code == 400 and "owner_pid" in r["error"]["message"], r
+    assert d.status()["leases"] == []
+
+
+def test_an_engine_name_with_a_slash_is_a_lease(berthd):
+    d = berthd()
+    code, r = d.call("POST", "/v1/leases", {"engine": "Qwen/Qwen2.5-7B", "owner_pid": os.getpid(),
+                                            "shares": [{"card": "gpu0", "size": "1GiB"}]})
+    assert code == 201 and "/" not in r["id"]
+    assert d.call("GET", f"/v1/leases/{r['id']}")[0] == 200
+    out = subprocess.run([BERTH, "hold", "Qwen/Qwen2.5-7B"], env=d.env, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--front", "nonsense"], "--front: expected HOST:PORT"),
+    (["--front", "127.0.0.1:99999"], "--front: expected HOST:PORT"),
+    (["--option", "foo"], "--option: expected KEY=VALUE"),
+    (["--front", "127.0.0.1:1", "--park", "checkpoint", "--checkpoint-path", "/no/such/tool"],
+     "cannot find '/no/such/tool'"),
+    (["--wait-limit", "0s"], "--wait-limit: must be more than 0"),
+])
+def test_bad_run_lines_get_a_message_not_a_traceback(tmp_path, args, needle):
+    env = {**os.environ, "BERTH_SOCKET": str(tmp_path / "none.sock")}
+    out = subprocess.run([BERTH, "run", *args, "--", "true", "{port}"], env=env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_engine_that_cannot_be_started_ends_the_run_cleanly(berthd):
+    d = berthd()
+    out = subprocess.run([BERTH, "run", "--engine", "x", "--size", "1GiB", "--",
+                          "/no/such/engine"], env=d.env, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 127 and "cannot start x" in out.stderr
+    assert "Traceback" not in out.stderr
+    wait_for(lambda: d.status()["leases"] == [], what="the lease released")
+
+
+def test_require_berthd_waits_instead_of_running_unleased(tmp_path, runs):
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")]))
+    runs.append(berth_run(d, "A", "--size", "2GiB", "--require-berthd", weights="1GiB"))
+    log = tmp_path / "run-A.log"
+    wait_for(lambda: log.exists() and "waiting for it" in log.read_text(), what="run waiting")
+    assert "UNLEASED" not in log.read_text()
+    try:
+        d.start()
+        wait_for(lambda: d.state_of("A") == "active", what="A leased once berthd is up")
+    finally:
+        d.stop()
+
+
+def _listening(port: int) -> bool:
+    import socket
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _post(port: int) -> tuple[int, dict]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
+                                 data=b'{"messages":[{"role":"user","content":"hi"}]}',
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
