@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 from .client import ApiError, BerthdUnavailable, Client
@@ -45,12 +46,15 @@ def render(st: dict) -> str:
                      + (f" · suggested reserve {format_size(c['suggested_reserve_bytes'])} (above "
                         f"the configured reserve)" if c.get("reserve_below_suggested") else ""))
         for sh in c["shares"]:
+            marks = (" held" if sh.get("held") else "") + (
+                f" ! {format_size(sh['over_bytes'])} over its lease" if sh.get("over_bytes") else "")
             lines.append(f"    {sh['engine']:<20} {sh['state']:<10} {format_size(sh['counted_bytes'])}"
-                         f"  ({sh['lease']})")
+                         f"  ({sh['lease']}){marks}")
     if st["waiting"]:
         lines.append("waiting:")
         for w in st["waiting"]:
-            need = ", ".join(f"{x['card']} {format_size(x['size_bytes'])}" for x in w["need"])
+            need = ", ".join(f"{x.get('card_name') or x['card']} {format_size(x['size_bytes'])}"
+                             for x in w["need"])
             lines.append(f"    {w['engine']:<20} {w['kind']:<7} needs {need or '—'}, waited "
                          f"{w['waited_s']:.1f}s ({w['id']})")
             if w.get("note"):
@@ -60,17 +64,27 @@ def render(st: dict) -> str:
     for le in st["leases"]:
         if le.get("note"):
             lines.append(f"! {le['engine']} ({le['id']}): {le['note']}")
+    ram = st.get("host_ram") or {}
+    if ram.get("budget_bytes") is not None:
+        lines.append(f"host RAM for parks: {format_size(ram['parked_bytes'])} parked of a "
+                     f"{format_size(ram['budget_bytes'])} budget")
     k = st["counters"]
-    lines.append("counters: " + ", ".join(f"{n} {k[n]}" for n in (
-        "grants", "parks", "checkpoints", "lends", "drains", "fallbacks_to_drain", "wakes",
-        "unparked", "admissions_rejected_with_free")) + f", reserve fraction {k['reserve_fraction']:.3f}")
+    lines.append("since start: " + ", ".join(f"{label} {k[n]}" for n, label in (
+        ("grants", "grants"), ("parks", "parks by hook"), ("checkpoints", "parks by checkpoint"),
+        ("wakes", "wakes"), ("lends", "lends"), ("drains", "drains"),
+        ("fallbacks_to_drain", "fallbacks to drain"), ("unparked", "unparked"),
+        ("admissions_rejected_with_free", "refused while memory was free"))))
+    lines.append(f"reserve: {k['reserve_fraction']:.1%} of the cards")
     return "\n".join(lines)
 
 
 async def _status(args) -> int:
     async with Client() as c:
         st = await c.status()
-    print(json.dumps(st, indent=2) if args.json else render(st))
+    try:
+        print(json.dumps(st, indent=2) if args.json else render(st), flush=True)
+    except BrokenPipeError:          # `berth status | head`: the reader had enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

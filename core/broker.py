@@ -635,8 +635,10 @@ class Broker:
         for pci, c in led.cards.items():
             v = led.view(pci)
             shares = [{"lease": le.id, "engine": le.engine, "state": sh.state.value,
-                       "counted_bytes": _counted(sh)} for le, sh in led.shares_on(pci)
-                      if sh.state not in (S.WAITING, S.FREED)]
+                       "counted_bytes": _counted(sh), "held": le.held,
+                       "over_bytes": max(0, (sh.used_bytes or 0) - sh.reserved_bytes)
+                       if sh.state is S.ACTIVE else 0}
+                      for le, sh in led.shares_on(pci) if sh.state not in (S.WAITING, S.FREED)]
             cards.append({"pci": pci, "name": c.name, "uuid": c.uuid,
                           "total_bytes": c.total_bytes, "reserve_bytes": c.reserve_bytes,
                           "baseline_bytes": c.baseline_bytes, "stowaway_bytes": c.stowaway_bytes,
@@ -662,14 +664,18 @@ class Broker:
                            for sh in le.shares.values()]})
         now = self.clock()
         waiting = [{"id": w.lease_id, "engine": led.leases[w.lease_id].engine, "kind": w.kind.value,
-                    "need": [{"card": p, "size_bytes": b} for p, b in w.need.items()],
+                    "need": [{"card": p, "card_name": led.cards[p].name, "size_bytes": b}
+                             for p, b in w.need.items()],
                     "since": w.since, "waited_s": round(now - w.since, 3), "skips": w.skips,
                     **_running_unleased(led.leases[w.lease_id], w.kind.value)}
                    for w in self.sched.queue]
         counters = self.sched.counters.as_dict()
         counters["reserve_fraction"] = round(reserve_fraction(led), 4)
+        ram = {"budget_bytes": led.ram_budget_bytes, "parked_bytes": led.parked_in_ram_bytes(),
+               "available_bytes": led.ram_available_bytes()}
         return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
-                "driver": self.driver.kind, "uptime_s": round(now - self.started_at, 1)}
+                "host_ram": ram, "driver": self.driver.kind,
+                "uptime_s": round(now - self.started_at, 1)}
 
 
 def _running_unleased(lease: Lease, kind: str) -> dict:

@@ -144,13 +144,7 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
 
 
 def _last_resume(lease: Lease) -> float:
-    t = 0.0
-    for sh in lease.shares.values():
-        for src, dst, at in reversed(sh.history):
-            if dst is S.ACTIVE and src in (S.RESUMING, S.RETURNING):
-                t = max(t, at)
-                break
-    return t
+    return lease.resumed_at
 
 
 def expected_residual(lease: Lease, pci: str, policy: Policy) -> int:
@@ -191,8 +185,9 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
     short = {p: b - ledger.available(p, w.lease_id) for p, b in w.need.items()}
     short = {p: s for p, s in short.items() if s > 0}
     if not short:
-        beside = any(sh.state is S.PARKED and sh.reserved_bytes > sh.residual_bytes
-                     for p in w.need for _, sh in ledger.shares_on(p))
+        beside = any(ledger.parked_on(p) and any(
+            sh.state is S.PARKED and sh.reserved_bytes > sh.residual_bytes
+            for _, sh in ledger.shares_on(p)) for p in w.need)
         return Plan(w.lease_id, Rung.BESIDE_RESIDUAL if beside else Rung.FIT)
     busy = [p for p in short if p in busy_cards]
     if busy:
@@ -204,8 +199,8 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
     cands: dict[str, list[Lease]] = {}
     for p in short:
         found = []
-        for lease, sh in ledger.shares_on(p):
-            if sh.state is not S.ACTIVE or lease.id == waiter.id:
+        for lease, sh in ledger.active_on(p):
+            if lease.id == waiter.id:
                 continue
             why = displaceable(lease, waiter, policy, now, swaps)
             if why is None:

@@ -96,6 +96,8 @@ class Ledger:
     _counted: dict[str, int] = field(default_factory=dict)
     _earmarked: dict[str, int] = field(default_factory=dict)
     _on_card: dict[str, dict[str, Lease]] = field(default_factory=dict)
+    _parked: dict[str, int] = field(default_factory=dict)
+    _active: dict[str, dict[str, Lease]] = field(default_factory=dict)
 
     # -- cards ----------------------------------------------------------------------------
     def add_card(self, card: Card) -> None:
@@ -105,6 +107,8 @@ class Ledger:
         self._counted.setdefault(card.pci, 0)
         self._earmarked.setdefault(card.pci, 0)
         self._on_card.setdefault(card.pci, {})
+        self._parked.setdefault(card.pci, 0)
+        self._active.setdefault(card.pci, {})
 
     def card(self, key: str) -> Card:
         """A card by PCI address or short name. Raises ``KeyError`` naming the key."""
@@ -127,6 +131,9 @@ class Ledger:
         for pci, share in lease.shares.items():
             self._counted[pci] += counted_bytes(share)
             self._on_card[pci][lease.id] = lease
+            self._parked[pci] += share.state is S.PARKED
+            if share.state is S.ACTIVE:
+                self._active[pci][lease.id] = lease
 
     def drop_lease(self, lease_id: str) -> Lease:
         """Forget a lease whose shares all count 0 (waiting or freed). Raises ``ValueError``."""
@@ -136,8 +143,10 @@ class Ledger:
                 raise ValueError(f"lease {lease_id}: share on {share.card} still counts "
                                  f"{counted_bytes(share)} bytes in state {share.state}")
         self.earmark(lease_id, {})
-        for pci in lease.shares:
+        for pci, share in lease.shares.items():
             self._on_card[pci].pop(lease_id, None)
+            self._active[pci].pop(lease_id, None)
+            self._parked[pci] -= share.state is S.PARKED
         return self.leases.pop(lease_id)
 
     def move(self, lease_id: str, pci: str, dst: ShareState, now: float, **changes) -> Share:
@@ -145,7 +154,16 @@ class Ledger:
         fields in the same step, keeping the card's count exact. Raises ``IllegalTransition``."""
         share = self.leases[lease_id].shares[pci]
         before = counted_bytes(share)
+        src = share.state
         move(share, dst, now)
+        self._parked[pci] += (dst is S.PARKED) - (src is S.PARKED)
+        if dst is S.ACTIVE:
+            lease = self.leases[lease_id]
+            self._active[pci][lease_id] = lease
+            if src in (S.RESUMING, S.RETURNING):
+                lease.resumed_at = max(lease.resumed_at, now)
+        elif src is S.ACTIVE:
+            self._active[pci].pop(lease_id, None)
         for k, v in changes.items():
             setattr(share, k, v)
         self._counted[pci] += counted_bytes(share) - before
@@ -171,6 +189,10 @@ class Ledger:
                 self._earmarked[pci] += b
 
     # -- figures --------------------------------------------------------------------------
+    def parked_on(self, pci: str) -> int:
+        """How many parked shares the card holds."""
+        return self._parked[pci]
+
     def counted(self, pci: str) -> int:
         """Σ counted bytes of every share on the card."""
         return self._counted[pci]
@@ -220,6 +242,11 @@ class Ledger:
             return None
         return self.ram_budget_bytes - self.parked_in_ram_bytes()
 
+    def active_on(self, pci: str):
+        """Yield ``(lease, share)`` for the active shares on the card (the ladder's candidates)."""
+        for lease in list(self._active[pci].values()):
+            yield lease, lease.shares[pci]
+
     def shares_on(self, pci: str):
         """Yield ``(lease, share)`` for every share on the card."""
         for lease in list(self._on_card[pci].values()):
@@ -247,6 +274,17 @@ class Ledger:
             for pci in lease.shares:
                 index[pci].add(lease.id)
         assert index == {p: set(d) for p, d in self._on_card.items()}, "card index is stale"
+        parked = {pci: 0 for pci in self.cards}
+        for lease in self.leases.values():
+            for pci, sh in lease.shares.items():
+                parked[pci] += sh.state is S.PARKED
+        assert parked == self._parked, f"parked count {self._parked} != {parked}"
+        active = {pci: set() for pci in self.cards}
+        for lease in self.leases.values():
+            for pci, sh in lease.shares.items():
+                if sh.state is S.ACTIVE:
+                    active[pci].add(lease.id)
+        assert active == {p: set(d) for p, d in self._active.items()}, "active index is stale"
         marks = {pci: 0 for pci in self.cards}
         for need in self.earmarks.values():
             for pci, b in need.items():

@@ -250,7 +250,8 @@ class Lease:
     ``growth_allowance_bytes`` is the allowance A of seed 000 for ``Bound.GROWTH``.
     ``need_bytes`` is the current need per card for ``current``/``growth`` (defaults to the size).
     ``held`` is an operator hold: a held lease is never displaced. ``ready_at`` is when the engine
-    first answered after its grant (its minimum turn counts from then).
+    first answered after its grant (its minimum turn counts from then); ``resumed_at`` when a
+    wake or a return last made it active again.
     """
 
     id: str
@@ -268,6 +269,7 @@ class Lease:
     requested_at: float = 0.0
     granted_at: float | None = None
     ready_at: float | None = None
+    resumed_at: float = 0.0
     last_used_at: float = 0.0
     held: bool = False
 

@@ -531,8 +531,7 @@ class Scheduler:
         fx: list[Effect] = []
         if w.kind is WaitKind.GRANT:
             self.counters.grants += 1
-            if rung == Rung.FIT.value and any(
-                    sh.state is S.PARKED for p in w.need for _, sh in self.ledger.shares_on(p)):
+            if rung == Rung.FIT.value and any(self.ledger.parked_on(p) for p in w.need):
                 rung = Rung.BESIDE_RESIDUAL.value
             fx.append(Granted(w.lease_id, dict(w.need), rung))
             fx.append(Note(w.lease_id, "grant", f"{lease.engine} granted "

@@ -78,6 +78,7 @@ def _lease_dict(le: Lease) -> dict:
         "caps": _clean(le.caps.as_dict()), "pid": le.pid, "start_time": le.start_time,
         "owner_pid": le.owner_pid, "owner_start_time": le.owner_start_time,
         "requested_at": le.requested_at, "granted_at": le.granted_at, "ready_at": le.ready_at,
+        "resumed_at": le.resumed_at,
         "last_used_at": le.last_used_at, "held": le.held,
         "shares": [_share_dict(sh) for sh in le.shares.values()],
     })
@@ -136,6 +137,7 @@ def _lease_from(d: dict) -> Lease:
         pid=d.get("pid"), start_time=d.get("start_time"), owner_pid=d.get("owner_pid"),
         owner_start_time=d.get("owner_start_time"), requested_at=float(d.get("requested_at", 0)),
         granted_at=d.get("granted_at"), ready_at=d.get("ready_at"),
+        resumed_at=float(d.get("resumed_at", 0.0)),
         last_used_at=float(d.get("last_used_at", 0)),
         held=bool(d.get("held", False)))
 
