@@ -105,7 +105,8 @@ class Demo:
             self.say(f"berth run {name}: 14GiB lease, park by checkpoint, front "
                      f"127.0.0.1:{self.ports[name]}")
             await self._until(lambda n=name: self._lease_of(n), 20, f"{name}'s lease")
-        await self._until(self._one_serving, 40, "an engine to serve")
+        await self._until(self._settled, 40, "one engine serving and the other parked")
+        self.say("the card has settled: one engine serves, the other is parked in host RAM")
         ok = True
         async with aiohttp.ClientSession() as http:
             for name in ("A", "B", "A", "B"):
@@ -128,9 +129,12 @@ class Demo:
         st = await self.client.status()
         return any(le["engine"] == name for le in st["leases"])
 
-    async def _one_serving(self) -> bool:
+    async def _settled(self) -> bool:
         st = await self.client.status()
-        return any(le["ready"] for le in st["leases"])
+        states = sorted(sh["state"] for le in st["leases"] for sh in le["shares"])
+        serving = [le for le in st["leases"] if le["ready"]
+                   and all(sh["state"] == "active" for sh in le["shares"])]
+        return states == ["active", "parked"] and len(serving) == 1
 
     async def _until(self, pred, timeout_s: float, what: str) -> None:
         end = time.monotonic() + timeout_s
