@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import psutil
-
 from . import store
 from .config import Config
 from .driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost, confirm

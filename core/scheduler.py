@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from .admission import Policy, Queue, WaitKind, Waiter, admission_pass, waiter_need
+from .admission import Policy, Queue, WaitKind, Waiter, admission_pass
 from .ladder import Action, NoPlan, Plan, Rung, Step, SwapLog, plan
 from .ledger import Ledger, counted_bytes
 from .measures import Counters, GrowthMeter

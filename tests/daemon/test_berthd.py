@@ -6,37 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.berthd import (BERTH, Berthd, GiB, api, berth_run, sim_config, stop_proc, wait_for)
-
-
-@pytest.fixture
-def berthd(tmp_path):
-    made: list[Berthd] = []
-
-    def make(cards=(("gpu0", "24GiB"),), **kw) -> Berthd:
-        d = Berthd(tmp_path, sim_config(tmp_path, list(cards), **kw)).start()
-        made.append(d)
-        return d
-    yield make
-    for d in made:
-        d.stop()
-
-
-@pytest.fixture
-def runs():
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(5)
+from tests.berthd import BERTH, Berthd, GiB, berth_run, stop_proc, wait_for
 
 
 def lease(d: Berthd, engine: str, size: str, card: str | None = None, **extra) -> str:

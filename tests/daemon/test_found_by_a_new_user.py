@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -17,32 +16,6 @@ import pytest
 from tests.berthd import BERTH, Berthd, api, berth_run, sim_config, wait_for
 
 CKPT = str(BERTH) + "-sim-cuda-checkpoint"
-
-
-@pytest.fixture
-def berthd(tmp_path):
-    made: list[Berthd] = []
-
-    def make(**kw) -> Berthd:
-        d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")], **kw)).start()
-        made.append(d)
-        return d
-    yield make
-    for d in made:
-        d.stop()
-
-
-@pytest.fixture
-def runs():
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(5)
 
 
 def _port() -> int:
