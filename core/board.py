@@ -57,6 +57,8 @@ def render(st: dict) -> str:
                              for x in w["need"])
             lines.append(f"    {w['engine']:<20} {w['kind']:<7} needs {need or '—'}, waited "
                          f"{w['waited_s']:.1f}s ({w['id']})")
+            if w.get("why"):
+                lines.append(f"        {w['why']}")
             if w.get("note"):
                 lines.append(f"        ! {w['note']}")
     else:

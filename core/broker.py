@@ -665,6 +665,7 @@ class Broker:
                     "need": [{"card": p, "card_name": led.cards[p].name, "size_bytes": b}
                              for p, b in w.need.items()],
                     "since": w.since, "waited_s": round(now - w.since, 3), "skips": w.skips,
+                    "why": self.sched.why_waiting(w.lease_id),
                     **_running_unleased(led.leases[w.lease_id], w.kind.value)}
                    for w in self.sched.queue]
         counters = self.sched.counters.as_dict()

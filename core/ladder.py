@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from .admission import Policy, Waiter
 from .ledger import Ledger, counted_bytes
 from .model import Lease, ParkMechanism, ShareState
+from .units import format_size
 
 __all__ = ["Rung", "RUNGS", "Action", "Step", "Plan", "NoPlan", "plan", "displaceable",
            "expected_residual", "SwapLog"]
@@ -249,8 +250,9 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
                 elif allow_drain:
                     action = Action.DRAIN
                     if le.caps.can_park() and whole:
-                        why = (f"no park: it would put {_ram_cost(le, policy)} bytes in host RAM "
-                               f"and the RAM budget has {max(0, ram or 0)} left")
+                        why = (f"no park: it would put {format_size(_ram_cost(le, policy))} in "
+                               f"host RAM and the RAM budget has {format_size(max(0, ram or 0))} "
+                               f"left")
                 if action is None:
                     continue
                 f = frees(le, action)
@@ -272,7 +274,7 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
         else:
             why = "; ".join(sorted(set(reasons.get(p, [])))) or "no holder can make room"
             card = ledger.cards[p]
-            return NoPlan(w.lease_id, f"{card.name}: short {gap} bytes; {why}")
+            return NoPlan(w.lease_id, f"{card.name}: short {format_size(gap)}; {why}")
     return Plan(w.lease_id, rung, tuple(steps.values()))
 
 

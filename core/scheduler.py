@@ -35,6 +35,7 @@ from .ladder import Action, NoPlan, Plan, Rung, Step, SwapLog, plan
 from .ledger import Ledger, counted_bytes
 from .measures import Counters, GrowthMeter
 from .model import LIVE_STATES, Bound, Lease, ParkMechanism, Share, ShareState
+from .units import format_size
 
 __all__ = ["Scheduler", "Effect", "Granted", "Instruct", "Watch", "Rejected", "Ended", "Note",
            "CardRead", "Op", "Room"]
@@ -270,7 +271,7 @@ class Scheduler:
         elif what == "lent" and sh.state is S.LENDING:
             self.ledger.move(lease_id, pci, S.LENT, now, used_bytes=use_bytes)
             self.deadlines.pop((lease_id, pci, Op.LEND), None)
-            fx.append(Note(lease_id, "lent", f"{lease.engine} lent {sh.lent_bytes} bytes on "
+            fx.append(Note(lease_id, "lent", f"{lease.engine} lent {format_size(sh.lent_bytes)} on "
                            f"{self._name(pci)}", {"card": pci, "bytes": sh.lent_bytes}))
             if not self._step_done(lease_id):
                 fx += self._want_return(lease, now)     # nobody is waiting for it any more
@@ -535,7 +536,7 @@ class Scheduler:
                 rung = Rung.BESIDE_RESIDUAL.value
             fx.append(Granted(w.lease_id, dict(w.need), rung))
             fx.append(Note(w.lease_id, "grant", f"{lease.engine} granted "
-                           + ", ".join(f"{self._name(p)}:{b}" for p, b in w.need.items())
+                           + ", ".join(f"{self._name(p)} {format_size(b)}" for p, b in w.need.items())
                            + f" ({rung})", {"rung": rung, "waited_s": now - w.since}))
         elif w.kind is WaitKind.RESUME:
             seq = next(self._seq)
@@ -556,7 +557,8 @@ class Scheduler:
         else:
             self.counters.extensions += 1
             fx.append(Note(w.lease_id, "extend", f"{lease.engine} reservation extended by "
-                           + ", ".join(f"{self._name(p)}:{b}" for p, b in w.need.items())))
+                           + ", ".join(f"{self._name(p)} {format_size(b)}"
+                                       for p, b in w.need.items())))
         return fx
 
     def _link_lend(self, st: Step, borrower: Lease) -> None:
@@ -654,7 +656,7 @@ class Scheduler:
         self.deadlines[(lease.id, pci, Op.LEND)] = now + self.policy.release_grace_s
         self.counters.lends += 1
         return [Instruct(lease.id, Op.LEND, (pci,), next(self._seq), {pci: n}, reason=reason),
-                Note(lease.id, "lend", f"{lease.engine} lends {n} bytes on {self._name(pci)} "
+                Note(lease.id, "lend", f"{lease.engine} lends {format_size(n)} on {self._name(pci)} "
                      f"({reason})", {"card": pci, "bytes": n})]
 
     def _stop(self, lease: Lease, now: float, reason: str) -> list[Effect]:
@@ -728,7 +730,7 @@ class Scheduler:
             self.ledger.move(lease.id, sh.card, S.ACTIVE, now)
             self.queue.remove(lease.id)
             self.counters.unparked += 1
-            return [Note(lease.id, "lease.unparked", f"{lease.engine} loaded {used} bytes on "
+            return [Note(lease.id, "lease.unparked", f"{lease.engine} loaded {format_size(used)} on "
                          f"{self._name(sh.card)} while parked; counted active again",
                          {"card": sh.card, "used_bytes": used}),
                     Instruct(lease.id, Op.WAKE, (sh.card,), next(self._seq), reason="unparked")]
@@ -736,8 +738,9 @@ class Scheduler:
         if sh.state is S.ACTIVE and used > sh.reserved_bytes + _UNPARK_SLACK:
             if key not in self._over:
                 self._over.add(key)
-                fx_over = [Note(lease.id, "over_lease", f"{lease.engine} uses {used} bytes on "
-                                f"{self._name(sh.card)}, more than its lease's {sh.reserved_bytes}"
+                fx_over = [Note(lease.id, "over_lease", f"{lease.engine} uses {format_size(used)} on "
+                                f"{self._name(sh.card)}, more than its lease's "
+                                f"{format_size(sh.reserved_bytes)}"
                                 f"; counted at its use, not its lease",
                                 {"card": sh.card, "used_bytes": used,
                                  "reserved_bytes": sh.reserved_bytes})]
@@ -781,7 +784,16 @@ class Scheduler:
         return c.name if c else pci
 
     def _bytes_on(self, lease: Lease, attr: str) -> str:
-        return ", ".join(f"{self._name(p)}:{getattr(sh, attr)}" for p, sh in lease.shares.items())
+        return ", ".join(f"{self._name(p)} {format_size(getattr(sh, attr))}"
+                         for p, sh in lease.shares.items())
+
+    def why_waiting(self, lease_id: str) -> str | None:
+        """Why a waiter is still waiting, in words: room being made, or what the ladder last
+        found in the way (``None`` before the first attempt)."""
+        room = self.rooms.get(lease_id)
+        if room is not None and room.pending:
+            return f"room being made by {room.plan.rung}"
+        return self._noplan_said.get(lease_id)
 
     def find(self, key: str) -> Lease:
         """A lease by id, or the one lease of an engine by name. Raises ``KeyError`` for none and
