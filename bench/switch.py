@@ -56,30 +56,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from berth.demo import CONFIG   # the demo's card, reserve and simulated host RAM
+
 BIN = Path(sys.executable).parent
 BERTH = str(BIN / "berth")
 TOOL = str(BIN / "berth-sim-cuda-checkpoint")
 TARGET_MS = 100.0
-
-CONFIG = """\
-state_dir = "{tmp}/state"
-[driver]
-kind = "sim"
-sim_dir = "{tmp}/sim"
-free_delay = "0.5s"
-checkpoint_rate = "{rate}"
-[[driver.cards]]
-pci = "0000:01:00.0"
-name = "gpu0"
-total = "24GiB"
-[cards.gpu0]
-reserve = "1GiB"
-[policy]
-min_turn = "0s"
-juggle_window = "0s"
-ram_budget = "64GiB"
-read_interval = "0.25s"
-"""
 
 SHIM = """\
 #!/bin/sh

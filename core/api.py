@@ -452,20 +452,19 @@ async def wake(request: web.Request) -> web.Response:
     return web.json_response({"id": lid, "states": {p: s.state.value for p, s in lease.shares.items()}})
 
 
-async def touch(request: web.Request) -> web.Response:
-    broker = request.app[BROKER]
-    lid = request.match_info["id"]
-    _lease(broker, lid)
-    await broker.submit(lambda now: broker.sched.touch(lid, now))
-    return web.json_response({"id": lid})
+def _lease_event(event: str):
+    """A handler that passes one bodiless lease event (``touch``, ``ready``) to the scheduler."""
+    async def handler(request: web.Request) -> web.Response:
+        broker = request.app[BROKER]
+        lid = request.match_info["id"]
+        _lease(broker, lid)
+        await broker.submit(lambda now: getattr(broker.sched, event)(lid, now))
+        return web.json_response({"id": lid})
+    return handler
 
 
-async def ready(request: web.Request) -> web.Response:
-    broker = request.app[BROKER]
-    lid = request.match_info["id"]
-    _lease(broker, lid)
-    await broker.submit(lambda now: broker.sched.ready(lid, now))
-    return web.json_response({"id": lid})
+touch = _lease_event("touch")
+ready = _lease_event("ready")
 
 
 def _may_release(lease: Lease, caller: int) -> bool:

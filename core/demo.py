@@ -42,7 +42,7 @@ state_dir = "{tmp}/state"
 kind = "sim"
 sim_dir = "{tmp}/sim"
 free_delay = "0.5s"             # a dead process's memory frees after this, as drivers do
-checkpoint_rate = "7GB"         # the stand-in cuda-checkpoint moves 7 GB/s (seed 002)
+checkpoint_rate = "{rate}"      # the stand-in cuda-checkpoint's speed (the demo: 7 GB/s, seed 002)
 
 [[driver.cards]]
 pci = "0000:01:00.0"
@@ -90,7 +90,7 @@ class Demo:
         return p
 
     async def run(self) -> int:
-        (self.tmp / "berth.toml").write_text(CONFIG.format(tmp=self.tmp))
+        (self.tmp / "berth.toml").write_text(CONFIG.format(tmp=self.tmp, rate="7GB"))
         berth = str(self.bin / "berth")
         self._spawn([berth, "daemon"], "berthd.log")
         self.client = Client(self.env["BERTH_SOCKET"])

@@ -460,19 +460,16 @@ class Scheduler:
         self.ledger.add_lease(lease)
         fx: list[Effect] = []
         p = self.policy
+        # What each transitional state waits for, and how long (the deadline restarts).
+        waits = {S.RESUMING: (Op.WAKE, p.wake_limit_s), S.RETURNING: (Op.RETURN, p.wake_limit_s),
+                 S.PARKING: (Op.PARK, p.release_grace_s), S.LENDING: (Op.LEND, p.release_grace_s),
+                 S.DRAINING: (Op.DRAIN, p.release_grace_s),
+                 S.RELEASED: (Op.DRAIN, p.release_grace_s)}
         for pci, sh in lease.shares.items():
-            if sh.state is S.RESUMING:
-                self.deadlines[(lease.id, pci, Op.WAKE)] = now + p.wake_limit_s
-            elif sh.state is S.RETURNING:
-                self.deadlines[(lease.id, pci, Op.RETURN)] = now + p.wake_limit_s
-            elif sh.state is S.PARKING:
-                self.deadlines[(lease.id, pci, Op.PARK)] = now + p.release_grace_s
-            elif sh.state is S.LENDING:
-                self.deadlines[(lease.id, pci, Op.LEND)] = now + p.release_grace_s
-            elif sh.state is S.DRAINING:
-                self.deadlines[(lease.id, pci, Op.DRAIN)] = now + p.release_grace_s
-            elif sh.state is S.RELEASED:
-                self.deadlines[(lease.id, pci, Op.DRAIN)] = now + p.release_grace_s
+            if sh.state in waits:
+                op, limit_s = waits[sh.state]
+                self.deadlines[(lease.id, pci, op)] = now + limit_s
+            if sh.state is S.RELEASED:
                 fx.append(self._watch(lease, pci, "freed", 0, now, p.release_grace_s))
         for op, st in ((Op.WAKE, S.RESUMING), (Op.RETURN, S.RETURNING), (Op.DRAIN, S.DRAINING),
                        (Op.PARK, S.PARKING), (Op.LEND, S.LENDING)):
