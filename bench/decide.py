@@ -20,10 +20,10 @@ import random
 import statistics
 import time
 
-from berth.admission import Policy, Queue, WaitKind, Waiter, admission_pass, verdict, waiter_need
-from berth.ladder import plan
-from berth.ledger import Ledger
-from berth.model import Capabilities, Card, Lease, ParkMechanism, Share, ShareState
+from berth.decide.admission import Policy, Queue, WaitKind, Waiter, admission_pass, verdict, waiter_need
+from berth.decide.ladder import plan
+from berth.decide.ledger import Ledger
+from berth.decide.model import Capabilities, Card, Lease, ParkMechanism, Share, ShareState
 
 GiB = 1 << 30
 N_CARDS, N_LEASES, N_WAITERS = 8, 1_000, 10_000

@@ -45,7 +45,7 @@ from typing import Awaitable
 import psutil
 
 from berth.sim.checkpoint import CUDA_ERRORS, cuda_error_of
-from berth.units import format_size
+from berth.decide.units import format_size
 
 from ._http import deadline_of
 from .hookspecs import ActionContext, MechanismError, hookimpl

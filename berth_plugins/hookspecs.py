@@ -19,7 +19,7 @@ release with a driver read (rule 1). An action raises :class:`MechanismError` (o
 exception) to say it failed; the broker then falls back to a drain (rule 4).
 
 The order of making room (fit, beside residual, lend, park, drain) is data in the core
-(``berth.ladder.RUNGS``), never plugin load order.
+(``berth.decide.ladder.RUNGS``), never plugin load order.
 """
 
 from __future__ import annotations

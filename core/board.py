@@ -8,8 +8,8 @@ import json
 import os
 import sys
 
-from .client import ApiError, BerthdUnavailable, Client
-from .units import format_size
+from berth.client import ApiError, BerthdUnavailable, Client
+from berth.decide.units import format_size
 
 __all__ = ["register", "render"]
 

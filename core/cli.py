@@ -11,9 +11,9 @@ __all__ = ["main", "daemon_main", "build_parser"]
 
 #: Modules that add subcommands, in the order ``berth --help`` lists them.
 _COMMAND_MODULES = (
-    "berth.daemon",
+    "berth.daemon.main",
     "berth.board",
-    "berth.run",
+    "berth.run.main",
     "berth.sim.cli",
     "berth_hosts.llama_swap.cli",
     "berth_hosts.supervisor.cli",
@@ -24,7 +24,7 @@ _COMMAND_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="berth", description="Berth: a GPU-memory broker for local inference engines.")
-    from . import __version__
+    from berth import __version__
     parser.add_argument("--version", action="version", version=f"berth {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from . import paths
+from berth import paths
 
 __all__ = ["Client", "ApiError", "BerthdUnavailable"]
 

@@ -28,9 +28,9 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
                       ValidationError, model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from .admission import Policy, QueuePolicy
-from .model import Bound, normalize_pci
-from .units import format_duration, format_size, parse_duration, parse_size
+from berth.decide.admission import Policy, QueuePolicy
+from berth.decide.model import Bound, normalize_pci
+from berth.decide.units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = ["Config", "ConfigError", "load", "parse", "summary", "EngineConfig", "DriverConfig"]
 
@@ -211,7 +211,7 @@ class CardConfig(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """``[policy]``: see :class:`berth.admission.Policy` for each knob."""
+    """``[policy]``: see :class:`berth.decide.admission.Policy` for each knob."""
 
     queue: QueuePolicy = QueuePolicy.SCAN
     scan_max_skips: Whole = Field(8, ge=0)

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import aiohttp
 
-from .board import render
-from .client import Client
+from berth.board import render
+from berth.client import Client
 
 __all__ = ["register", "run_demo"]
 
@@ -180,7 +180,7 @@ class Demo:
         return chunks > 0
 
     def _oom(self) -> int:
-        from .sim.cards import SimCards
+        from berth.sim.cards import SimCards
         return sum(c.oom_events for c in SimCards(self.tmp / "sim").snapshot().cards)
 
     def _print(self, timeline: list[dict], st: dict, oom: int) -> None:

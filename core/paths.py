@@ -46,7 +46,7 @@ def _client_config():
     path = config_path()
     if not path.exists():
         return None
-    from .config import ConfigError, load
+    from berth.config import ConfigError, load
     try:
         return load(path)
     except ConfigError:

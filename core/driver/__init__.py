@@ -1,6 +1,6 @@
 """Driver backends behind one interface (:mod:`berth.driver.base`): NVML and simulated cards."""
 
-from .base import (UNKNOWN, BytesBack, CardInfo, Driver, DriverError, PidsGone, Reading,
+from berth.driver.base import (UNKNOWN, BytesBack, CardInfo, Driver, DriverError, PidsGone, Reading,
                    UseAtMost, confirm)
 
 __all__ = ["UNKNOWN", "BytesBack", "CardInfo", "Driver", "DriverError", "PidsGone", "Reading",

@@ -8,7 +8,7 @@ What it does, and why:
 - **Cards by PCI bus ID.** Discovery walks NVML's indices once; from then on every handle is taken
   with ``nvmlDeviceGetHandleByPciBusId`` (NVML order is not CUDA order, and indices move). Bus IDs
   in either spelling (``00000000:05:00.0``, ``0000:05:00.0``, ``bytes`` from old bindings) are
-  normalised with :func:`berth.model.normalize_pci`.
+  normalised with :func:`berth.decide.model.normalize_pci`.
 - **Memory: free is the ground truth.** ``nvmlDeviceGetMemoryInfo(h, version=nvmlMemory_v2)``
   where the driver has it (v1 counts reserved memory as used), else v1.
 - **Processes.** Compute and graphics lists (v3 getters, falling back to v2 and v1). A process's
@@ -32,8 +32,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable
 
-from ..model import normalize_pci
-from .base import CardInfo, Driver, DriverError, Reading
+from berth.decide.model import normalize_pci
+from berth.driver.base import CardInfo, Driver, DriverError, Reading
 
 __all__ = ["NvmlDriver", "map_host_pids", "NO_DRIVER_HINT"]
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import time
 
-from ..model import normalize_pci
-from ..sim.cards import SimCards, SimError
-from .base import CardInfo, Driver, DriverError, Reading
+from berth.decide.model import normalize_pci
+from berth.sim.cards import SimCards, SimError
+from berth.driver.base import CardInfo, Driver, DriverError, Reading
 
 __all__ = ["SimDriver"]
 

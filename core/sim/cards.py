@@ -41,8 +41,8 @@ from typing import Any, Iterator
 
 import psutil
 
-from .. import paths
-from ..model import normalize_pci
+from berth import paths
+from berth.decide.model import normalize_pci
 
 __all__ = ["CardSpec", "CardState", "ProcState", "Snapshot", "SimCards", "SimError", "SimOOM",
            "SimBusy", "sim_uuid", "RUNNING", "LOCKED", "CHECKPOINTED"]

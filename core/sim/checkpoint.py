@@ -35,7 +35,7 @@ import os
 import sys
 import time
 
-from .cards import CHECKPOINTED, LOCKED, RUNNING, SimCards, SimError, SimOOM
+from berth.sim.cards import CHECKPOINTED, LOCKED, RUNNING, SimCards, SimError, SimOOM
 
 __all__ = ["main", "run", "CUDA_ERRORS", "cuda_error_of"]
 

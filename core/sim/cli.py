@@ -17,8 +17,8 @@ import argparse
 import json
 import sys
 
-from ..units import format_duration, format_size, parse_duration, parse_size
-from .cards import CHECKPOINTED, CardSpec, SimCards, SimError
+from berth.decide.units import format_duration, format_size, parse_duration, parse_size
+from berth.sim.cards import CHECKPOINTED, CardSpec, SimCards, SimError
 
 __all__ = ["register", "parse_card", "engine_arguments"]
 
@@ -113,7 +113,7 @@ def engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from .engine import run   # aiohttp is loaded only for the engine
+    from berth.sim.engine import run   # aiohttp is loaded only for the engine
     return run(args)
 
 

@@ -35,9 +35,9 @@ from typing import AsyncIterator
 
 from aiohttp import web
 
-from ..model import normalize_pci
-from ..units import parse_duration, parse_size
-from .cards import RUNNING, SimBusy, SimCards, SimError, SimOOM
+from berth.decide.model import normalize_pci
+from berth.decide.units import parse_duration, parse_size
+from berth.sim.cards import RUNNING, SimBusy, SimCards, SimError, SimOOM
 
 __all__ = ["run", "StubEngine", "make_app"]
 

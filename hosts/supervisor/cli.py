@@ -39,7 +39,7 @@ MAPPING_FILE = "supervisor-listener.json"
 
 
 def _socket_of(cfg) -> Path:
-    from berth.daemon import state_dir_of
+    from berth.daemon.main import state_dir_of
     if cfg.api.socket:
         return Path(cfg.api.socket)
     if os.environ.get("BERTH_SOCKET"):
@@ -70,7 +70,7 @@ class _Side(threading.Thread):
 
     async def _main(self) -> None:
         from berth.client import Client
-        from berth.daemon import state_dir_of
+        from berth.daemon.main import state_dir_of
 
         from .listener import Host
         self.loop = asyncio.get_running_loop()
@@ -99,7 +99,7 @@ def listen(config_path: str | None, proto_fd: int, stdin=None) -> int:
     """Run the listener until supervisord closes stdin. ``proto_fd`` is the guarded protocol
     descriptor. Returns the exit status (see the module docstring)."""
     from berth.config import ConfigError
-    from berth.daemon import load_config
+    from berth.daemon.main import load_config
     from berth_plugins.manager import make_plugin_manager
 
     from .protocol import Protocol, ProtocolError, text_stdin

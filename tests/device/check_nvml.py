@@ -24,7 +24,7 @@ import time
 
 from berth.driver import BytesBack, DriverError, PidsGone, confirm
 from berth.driver.nvml import NvmlDriver
-from berth.model import normalize_pci
+from berth.decide.model import normalize_pci
 
 GiB = 1 << 30
 ALLOC_BYTES = 8 * GiB

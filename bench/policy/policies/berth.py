@@ -1,4 +1,4 @@
-"""Berth: the real pure core, ``berth.scheduler.Scheduler``, driven in virtual time.
+"""Berth: the real pure core, ``berth.decide.scheduler.Scheduler``, driven in virtual time.
 
 Every decision (admission under the lease's bound, the head-of-line policy, the making-room
 ladder, minimum turns, the juggle guard, fallbacks) comes from the core; this module only plays
@@ -36,12 +36,12 @@ import itertools
 import math
 from collections import Counter, deque
 
-from berth.admission import Policy as CoreKnobs
-from berth.admission import QueuePolicy
-from berth.ledger import Ledger
-from berth.measures import reserve_fraction
-from berth.model import Bound, Capabilities, Card, Lease, ParkMechanism, Share, ShareState
-from berth.scheduler import (CardRead, Ended, Granted, Instruct, Note, Op, Rejected, Scheduler,
+from berth.decide.admission import Policy as CoreKnobs
+from berth.decide.admission import QueuePolicy
+from berth.decide.ledger import Ledger
+from berth.decide.measures import reserve_fraction
+from berth.decide.model import Bound, Capabilities, Card, Lease, ParkMechanism, Share, ShareState
+from berth.decide.scheduler import (CardRead, Ended, Granted, Instruct, Note, Op, Rejected, Scheduler,
                              Watch)
 
 from ..world import EXITED, GONE, PARKED, READY

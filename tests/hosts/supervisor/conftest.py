@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from berth.config import load
-from berth.daemon import open_driver
+from berth.daemon.main import open_driver
 from berth_hosts.supervisor.rpc import Endpoint, ProcessInfo, Supervisor, SupervisorError
 
 PY = sys.executable

@@ -9,8 +9,8 @@ import asyncio
 import psutil
 from aiohttp.test_utils import TestClient, TestServer
 
-from berth.api import make_app
-from berth.broker import Broker
+from berth.daemon.api import make_app
+from berth.daemon.broker import Broker
 from berth.config import parse
 from berth.driver.sim import SimDriver
 from berth_hosts.supervisor import plugin

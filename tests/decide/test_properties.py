@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from berth.admission import Policy, QueuePolicy
-from berth.model import Bound, ParkMechanism, ShareState
-from tests.core.world import GiB, MiB, World, pci_of
+from berth.decide.admission import Policy, QueuePolicy
+from berth.decide.model import Bound, ParkMechanism, ShareState
+from tests.decide.world import GiB, MiB, World, pci_of
 
 S = ShareState
 OPS = ["request", "request", "request", "do", "do", "confirm", "confirm", "read", "grow",

@@ -1,7 +1,7 @@
 """The broker's decisions as a pure state machine: events in, effects out.
 
 This is the "scheduler with an effects table" of STYLE.md (after llama-swap's router design): it
-performs no I/O and reads no clock. ``berth.broker`` feeds it events from the control API, the
+performs no I/O and reads no clock. ``berth.daemon.broker`` feeds it events from the control API, the
 runs, the driver and a timer, and carries out the :class:`Effect` values it returns; the policy
 simulator (``bench/policy``) feeds it the same events in virtual time.
 

@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from .client import ApiError, BerthdUnavailable, Client
-from .process import ProcessId, SignalRefused, identify, signal_group, tree_pids
-from .units import parse_duration, parse_size
+from berth.client import ApiError, BerthdUnavailable, Client
+from berth.process import ProcessId, SignalRefused, identify, signal_group, tree_pids
+from berth.decide.units import parse_duration, parse_size
 
 __all__ = ["register", "RunOptions", "EngineRun", "parse_sizes"]
 
@@ -190,7 +190,7 @@ class EngineRun:
         from berth_plugins.manager import make_plugin_manager
         self.pm = make_plugin_manager()
         if self.o.front:
-            from .front import Front
+            from berth.front import Front
             host, _, port = self.o.front.rpartition(":")
             from berth_plugins.manager import is_write
             self.front = Front(host or "127.0.0.1", int(port), name=self.o.engine,
@@ -370,7 +370,7 @@ class EngineRun:
         self.engine_id = ident or ProcessId(self.proc.pid, time.time())
         log.info("started %s as pid %s: %s", self.o.engine, self.proc.pid, " ".join(cmd))
         self.watchdog = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "berth.watchdog", str(self.engine_id.pid),
+            sys.executable, "-m", "berth.run.watchdog", str(self.engine_id.pid),
             repr(self.engine_id.start_time), stdin=asyncio.subprocess.PIPE,
             start_new_session=True)
         if self.lease_id and ident is not None:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import tomli_w
 
-from .admission import WaitKind
-from .model import Bound, Capabilities, Lease, ParkMechanism, Share, ShareState
+from berth.decide.admission import WaitKind
+from berth.decide.model import Bound, Capabilities, Lease, ParkMechanism, Share, ShareState
 
 __all__ = ["Snapshot", "StateCorrupt", "dump", "load", "write_atomic", "quarantine", "boot_id"]
 

@@ -3,7 +3,7 @@
 Source: seed 002 (rules 1, 4, 5), issue 4 "The broker loop"; STYLE.md "one run loop owns the
 state; slow work runs elsewhere and comes back as an event".
 
-- One task (:meth:`Broker._loop`) owns the :class:`~berth.scheduler.Scheduler`. Everything that
+- One task (:meth:`Broker._loop`) owns the :class:`~berth.decide.scheduler.Scheduler`. Everything that
   changes lease state is a callable ``now -> effects`` submitted with :meth:`Broker.submit`.
 - A reader task reads the driver every ``read_interval`` and at once after every event, maps each
   card's processes to leases (by process tree), counts stowaways, notices dead holders, and
@@ -29,18 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import store
-from .config import Config
-from .driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost, confirm
-from .model import (LIVE_STATES, Capabilities, Card, Lease, ParkMechanism, Share, ShareState,
+from berth.daemon import store
+from berth.config import Config
+from berth.driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost, confirm
+from berth.decide.model import (LIVE_STATES, Capabilities, Card, Lease, ParkMechanism, Share, ShareState,
                     move)
-from .process import ProcessId, alive, tree_pids
-from .scheduler import (CardRead, Effect, Ended, Granted, Instruct, Note, Rejected, Scheduler,
+from berth.process import ProcessId, alive, tree_pids
+from berth.decide.scheduler import (CardRead, Effect, Ended, Granted, Instruct, Note, Rejected, Scheduler,
                         Watch)
 
 __all__ = ["Broker", "LeaseGone", "Channel"]
 
-log = logging.getLogger("berth.broker")
+log = logging.getLogger("berth.daemon.broker")
 S = ShareState
 _SLACK = 64 << 20
 
@@ -626,7 +626,7 @@ class Broker:
     # -- the board -----------------------------------------------------------------------------
     def status(self) -> dict:
         """The board as DESIGN.md's ``berth status --json`` keys (bytes, seconds)."""
-        from .measures import reserve_fraction, suggested_reserve
+        from berth.decide.measures import reserve_fraction, suggested_reserve
         led = self.sched.ledger
         sugg = suggested_reserve(led, self.sched.growth, self.cfg.policy.read_interval)
         cards = []
@@ -689,7 +689,7 @@ def _running_unleased(lease: Lease, kind: str) -> dict:
 
 
 def _counted(sh: Share) -> int:
-    from .ledger import counted_bytes
+    from berth.decide.ledger import counted_bytes
     return counted_bytes(sh)
 
 

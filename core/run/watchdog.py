@@ -7,7 +7,7 @@ group, so nothing else would stop it. ``berth run`` starts this watchdog in its 
 the run, the watchdog sends SIGKILL to the engine's group, if its leader is still the process
 Berth started or its members remain (rule 6), then exits. It also exits once the group is gone.
 
-    python -m berth.watchdog PGID START_TIME
+    python -m berth.run.watchdog PGID START_TIME
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import select
 import signal
 import sys
 
-from .process import ProcessId, SignalRefused, signal_group
+from berth.process import ProcessId, SignalRefused, signal_group
 
 
 def _group_alive(pgid: int) -> bool:
@@ -33,7 +33,7 @@ def _group_alive(pgid: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m berth.watchdog PGID START_TIME", file=sys.stderr)
+        print("usage: python -m berth.run.watchdog PGID START_TIME", file=sys.stderr)
         return 2
     leader = ProcessId(int(args[0]), float(args[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import psutil
 
-from . import paths
-from .config import Config, ConfigError, load, summary
-from .driver.base import Driver, DriverError
+from berth import paths
+from berth.config import Config, ConfigError, load, summary
+from berth.driver.base import Driver, DriverError
 
 __all__ = ["register", "load_config", "open_driver", "main_async"]
 
@@ -59,8 +59,8 @@ def open_driver(cfg: Config) -> Driver:
     """The configured driver. Simulated cards are declared (idempotently) first.
     Raises :class:`DriverError` (no NVIDIA driver, a sim directory declared differently)."""
     if cfg.driver.kind == "sim":
-        from .driver.sim import SimDriver
-        from .sim.cards import CardSpec, SimCards, SimError
+        from berth.driver.sim import SimDriver
+        from berth.sim.cards import CardSpec, SimCards, SimError
         specs = [CardSpec.make(c.name, c.total, pci=c.pci, baseline_bytes=c.baseline, index=i)
                  for i, c in enumerate(cfg.driver.cards)]
         d = sim_dir_of(cfg)
@@ -70,15 +70,15 @@ def open_driver(cfg: Config) -> Driver:
         except SimError as e:
             raise DriverError(str(e)) from None
         return SimDriver(d)
-    from .driver.nvml import NvmlDriver
+    from berth.driver.nvml import NvmlDriver
     return NvmlDriver(proc_root=cfg.driver.proc_root)
 
 
 async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:
     from berth_plugins.manager import make_plugin_manager
 
-    from .api import serve
-    from .broker import Broker
+    from berth.daemon.api import serve
+    from berth.daemon.broker import Broker
     sdir = state_dir_of(cfg)
     sdir.mkdir(parents=True, exist_ok=True)
     lock = _lock(sdir)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from berth.admission import Policy
-from berth.model import Capabilities, Card, Lease, ParkMechanism, Share, ShareState
-from berth.scheduler import (CardRead, Effect, Ended, Granted, Instruct, Rejected, Scheduler,
+from berth.decide.admission import Policy
+from berth.decide.model import Capabilities, Card, Lease, ParkMechanism, Share, ShareState
+from berth.decide.scheduler import (CardRead, Effect, Ended, Granted, Instruct, Rejected, Scheduler,
                              Watch)
 
 GiB = 1 << 30
@@ -70,7 +70,7 @@ class World:
                 park: ParkMechanism | None = None, lend: bool = False, bound=None,
                 need: dict[str, int] | None = None, growth: int = 0,
                 lend_max: int | None = None) -> None:
-        from berth.model import Bound
+        from berth.decide.model import Bound
         caps = Capabilities(park=park, lend=lend, lend_max_bytes=lend_max,
                             front="127.0.0.1:1" if (park or lend) else None)
         lease = Lease(lid, engine, {p: Share(p, b) for p, b in sizes.items()}, priority=priority,
@@ -203,8 +203,8 @@ class World:
             assert led.counted(pci) <= cap, (pci, led.counted(pci), cap)
             # Real use never spends the reserve either: engines use no more than they count.
             assert self.card_use(pci) <= card.total_bytes - card.reserve_bytes - card.claim_bytes
-        from berth.ledger import counted_bytes
-        from berth.model import TRANSITIONS
+        from berth.decide.ledger import counted_bytes
+        from berth.decide.model import TRANSITIONS
         for lease in led.leases.values():
             for pci, sh in lease.shares.items():
                 prev = S.WAITING

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from berth.model import (DIAGRAM_EDGES, TRANSITIONS, IllegalTransition, Share, ShareState,
+from berth.decide.model import (DIAGRAM_EDGES, TRANSITIONS, IllegalTransition, Share, ShareState,
                          move, normalize_pci)
-from berth.units import format_size, parse_duration, parse_size
+from berth.decide.units import format_size, parse_duration, parse_size
 
 S = ShareState
-CORE = Path(__file__).resolve().parents[2] / "core"
+CORE = Path(__file__).resolve().parents[2] / "core" / "decide"
 PURE = ("model", "ledger", "admission", "ladder", "scheduler", "measures", "units")
 
 
@@ -95,7 +95,7 @@ class TestUnits:
 
 class TestPurity:
     def test_pure_modules_import_no_io_libraries(self):
-        code = ("import sys\n" + "".join(f"import berth.{m}\n" for m in PURE) +
+        code = ("import sys\n" + "".join(f"import berth.decide.{m}\n" for m in PURE) +
                 "bad = [m for m in ('aiohttp', 'pynvml', 'psutil', 'asyncio', 'socket') "
                 "if m in sys.modules]\nprint(','.join(bad))")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from berth.admission import Policy, QueuePolicy
-from berth.model import Bound, ParkMechanism, ShareState
-from tests.core.world import GiB, MiB, World, pci_of
+from berth.decide.admission import Policy, QueuePolicy
+from berth.decide.model import Bound, ParkMechanism, ShareState
+from tests.decide.world import GiB, MiB, World, pci_of
 
 S = ShareState
 CKPT = ParkMechanism.CHECKPOINT
@@ -308,7 +308,7 @@ class TestEverySleepHasAWayBack:
 
 
 def _whole(lid: str):
-    from berth.model import Lease, Share
+    from berth.decide.model import Lease, Share
     return Lease(lid, lid, {G0: Share(G0, 0, whole_card=True)})
 
 
@@ -350,7 +350,7 @@ class TestFoundByThePolicySimulator:
 
 
 def _lease_not_ready(w: World, lid: str, size: int) -> str:
-    from berth.model import Lease, Share
+    from berth.decide.model import Lease, Share
     w.s.request(Lease(lid, lid, {G0: Share(G0, size)}), w.now)
     return lid
 

@@ -52,15 +52,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from .broker import Broker, LeaseGone
-from .model import Bound, Capabilities, Lease, ParkMechanism, Share
-from .driver.base import DriverError
-from .process import ProcessId, identify, peer_credentials
-from .units import parse_size
+from berth.daemon.broker import Broker, LeaseGone
+from berth.decide.model import Bound, Capabilities, Lease, ParkMechanism, Share
+from berth.driver.base import DriverError
+from berth.process import ProcessId, identify, peer_credentials
+from berth.decide.units import parse_size
 
 __all__ = ["make_app", "serve"]
 
-log = logging.getLogger("berth.api")
+log = logging.getLogger("berth.daemon.api")
 BROKER = web.AppKey("broker", Broker)
 
 

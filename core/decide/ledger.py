@@ -150,7 +150,7 @@ class Ledger:
         return self.leases.pop(lease_id)
 
     def move(self, lease_id: str, pci: str, dst: ShareState, now: float, **changes) -> Share:
-        """Move one share to ``dst`` (see :func:`berth.model.move`) and apply ``changes`` to its
+        """Move one share to ``dst`` (see :func:`berth.decide.model.move`) and apply ``changes`` to its
         fields in the same step, keeping the card's count exact. Raises ``IllegalTransition``."""
         share = self.leases[lease_id].shares[pci]
         before = counted_bytes(share)
