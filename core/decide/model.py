@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ShareState", "Bound", "ParkMechanism", "TRANSITIONS", "DIAGRAM_EDGES", "RULE_EDGES",
-    "IllegalTransition", "Capabilities", "Share", "Lease", "Card", "normalize_pci", "move",
+    "IllegalTransition", "Capabilities", "Share", "Lease", "Card", "normalize_pci", "move", "Op", "OPS",
     "LIVE_STATES", "ASLEEP_STATES", "SETTLED_STATES", "HOLDING_STATES",
 ]
 
@@ -110,6 +110,21 @@ ASLEEP_STATES = frozenset({S.PARKING, S.PARKED, S.RESUMING})
 SETTLED_STATES = frozenset({S.WAITING, S.ACTIVE, S.PARKED, S.LENT, S.FREED})
 #: States that count bytes on the card (everything but waiting and freed).
 HOLDING_STATES = frozenset(ShareState) - {S.WAITING, S.FREED}
+
+
+class Op(enum.StrEnum):
+    """An operation berthd instructs a run or a host to carry out on a lease (seed 002, "Making
+    room"); the value is the wire name in the control API's instructions and reports."""
+
+    PARK = "park"
+    WAKE = "wake"
+    LEND = "lend"
+    RETURN = "return"
+    DRAIN = "drain"
+
+
+#: Every operation's wire name, for validating a report.
+OPS: frozenset[str] = frozenset(Op)
 
 
 class Bound(enum.StrEnum):

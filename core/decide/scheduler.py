@@ -34,11 +34,11 @@ from .admission import Policy, Queue, WaitKind, Waiter, admission_pass
 from .ladder import Action, NoPlan, Plan, Rung, Step, SwapLog, plan
 from .ledger import Ledger, counted_bytes
 from .measures import Counters, GrowthMeter
-from .model import LIVE_STATES, Bound, Lease, ParkMechanism, Share, ShareState
+from .model import LIVE_STATES, OPS, Op, Bound, Lease, ParkMechanism, Share, ShareState
 from .units import format_size
 
 __all__ = ["Scheduler", "Effect", "Granted", "Instruct", "Watch", "Rejected", "Ended", "Note",
-           "CardRead", "Op", "Room"]
+           "CardRead", "Room"]
 
 S = ShareState
 
@@ -101,11 +101,6 @@ class Note(Effect):
     kind: str
     text: str
     data: dict = field(default_factory=dict)
-
-
-class Op:
-    PARK, WAKE, LEND, RETURN, DRAIN = "park", "wake", "lend", "return", "drain"
-    ALL = (PARK, WAKE, LEND, RETURN, DRAIN)
 
 
 @dataclass(frozen=True)
@@ -287,8 +282,8 @@ class Scheduler:
         """A run's word on an instruction. Success of park or lend changes nothing (the driver
         decides); failure of park, lend, wake or return falls back to drain at once; a drain
         report means the engine process has exited."""
-        if op not in Op.ALL:
-            raise ValueError(f"op: expected one of {', '.join(Op.ALL)}, got {op!r}")
+        if op not in OPS:
+            raise ValueError(f"op: expected one of {', '.join(OPS)}, got {op!r}")
         lease = self.ledger.leases.get(lease_id)
         if lease is None:
             return []
@@ -354,7 +349,7 @@ class Scheduler:
         self.queue.remove(lease_id)
         self.wake_wanted.discard(lease_id)
         for pci, sh in lease.shares.items():
-            for op in Op.ALL:
+            for op in Op:
                 self.deadlines.pop((lease_id, pci, op), None)
             if sh.state is S.WAITING:
                 self.ledger.move(lease_id, pci, S.FREED, now)
