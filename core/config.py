@@ -176,7 +176,8 @@ class _Strict(BaseModel):
 
 
 class SimCard(_Strict):
-    """A simulated card (``[[driver.cards]]``, sim only)."""
+    """A simulated card (``[[driver.cards]]``, sim only). ``pci`` defaults to
+    ``0000:<n>:00.0`` for the n-th card (from 1), as ``berth sim init`` picks it."""
 
     pci: Pci
     name: str
@@ -193,6 +194,16 @@ class DriverConfig(_Strict):
 
     kind: Literal["nvml", "sim"] = "nvml"
     cards: list[SimCard] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_pci(cls, data: Any) -> Any:
+        # A card declared without ``pci`` gets the address ``berth sim init`` would give it.
+        if isinstance(data, dict) and isinstance(data.get("cards"), list):
+            data = {**data, "cards": [
+                {**c, "pci": f"0000:{i + 1:02x}:00.0"} if isinstance(c, dict) and "pci" not in c
+                else c for i, c in enumerate(data["cards"])]}
+        return data
     sim_dir: str | None = None
     free_delay: Duration = 0.5
     checkpoint_rate: Rate = 7_000_000_000
@@ -693,9 +704,17 @@ def load(path: str | Path) -> Config:
     malformed TOML, naming the line)."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text())
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(str(p), [("(file)", "no such file")]) from None
+    except IsADirectoryError:
+        raise ConfigError(str(p), [("(file)", "is a directory; give the path of berth.toml "
+                                               "itself")]) from None
+    except PermissionError:
+        raise ConfigError(str(p), [("(file)", "cannot be read (permission denied)")]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(str(p), [("(file)", f"not UTF-8 text (TOML must be UTF-8): byte "
+                                               f"{e.object[e.start]:#04x} at offset {e.start}")]) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(str(p), [("(toml)", str(e))]) from None
     return parse(data, str(p))

@@ -1,0 +1,42 @@
+"""Issue 12 case 7, the config's share: ``berth config check`` on a directory or on a file that
+is not UTF-8 says so instead of a traceback, and a simulated card needs no ``pci`` (berth sim
+init picks one). How each failed on main before its fix is in the test's docstring."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.berthd import BERTH, Berthd, sim_config
+
+
+def _check(tmp_path, path) -> subprocess.CompletedProcess:
+    return subprocess.run([BERTH, "config", "check", str(path)], capture_output=True, text=True,
+                          timeout=30, cwd=tmp_path)
+
+
+def test_config_check_of_a_directory_or_bad_bytes_is_an_error_not_a_traceback(tmp_path):
+    """Main: ``berth config check DIR`` and a berth.toml that is not UTF-8 ended in
+    tracebacks."""
+    r = _check(tmp_path, tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "directory" in r.stderr, r.stderr
+    bad = tmp_path / "berth.toml"
+    bad.write_bytes(b'state_dir = "caf\xe9"\n')
+    r = _check(tmp_path, bad)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "UTF-8" in r.stderr, r.stderr
+
+
+def test_a_simulated_card_needs_no_pci(tmp_path):
+    """Main: ``[[driver.cards]]`` without ``pci`` was refused, though ``berth sim init`` picks
+    one (0000:01:00.0 for the first card)."""
+    cfg = sim_config(tmp_path, [("gpu0", "24GiB")])
+    cfg.write_text(cfg.read_text().replace('pci = "0000:01:00.0"\n', ""))
+    r = _check(tmp_path, cfg)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "0000:01:00.0" in r.stdout, r.stdout
+    d = Berthd(tmp_path, cfg).start()
+    try:
+        assert d.status()["cards"][0]["pci"] == "0000:01:00.0"
+    finally:
+        d.stop()
