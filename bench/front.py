@@ -1,8 +1,11 @@
-"""What the front costs: direct to an engine versus through :class:`berth.front.Front`.
+"""What the front costs: direct to an engine, through nginx, and through :class:`berth.front.Front`.
 
-Three processes, so that no two share an event loop: a minimal aiohttp upstream (the "engine"),
-the front pointed at it (open), and this process, an aiohttp client that generates the load. Each
-case runs direct, then through the front, at concurrency 1 and 32:
+Separate processes, so that no two share an event loop: a minimal aiohttp upstream (the "engine"),
+nginx in front of it (Debian's package, started here with its own config in a temporary directory:
+one worker, ``proxy_buffering off``, a keep-alive upstream pool), the front pointed at it (open),
+and this process, an aiohttp client that generates the load. Each case runs direct, through nginx,
+then through the front, at concurrency 1 and 32 (all in one run, so the ratios compare like with
+like on a busy machine). Without nginx on the PATH the script says so and measures the other two:
 
 - ``json``: ``POST /v1/completions`` with a small JSON body, answered with a ~300-byte JSON body;
 - ``sse``: ``POST /v1/chat/completions`` answered with a 256-chunk server-sent-event stream, one
@@ -11,11 +14,12 @@ case runs direct, then through the front, at concurrency 1 and 32:
   generates for each of 32 concurrent streams).
 
 Prints p50 and p99 latency (whole response, ms), requests/s, chunks/s, the CPU time each process
-spent per request (µs; psutil, 10 ms resolution) and the ratios through/direct. Targets (the
-front's issue): added p50 at concurrency 1 ≤ 1 ms, requests/s ratio at concurrency 32 ≥ 0.7,
-stream ratio ≥ 0.9. The three processes share the machine's cores (``os.cpu_count()`` is printed):
-through the front a request costs client + front + engine CPU where direct it costs client +
-engine, so on two cores the concurrency-32 ratios measure the front's CPU cost more than its
+spent per request (µs; psutil, 10 ms resolution; nginx's is its worker's), the ratios to direct
+and the ratios to nginx. Targets (issue 17, on two cores): the front's requests/s at concurrency 32
+≥ 0.7 × nginx's on small JSON, added p50 at concurrency 1 ≤ 0.25 ms over nginx, SSE chunks/s at
+concurrency 32 ≥ 0.9 × nginx's. The processes share the machine's cores (``os.cpu_count()`` is
+printed): through a proxy a request costs client + proxy + engine CPU where direct it costs client
++ engine, so on two cores the concurrency-32 ratios measure the proxy's CPU cost more than its
 latency.
 
     python bench/front.py [--json] [--scale X] [--only CASE] [--profile FILE]
@@ -25,8 +29,11 @@ one case and prints its runs as JSON lines. ``--profile`` writes the front proce
 stats to FILE. With ``--json`` the last line is one JSON object with keys ``added_p50_ms_c1``,
 ``rps_ratio_c1``, ``rps_ratio_c32``, ``stream_ratio`` (``sse`` chunks/s ratio at concurrency 32),
 ``stream_ratio_c1``, ``stream_ratio_paced_c32``, ``added_p50_ms_sse_c1``,
-``front_cpu_us_per_request_c32``, ``engine_cpu_us_per_request_c32``, ``cpus`` and the raw figures
-under ``runs``.
+``front_cpu_us_per_request_c32``, ``engine_cpu_us_per_request_c32``, ``cpus``, the raw figures
+under ``runs`` (direct and front) and ``nginx_runs``, and the comparisons with nginx:
+``rps_over_nginx_c32``, ``added_p50_ms_over_nginx_c1``, ``stream_over_nginx_c32``,
+``rps_over_nginx_c1``, ``nginx_rps_ratio_c32`` (nginx / direct), ``nginx_cpu_us_per_request_c32``
+(null when nginx is absent).
 """
 
 from __future__ import annotations
@@ -35,11 +42,13 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import aiohttp
@@ -127,6 +136,49 @@ def serve_front(port: int, upstream: str, profile: str | None) -> None:
         asyncio.run(main())
 
 
+NGINX_CONF = """
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    upstream engine {{
+        server 127.0.0.1:{upstream_port};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://engine;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(port: int, upstream_port: int, tmp: str) -> subprocess.Popen | None:
+    """nginx in the foreground with its own config under ``tmp``, or None without nginx."""
+    exe = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None)
+    if exe is None:
+        return None
+    conf = os.path.join(tmp, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_CONF.format(tmp=tmp, port=port, upstream_port=upstream_port))
+    return subprocess.Popen([exe, "-p", tmp, "-e", os.path.join(tmp, "error.log"), "-c", conf,
+                             "-g", "daemon off;"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+
+
 # ---- the load generator --------------------------------------------------------------------------
 
 def free_port() -> int:
@@ -180,8 +232,15 @@ async def one(session: aiohttp.ClientSession, url: str, case: str) -> int:
 
 
 def cpu_s(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
+    """CPU seconds of ``proc`` and its children (nginx's master forks its worker)."""
+    total = 0.0
+    for p in (proc, *proc.children(recursive=True)):
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
 
 
 async def load(url: str, case: str, concurrency: int, count: int,
@@ -232,9 +291,12 @@ def main() -> None:
     if args.role == "front":
         return serve_front(args.port, args.upstream, args.profile)
 
-    up_port, front_port = free_port(), free_port()
+    up_port, front_port, nginx_port = free_port(), free_port(), free_port()
     direct, through = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{front_port}"
+    via_nginx = f"http://127.0.0.1:{nginx_port}"
     procs = [spawn("--role", "upstream", "--port", str(up_port))]
+    tmp = tempfile.TemporaryDirectory(prefix="berth-bench-nginx-")
+    nginx: subprocess.Popen | None = None
     try:
         wait_ready(direct, procs[0])
         front_args = ["--role", "front", "--port", str(front_port), "--upstream", direct]
@@ -242,43 +304,62 @@ def main() -> None:
             front_args += ["--profile", args.profile]
         procs.append(spawn(*front_args))
         wait_ready(through, procs[1])
-        runs = []
+        nginx = start_nginx(nginx_port, up_port, tmp.name)
+        if nginx is None:
+            print("nginx not found (Debian: apt-get install nginx): measuring direct and the "
+                  "front only", file=sys.stderr)
+        else:
+            procs.append(nginx)
+            wait_ready(via_nginx, nginx)
+        runs, nginx_runs = [], []
         me, upstream, front = (psutil.Process(), psutil.Process(procs[0].pid),
                                psutil.Process(procs[1].pid))
         for case in (args.only,) if args.only else CASES:
             for c in CONCURRENCY:
                 n = max(c, int(COUNTS[(case, c)] * args.scale))
                 d = asyncio.run(load(direct, case, c, n, {"client": me, "engine": upstream}))
+                runs.append({"path": "direct", **d})
+                if nginx is not None:
+                    x = asyncio.run(load(via_nginx, case, c, n, {
+                        "client": me, "engine": upstream, "nginx": psutil.Process(nginx.pid)}))
+                    nginx_runs.append({"path": "nginx", **x})
                 t = asyncio.run(load(through, case, c, n,
                                      {"client": me, "engine": upstream, "front": front}))
-                runs.append({"path": "direct", **d})
                 runs.append({"path": "front", **t})
     finally:
         for p in procs:
-            p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGTERM if p is not nginx else signal.SIGQUIT)
         for p in procs:
             try:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        tmp.cleanup()
 
     if args.only:
-        for r in runs:
+        for r in runs + nginx_runs:
             print(json.dumps(r))
         return
 
     def get(path: str, case: str, c: int) -> dict:
-        return next(r for r in runs if (r["path"], r["case"], r["concurrency"]) == (path, case, c))
+        return next(r for r in runs + nginx_runs
+                    if (r["path"], r["case"], r["concurrency"]) == (path, case, c))
 
-    print(f"front benchmark on {os.cpu_count()} CPUs (direct vs through the front)")
+    print(f"front benchmark on {os.cpu_count()} CPUs (direct, nginx, the front)")
     print(f"{'case':<9} {'conc':>4} {'path':<7} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>9} "
-          f"{'chunks/s':>10}   CPU µs per request: client engine front")
-    for r in runs:
-        cpu = r["cpu_us_per_request"]
-        print(f"{r['case']:<9} {r['concurrency']:>4} {r['path']:<7} {r['p50_ms']:>8.3f} "
-              f"{r['p99_ms']:>8.3f} {r['rps']:>9.0f} {r['chunks_per_s']:>10.0f}   "
-              f"{cpu['client']:>6.0f} {cpu['engine']:>6.0f} {cpu.get('front', 0):>5.0f}")
-    figures = {
+          f"{'chunks/s':>10}   CPU µs per request: client engine proxy")
+    for case in (args.only,) if args.only else CASES:
+        for c in CONCURRENCY:
+            for path in ("direct", "nginx", "front"):
+                if path == "nginx" and nginx is None:
+                    continue
+                r = get(path, case, c)
+                cpu = r["cpu_us_per_request"]
+                proxy = cpu.get("front", cpu.get("nginx", 0))
+                print(f"{case:<9} {c:>4} {path:<7} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
+                      f"{r['rps']:>9.0f} {r['chunks_per_s']:>10.0f}   "
+                      f"{cpu['client']:>6.0f} {cpu['engine']:>6.0f} {proxy:>5.0f}")
+    figures: dict[str, float | int | None] = {
         "added_p50_ms_c1": get("front", "json", 1)["p50_ms"] - get("direct", "json", 1)["p50_ms"],
         "rps_ratio_c1": get("front", "json", 1)["rps"] / get("direct", "json", 1)["rps"],
         "rps_ratio_c32": get("front", "json", 32)["rps"] / get("direct", "json", 32)["rps"],
@@ -291,12 +372,32 @@ def main() -> None:
         "added_p50_ms_sse_c1": get("front", "sse", 1)["p50_ms"] - get("direct", "sse", 1)["p50_ms"],
         "front_cpu_us_per_request_c32": get("front", "json", 32)["cpu_us_per_request"]["front"],
         "engine_cpu_us_per_request_c32": get("front", "json", 32)["cpu_us_per_request"]["engine"],
-        "cpus": os.cpu_count(),
+        "rps_over_nginx_c32": None, "added_p50_ms_over_nginx_c1": None,
+        "stream_over_nginx_c32": None, "rps_over_nginx_c1": None, "nginx_rps_ratio_c32": None,
+        "nginx_cpu_us_per_request_c32": None,
     }
+    if nginx is not None:
+        figures.update({
+            "rps_over_nginx_c32": get("front", "json", 32)["rps"] / get("nginx", "json", 32)["rps"],
+            "added_p50_ms_over_nginx_c1": get("front", "json", 1)["p50_ms"]
+            - get("nginx", "json", 1)["p50_ms"],
+            "stream_over_nginx_c32": get("front", "sse", 32)["chunks_per_s"]
+            / get("nginx", "sse", 32)["chunks_per_s"],
+            "rps_over_nginx_c1": get("front", "json", 1)["rps"] / get("nginx", "json", 1)["rps"],
+            "nginx_rps_ratio_c32": get("nginx", "json", 32)["rps"]
+            / get("direct", "json", 32)["rps"],
+            "nginx_cpu_us_per_request_c32":
+                get("nginx", "json", 32)["cpu_us_per_request"]["nginx"],
+        })
+    figures["cpus"] = os.cpu_count()
     targets = {"added_p50_ms_c1": ("<=", 1.0), "rps_ratio_c32": (">=", 0.7),
-               "stream_ratio": (">=", 0.9)}
+               "stream_ratio": (">=", 0.9), "rps_over_nginx_c32": (">=", 0.7),
+               "added_p50_ms_over_nginx_c1": ("<=", 0.25), "stream_over_nginx_c32": (">=", 0.9)}
     for k, v in figures.items():
         if k == "cpus":
+            continue
+        if v is None:
+            print(f"{k:<30} {'n/a':>8}   (no nginx)")
             continue
         mark = ""
         if k in targets:
@@ -305,7 +406,7 @@ def main() -> None:
             mark = f"   target {op} {goal}: {'met' if ok else 'MISSED'}"
         print(f"{k:<30} {v:8.3f}{mark}")
     if args.json:
-        print(json.dumps({**figures, "runs": runs}))
+        print(json.dumps({**figures, "runs": runs, "nginx_runs": nginx_runs}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,259 @@
+"""The :class:`Front` itself: its states and lifetime (the request path is
+:class:`berth.front.path.RequestPath`; the module docstring of :mod:`berth.front` gives the
+whole contract)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable
+
+from yarl import URL
+
+from .path import RequestPath
+from .rules import EDGES, TRANSITIONS, FrontState, IllegalFrontTransition, default_is_write
+from .server import ClientConnection
+from .upstream import Address, Pool
+
+log = logging.getLogger("berth.front")
+F = FrontState
+
+
+class Front(RequestPath):
+    """A reverse proxy for one engine with the states of seed 002 "Fronts".
+
+    ``host``/``port``: the front's address (``port=0`` picks one; read :attr:`port` after
+    :meth:`start`). ``name``: the engine's name, used in messages. ``wait_limit_s``: the longest
+    a request is held, seconds. ``on_wake``: awaited once per sleep when the first write arrives
+    while asleep. ``on_activity``: called when a request is forwarded, at most once per
+    ``activity_every_s`` seconds. ``on_state(old, new, why)``: called on every transition.
+    ``is_write(method, path)``: True when a request needs the engine awake (default: any method
+    but GET, HEAD and OPTIONS).
+    ``shutdown_grace_s``: how long :meth:`stop` lets in-flight requests finish, seconds.
+    ``max_in_flight``: the most writes forwarded at once (the engine's parallel slots; ``None``:
+    no limit). Further writes wait in the front, not in the engine's own queue, so a park waits
+    only for what the engine is running, and what waits can be held while it sleeps.
+    ``on_unwanted``: called when the last held request leaves (answered at its deadline, or its
+    client gone) while the front is ``waking``: nobody waits for that wake any more.
+
+    Counters (plain ints): ``forwarded`` requests sent to the engine, ``held`` requests that
+    waited, ``held_timeouts`` held requests answered 503 at a deadline, ``client_gone`` clients
+    that disconnected before their answer was complete, ``errors`` engine failures (502s and
+    streams cut mid-way), ``refused_reads`` reads answered 503 while not open, ``wakes`` calls of
+    ``on_wake``. ``in_flight``: requests being forwarded now.
+    """
+
+    def __init__(self, host: str, port: int, *, name: str = "engine", wait_limit_s: float = 120.0,
+                 on_wake: Callable[[], Awaitable[None]] | None = None,
+                 on_activity: Callable[[], None] | None = None,
+                 on_state: Callable[[FrontState, FrontState, str], None] | None = None,
+                 is_write: Callable[[str, str], bool] | None = None,
+                 activity_every_s: float = 1.0, shutdown_grace_s: float = 2.0,
+                 max_in_flight: int | None = None,
+                 on_unwanted: Callable[[], None] | None = None):
+        if wait_limit_s <= 0:
+            raise ValueError(f"wait_limit_s must be positive, got {wait_limit_s}")
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.max_in_flight = max_in_flight
+        self._on_unwanted = on_unwanted
+        self.host, self.port, self.name = host, port, name
+        self.wait_limit_s = wait_limit_s
+        self.activity_every_s = activity_every_s
+        self._on_wake, self._on_activity, self._on_state = on_wake, on_activity, on_state
+        self._is_write = is_write or default_is_write
+        self._shutdown_grace_s = shutdown_grace_s
+        self._state = F.STARTING
+        self.since = time.monotonic()           # when the current state began (monotonic s)
+        self._upstream: str | None = None       # base URL without a trailing slash
+        self._changed = asyncio.Event()         # replaced on every change; held requests wait on it
+        self._fail_epoch, self._fail_reason = 0, ""
+        self._stop_reason = "engine stopped"
+        self._idle = asyncio.Event()            # set while in_flight == 0
+        self._idle.set()
+        self._wake_tasks: set[asyncio.Task[None]] = set()
+        self._addr: Address | None = None
+        self._pool = Pool()
+        self._server: asyncio.Server | None = None
+        self._conns: set[ClientConnection] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_activity = float("-inf")
+        self.in_flight = self._holding = 0
+        self.forwarded = self.held = self.held_timeouts = self.client_gone = self.errors = 0
+        self.refused_reads = self.wakes = 0
+
+    # ---- lifetime --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on the front's address, in state ``starting``. Raises ``OSError`` if the address
+        is taken."""
+        self._loop = asyncio.get_running_loop()
+        server = await self._loop.create_server(lambda: ClientConnection(self), self.host,
+                                                self.port, reuse_address=True)
+        self._server = server
+        self.port = server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Shut the front down:
+
+        1. move to ``stopped`` (reason "front stopped" unless already stopped): every held
+           request is answered 503 at once;
+        2. cancel a wake in progress;
+        3. stop listening and give requests being answered ``shutdown_grace_s`` to finish;
+        4. close every client connection and every idle engine connection.
+        """
+        if self._state is not F.STOPPED:
+            self.stopped("front stopped")
+        for task in list(self._wake_tasks):
+            task.cancel()
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()
+        busy = {c.task for c in self._conns if c.task is not None}
+        if busy:
+            await asyncio.wait(busy, timeout=self._shutdown_grace_s)
+        for conn in list(self._conns):
+            conn.close()
+            if conn.task is not None:
+                conn.task.cancel()
+        await server.wait_closed()
+        self._pool.close()
+
+    @property
+    def url(self) -> str:
+        """The front's base URL, e.g. ``http://127.0.0.1:5800``."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def upstream(self) -> str | None:
+        """The engine's base URL, or None before :meth:`set_upstream`."""
+        return self._upstream
+
+    def set_upstream(self, url: str) -> None:
+        """Send requests to ``url`` (``http://HOST:PORT``, optionally with a path prefix) from now
+        on. May be called in any state; requests already forwarded keep their connection."""
+        addr = Address(url)
+        if self._addr is not None and self._addr.key != addr.key:
+            self._pool.close()   # idle connections to the old address serve nobody now
+        self._addr, self._upstream = addr, str(URL(url)).rstrip("/")
+
+    # ---- states ----------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> FrontState:
+        """The current state."""
+        return self._state
+
+    @property
+    def holding(self) -> int:
+        """Requests held now."""
+        return self._holding
+
+    def _move(self, new: FrontState, why: str = "") -> bool:
+        """The only place the state changes: check the edge, record the time, wake every held
+        request, emit one event. Moving to the current state does nothing and returns False."""
+        old = self._state
+        if new is old:
+            return False
+        edge = EDGES.get((old, new))
+        if edge is None:
+            raise IllegalFrontTransition(
+                f"front {self.name!r}: {old} -> {new} is not allowed; from {old} it may go to "
+                f"{', '.join(sorted(TRANSITIONS[old])) or 'nowhere'}")
+        self._state, self.since = new, time.monotonic()
+        self._notify()
+        log.info("front %s: %s -> %s (%s)", self.name, old, new, why or edge)
+        if self._on_state is not None:
+            try:
+                self._on_state(old, new, why or edge)
+            except Exception:
+                log.exception("front %s: on_state callback failed", self.name)
+        return True
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def starting(self) -> bool:
+        """``stopped -> starting``: the run starts the engine again (writes held, reads 503)."""
+        return self._move(F.STARTING)
+
+    def open(self) -> bool:
+        """Forward from now on; held requests are forwarded. Raises
+        :class:`IllegalFrontTransition` from ``asleep`` (go through :meth:`waking`) or ``stopped``,
+        and ``RuntimeError`` before :meth:`set_upstream`."""
+        if self._upstream is None:
+            raise RuntimeError(f"front {self.name!r}: set_upstream() before open()")
+        return self._move(F.OPEN)
+
+    async def close_and_drain(self, timeout_s: float) -> bool:
+        """``open -> closing``: hold new requests and wait up to ``timeout_s`` seconds for the
+        in-flight ones to finish. Returns True when none is left. The state stays ``closing``:
+        the caller then calls :meth:`sleep` (park done), :meth:`open` (called off) or
+        :meth:`stopped` (seed 002: "Only then does the park, checkpoint or lend begin").
+        In a state that forwards nothing (starting, asleep, waking, stopped) nothing is in flight:
+        it returns True at once and leaves the state as it is."""
+        if self._state is F.OPEN:
+            self._move(F.CLOSING)
+        elif self._state is not F.CLOSING:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+            return True
+        except TimeoutError:
+            return False
+
+    def sleep(self) -> bool:
+        """``closing -> asleep`` (or ``waking -> asleep`` when a wake is refused). Writes held
+        from now on, or already held, make the front ask for the card through ``on_wake``."""
+        return self._move(F.ASLEEP)
+
+    def waking(self) -> bool:
+        """``asleep -> waking``: the broker resumes the lease on its own (no ``on_wake`` call)."""
+        return self._move(F.WAKING)
+
+    def stopped(self, reason: str = "engine stopped") -> bool:
+        """Move to ``stopped``: every held request and every new one is answered 503 with
+        ``reason``. :meth:`starting` leaves it."""
+        self._stop_reason = reason
+        self.fail_held(reason)
+        return self._move(F.STOPPED, reason)
+
+    def fail_held(self, reason: str) -> int:
+        """Answer every request held now with a 503 naming ``reason``; requests that arrive later
+        are held as the state says. Returns how many were held."""
+        self._fail_epoch += 1
+        self._fail_reason = reason
+        self._notify()
+        return self._holding
+
+    def counters(self) -> dict[str, int | str]:
+        """The state and counters, for ``berth status``."""
+        return {"state": str(self._state), "in_flight": self.in_flight, "holding": self._holding,
+                "forwarded": self.forwarded, "held": self.held,
+                "held_timeouts": self.held_timeouts, "client_gone": self.client_gone,
+                "errors": self.errors, "refused_reads": self.refused_reads, "wakes": self.wakes}
+
+    def _ask_wake(self) -> None:
+        if self._on_wake is None:
+            return   # nobody to ask: the request waits for the caller or its deadline
+        self._move(F.WAKING, "a write arrived while asleep")
+        self.wakes += 1
+        task = asyncio.get_running_loop().create_task(self._wake(self._on_wake))
+        self._wake_tasks.add(task)
+        task.add_done_callback(self._wake_tasks.discard)
+
+    async def _wake(self, on_wake: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await on_wake()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            reason = f"wake failed: {exc or type(exc).__name__}"
+            log.warning("front %s: %s", self.name, reason)
+            if self._state is F.WAKING:
+                self._move(F.ASLEEP, reason)
+            self.fail_held(reason)

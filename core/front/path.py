@@ -1,0 +1,237 @@
+"""One request's way through the front: refused, held, or forwarded (seed 002 "Fronts").
+
+:class:`RequestPath` is the request half of :class:`berth.front.Front` (the other half holds the
+states and the lifetime). While the front is open a request costs one state check, the in-flight
+count, one write of its head and body to a kept-alive engine connection and the answer's bytes
+passed back as they arrive; the slow states add the hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from .rules import (DEADLINE_MARGIN_S, HOLDING_STATES, FrontState, client_deadline_s,
+                    default_is_write, error_answer)
+from .upstream import Address, EngineConnection, EngineFailed, Pool, StaleConnection
+
+if TYPE_CHECKING:
+    from .server import ClientConnection, Request
+
+log = logging.getLogger("berth.front")
+F = FrontState
+
+BUFFER_BODY_BYTES = 1 << 20   # request bodies up to this are read whole, larger ones streamed
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
+
+
+class RequestPath:
+    """The request path of a front. Answers return whether the client's connection may carry
+    another request."""
+
+    # set by Front.__init__
+    name: str
+    wait_limit_s: float
+    activity_every_s: float
+    max_in_flight: int | None
+    in_flight: int
+    forwarded: int
+    held: int
+    held_timeouts: int
+    client_gone: int
+    errors: int
+    refused_reads: int
+    _state: FrontState
+    _stop_reason: str
+    _fail_epoch: int
+    _fail_reason: str
+    _holding: int
+    _last_activity: float
+    _addr: Address | None
+    _pool: Pool
+    _idle: asyncio.Event
+    _changed: asyncio.Event
+    _is_write: Callable[[str, str], bool]
+    _on_activity: Callable[[], None] | None
+    _on_unwanted: Callable[[], None] | None
+    _ask_wake: Callable[[], None]
+    _notify: Callable[[], None]
+
+    async def _handle(self, req: "Request", client: "ClientConnection") -> bool:
+        st = self._state
+        if st is F.OPEN:
+            if self.max_in_flight is None or self.in_flight < self.max_in_flight \
+                    or not self._writes(req):
+                return await self._forward(req, client)
+            return await self._hold(req, client)
+        if not self._writes(req):
+            self.refused_reads += 1
+            return self._unavailable(req, str(st), f"engine {self.name!r} is {st}; the front "
+                                     "answers reads itself until it serves, and a read never "
+                                     "wakes it")
+        if st in HOLDING_STATES:
+            return await self._hold(req, client)
+        return self._unavailable(req, self._stop_reason, f"engine {self.name!r} is not "
+                                 f"running: {self._stop_reason}")
+
+    def _writes(self, req: "Request") -> bool:
+        try:
+            return bool(self._is_write(req.method_str, req.path))
+        except Exception:
+            log.exception("front %s: is_write failed; using the method alone", self.name)
+            return default_is_write(req.method_str, req.path)
+
+    async def _hold(self, req: "Request", client: "ClientConnection") -> bool:
+        """Wait for ``open`` (then forward), a failure, the client's deadline or the wait limit."""
+        loop = asyncio.get_running_loop()
+        limit_s, reason = self.wait_limit_s, "wait_limit"
+        client_s = client_deadline_s(req.headers)
+        if client_s is not None and client_s - DEADLINE_MARGIN_S < limit_s:
+            limit_s, reason = max(0.0, client_s - DEADLINE_MARGIN_S), "client_deadline"
+        epoch = self._fail_epoch
+        self.held += 1
+        self._holding += 1
+        try:
+            async with asyncio.timeout_at(loop.time() + limit_s):
+                while True:
+                    if self._fail_epoch != epoch:
+                        return self._unavailable(req, self._fail_reason, f"engine "
+                                                 f"{self.name!r} is unavailable: "
+                                                 f"{self._fail_reason}")
+                    st = self._state
+                    if st is F.OPEN and (self.max_in_flight is None
+                                         or self.in_flight < self.max_in_flight):
+                        break
+                    if st is F.STOPPED:
+                        return self._unavailable(req, self._stop_reason, f"engine "
+                                                 f"{self.name!r} is not running: "
+                                                 f"{self._stop_reason}")
+                    if st is F.ASLEEP:
+                        self._ask_wake()
+                    await self._changed.wait()
+        except TimeoutError:
+            self.held_timeouts += 1
+            who = "the client's deadline" if reason == "client_deadline" else "the wait limit"
+            return self._unavailable(req, reason, f"engine {self.name!r} was not ready within "
+                                     f"{who} ({limit_s:g} s, state {self._state}); the request "
+                                     "was held and not sent")
+        except asyncio.CancelledError:
+            self.client_gone += 1
+            raise
+        finally:
+            self._holding -= 1
+            if self._holding == 0 and self._state is F.WAKING and self._on_unwanted is not None:
+                try:
+                    self._on_unwanted()
+                except Exception:
+                    log.exception("front %s: on_unwanted callback failed", self.name)
+        return await self._forward(req, client)
+
+    async def _forward(self, req: "Request", client: "ClientConnection") -> bool:
+        """Send ``req`` to the engine; its answer streams to ``client`` as it arrives. The
+        in-flight count rises before the first suspension, so a drain that starts later waits."""
+        addr = self._addr
+        assert addr is not None
+        self.in_flight += 1
+        if self.in_flight == 1:
+            self._idle.clear()
+        self.forwarded += 1
+        if self._on_activity is not None:
+            now = time.monotonic()
+            if now - self._last_activity >= self.activity_every_s:
+                self._last_activity = now
+                try:
+                    self._on_activity()
+                except Exception:
+                    log.exception("front %s: on_activity callback failed", self.name)
+        engine: EngineConnection | None = None
+        reusable = False
+        try:
+            head = b"%s %s%s HTTP/1.1\r\n%s%s" % (req.method, addr.prefix, req.target,
+                                                  addr.host_line, b"".join(req.lines))
+            if req.expect and not req.complete and not req.size:
+                client.write(_CONTINUE)   # the client sends its body only now
+            streamed = req.chunked or (req.length is not None and req.length > BUFFER_BODY_BYTES)
+            payload = b""
+            if not streamed:
+                body = await req.read_all()
+                if body or req.length is not None or req.method in _BODY_METHODS:
+                    payload = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+                else:
+                    payload = head + b"\r\n"
+            for retry in (False, True):
+                try:
+                    engine = await self._pool.acquire(addr)
+                except (OSError, TimeoutError) as exc:
+                    self.errors += 1
+                    log.warning("front %s: engine unreachable: %r", self.name, exc)
+                    return self._error(req, 502, "engine_unreachable", f"engine "
+                                       f"{self.name!r} failed: {exc or type(exc).__name__}")
+                engine.begin(client, req.method == b"HEAD", req.version == "1.0")
+                assert engine.done is not None
+                if streamed:
+                    await self._send_body(req, engine, head)
+                else:
+                    engine.write(payload)
+                try:
+                    reusable = await engine.done
+                    break
+                except StaleConnection:
+                    engine.close()
+                    engine = None
+                    if streamed or retry:
+                        raise
+            return req.version != "1.0"
+        except EngineFailed as exc:
+            self.errors += 1
+            if exc.started:
+                # the engine cut the answer: end it by closing the client's connection (after
+                # what arrived), so the client can tell the body is incomplete
+                log.warning("front %s: engine cut the answer mid-stream: %s", self.name, exc)
+                client.close()
+                return False
+            log.warning("front %s: engine failed: %s", self.name, exc)
+            return self._error(req, 502, "engine_failed", f"engine {self.name!r} failed: {exc}")
+        except asyncio.CancelledError:   # the client went, or the front stops
+            self.client_gone += 1
+            raise
+        finally:
+            if engine is not None:
+                if reusable:
+                    self._pool.release(engine, addr)
+                else:
+                    engine.close()   # the engine sees its connection close
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+            if self.max_in_flight is not None and self._holding:
+                self._notify()   # a slot freed: a waiting write may go
+
+    async def _send_body(self, req: "Request", engine: EngineConnection, head: bytes) -> None:
+        """Stream a large or chunked request body to the engine as it arrives."""
+        if req.chunked:
+            engine.write(head + b"Transfer-Encoding: chunked\r\n\r\n")
+        else:
+            engine.write(b"%sContent-Length: %d\r\n\r\n" % (head, req.length))
+        while not engine.closed:
+            data = await req.read_some()
+            if not data:
+                break
+            engine.write(b"%x\r\n%s\r\n" % (len(data), data) if req.chunked else data)
+            await engine.drain()
+        if req.chunked:
+            engine.write(b"0\r\n\r\n")
+
+    def _unavailable(self, req: "Request", reason: str, message: str) -> bool:
+        req.conn.write(error_answer(503, reason, message, "unavailable_error",
+                                    head=req.method == b"HEAD"))
+        return True
+
+    def _error(self, req: "Request", status: int, reason: str, message: str) -> bool:
+        req.conn.write(error_answer(status, reason, message, "upstream_error",
+                                    head=req.method == b"HEAD"))
+        return True
+

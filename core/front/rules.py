@@ -1,0 +1,148 @@
+"""The front's rules as data: states and their edges, which requests are reads, hop-by-hop
+headers, the client's deadline, and the answers the front gives itself (seed 002 "Fronts")."""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Iterable
+
+__all__ = [
+    "FrontState", "EDGES", "TRANSITIONS", "HOLDING_STATES", "READ_METHODS", "HOP_BY_HOP",
+    "DEADLINE_HEADERS", "DEADLINE_MARGIN_S", "IllegalFrontTransition", "error_answer",
+    "client_deadline_s", "default_is_write", "strip_headers",
+]
+
+
+class FrontState(enum.StrEnum):
+    """A front's states: the seed's four (open, closing, asleep, waking) plus ``starting`` (before
+    the engine is up) and ``stopped`` (the engine is gone)."""
+
+    STARTING = "starting"
+    OPEN = "open"
+    CLOSING = "closing"
+    ASLEEP = "asleep"
+    WAKING = "waking"
+    STOPPED = "stopped"
+
+
+F = FrontState
+
+#: Every legal transition, labelled with why it is taken.
+EDGES: dict[tuple[FrontState, FrontState], str] = {
+    (F.STARTING, F.OPEN): "the engine answered",
+    (F.OPEN, F.CLOSING): "a park, checkpoint or lend begins: drain first (seed 002 Fronts)",
+    (F.CLOSING, F.ASLEEP): "in-flight requests done, the engine sleeps",
+    (F.CLOSING, F.OPEN): "the park was called off, or the lend is done (the engine serves on)",
+    (F.ASLEEP, F.WAKING): "a write arrived, or the broker resumes the lease",
+    (F.ASLEEP, F.OPEN): "the engine was woken without a held write (the broker resumed it)",
+    (F.WAKING, F.OPEN): "the wake answered",
+    (F.WAKING, F.ASLEEP): "the wake failed or was refused; the next write asks again",
+    (F.STOPPED, F.STARTING): "the run starts the engine again",
+    **{(s, F.STOPPED): "the engine stopped, or the run is ending (rule 4: a wake that does not "
+                       "answer stops the engine)" for s in FrontState if s is not F.STOPPED},
+}
+
+#: Allowed next states, by state.
+TRANSITIONS: dict[FrontState, frozenset[FrontState]] = {
+    st: frozenset(b for (a, b) in EDGES if a == st) for st in FrontState
+}
+
+#: States in which a write is held rather than forwarded or refused.
+HOLDING_STATES = frozenset({F.STARTING, F.CLOSING, F.ASLEEP, F.WAKING})
+
+#: Methods that never wake an engine (seed 002 Fronts).
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+#: Hop-by-hop headers (RFC 9110 §7.6.1), lower case; ``proxy-*`` and the names listed in
+#: ``Connection`` are dropped too. Towards the engine ``Host``, ``Expect`` (the front answers it)
+#: and ``Content-Length`` (set again from the body) are dropped as well.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "te", "trailer", "trailers",
+                        "transfer-encoding", "upgrade"})
+
+#: Request headers that carry the client's own deadline, in seconds from when it sent the request.
+#: The openai Python client sends its read timeout as ``X-Stainless-Read-Timeout`` (older
+#: Stainless clients: ``X-Stainless-Timeout``); a held request has sent nothing back, so the read
+#: timeout is when that client gives up.
+DEADLINE_HEADERS = ("X-Stainless-Read-Timeout", "X-Stainless-Timeout", "X-Berth-Deadline",
+                    "X-Request-Timeout")
+_DEADLINE_LOWER = tuple(h.lower().encode() for h in DEADLINE_HEADERS)
+
+#: A held request is answered this many seconds before the client's own deadline.
+DEADLINE_MARGIN_S = 0.1
+
+RETRY_AFTER_S = 1
+
+
+class IllegalFrontTransition(RuntimeError):
+    """A state change that :data:`TRANSITIONS` does not allow."""
+
+
+def default_is_write(method: str, path: str) -> bool:
+    """A request needs the engine awake unless its method is a read (:data:`READ_METHODS`)."""
+    return method not in READ_METHODS
+
+
+def error_answer(status: int, reason: str, message: str, type_: str, *,
+                 close: bool = False, head: bool = False) -> bytes:
+    """A whole HTTP/1.1 answer the front gives itself: OpenAI's error shape plus llama-swap's
+    ``src`` (reference "llama-swap") and the ``reason``; a 503 carries ``Retry-After``.
+    ``head``: the answer to a HEAD request (headers only)."""
+    body = json.dumps({"error": {"message": message, "type": type_, "code": status},
+                       "src": "berth", "reason": reason}).encode()
+    phrase = {400: "Bad Request", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
+              503: "Service Unavailable"}.get(status, "Error")
+    lines = [f"HTTP/1.1 {status} {phrase}", "Content-Type: application/json; charset=utf-8",
+            f"Content-Length: {len(body)}"]
+    if status == 503:
+        lines.append(f"Retry-After: {RETRY_AFTER_S}")
+    if close:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body)
+
+
+def client_deadline_s(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
+    """The client's own deadline in seconds from now, from :data:`DEADLINE_HEADERS` in raw
+    ``(name, value)`` pairs; the smallest valid one, or None."""
+    best: float | None = None
+    for name, raw in headers:
+        if name.lower() not in _DEADLINE_LOWER:
+            continue
+        try:
+            v = float(raw)
+        except ValueError:
+            continue
+        if v == v and v >= 0 and (best is None or v < best):   # v == v: not NaN
+            best = v
+    return best
+
+
+_HOP = frozenset(h.encode() for h in HOP_BY_HOP)
+REQUEST_DROP = _HOP | {b"host", b"expect", b"content-length"}
+ANSWER_DROP = _HOP
+
+
+def strip_headers(headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]
+                  ) -> tuple[list[bytes], int | None, bool]:
+    """Header lines (``b"Name: value\\r\\n"``) of ``headers`` without hop-by-hop ones: those in
+    ``drop``, ``proxy-*``, and those named in ``Connection``; plus the ``Content-Length``
+    (None when absent) and whether ``Transfer-Encoding`` ends in ``chunked``. Names keep their
+    case; the parser has already refused malformed lines."""
+    listed: set[bytes] | None = None
+    for name, value in headers:
+        if len(name) == 10 and name.lower() == b"connection":
+            tokens = {t.strip().lower() for t in value.split(b",")}
+            listed = tokens if listed is None else listed | tokens
+    lines: list[bytes] = []
+    length: int | None = None
+    chunked = False
+    for name, value in headers:
+        low = name.lower()
+        if low == b"content-length":
+            length = int(value)
+        elif low == b"transfer-encoding":
+            chunked = value.rstrip().lower().endswith(b"chunked")
+        if low in drop or low.startswith(b"proxy-") or (listed is not None and low in listed):
+            continue
+        lines.append(b"%s: %s\r\n" % (name, value))
+    return lines, length, chunked

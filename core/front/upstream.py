@@ -1,0 +1,288 @@
+"""The front's side towards the engine: kept-alive HTTP/1.1 connections, each an asyncio protocol
+over httptools' response parser, that write the engine's answer into the client's connection as it
+arrives (no task wakes per chunk; server-sent events pass chunk by chunk).
+
+An answer's header lines are stripped of hop-by-hop ones once, when its headers are complete; a
+body of known length passes as the bytes that came, a chunked one is framed again chunk for
+chunk (one HTTP chunk out per chunk in) so that the client sees each event when the engine sent
+it. Bytes parsed in one read go to the client in one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import TYPE_CHECKING
+
+import httptools
+from yarl import URL
+
+from .rules import ANSWER_DROP, strip_headers
+
+if TYPE_CHECKING:
+    from .server import ClientConnection
+
+#: How long an idle engine connection is kept, seconds. Below the 5 s that uvicorn (vLLM, SGLang)
+#: and llama.cpp's server keep an idle connection, so the front seldom reuses one the engine is
+#: closing at that moment (and when it does, :class:`StaleConnection` lets it retry).
+IDLE_KEEP_S = 4.0
+CONNECT_TIMEOUT_S = 10.0
+
+
+class EngineFailed(Exception):
+    """The engine closed the connection or sent what is not HTTP before the answer's end.
+    ``started``: whether the answer's head had already gone to the client."""
+
+    def __init__(self, message: str, started: bool):
+        super().__init__(message)
+        self.started = started
+
+
+class StaleConnection(EngineFailed):
+    """A reused connection closed before a byte of the answer: the engine had closed it while
+    idle (its keep-alive timeout). The request may be sent again on a new connection."""
+
+
+class Address:
+    """Where the engine listens, from its base URL: host, port, TLS, the path prefix (bytes) and
+    the ``Host`` header line."""
+
+    __slots__ = ("host", "port", "tls", "prefix", "host_line", "key")
+
+    def __init__(self, url: str):
+        u = URL(url)
+        if u.scheme not in ("http", "https") or not u.host:
+            raise ValueError(f"upstream must be an http(s) URL with a host, got {url!r}")
+        self.host, self.tls = u.host, u.scheme == "https"
+        self.port = u.port or (443 if self.tls else 80)
+        self.prefix = u.raw_path.rstrip("/").encode()
+        default = (self.port == 443) if self.tls else (self.port == 80)
+        host = f"[{u.host}]" if ":" in u.host else u.host
+        self.host_line = f"Host: {host}{'' if default else f':{self.port}'}\r\n".encode("idna")
+        self.key = (self.host, self.port, self.tls)
+
+
+class EngineConnection(asyncio.Protocol):
+    """One connection to the engine. :meth:`begin` ties it to the client connection that gets
+    the next answer; :attr:`done` resolves with True (answer complete, connection reusable) or
+    False (answer complete, connection spent), or fails with :class:`EngineFailed`."""
+
+    def __init__(self, pool: "Pool"):
+        self.pool = pool
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self.idle_since = 0.0
+        self.client: ClientConnection | None = None
+        self.done: asyncio.Future[bool] | None = None
+        self._drain: asyncio.Future[None] | None = None
+        self._paused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.head_only = self.http10 = False
+        self.got_bytes = self.started = False
+        self.rechunk = self.until_close = False
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.out: list[bytes] = []
+
+    def begin(self, client: "ClientConnection", head_only: bool, http10: bool) -> None:
+        self._reset()
+        self.head_only, self.http10 = head_only, http10
+        self.client = client
+        client.feeding = self.transport
+        self.done = asyncio.get_running_loop().create_future()
+
+    def end(self) -> None:
+        """The exchange is over: untie the client."""
+        if self.client is not None:
+            self.client.feeding = None
+            self.client = None
+
+    def write(self, data: bytes) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the engine's socket buffer is full (a large body streaming to it)."""
+        if self._paused and not self.closed:
+            self._drain = asyncio.get_running_loop().create_future()
+            try:
+                await self._drain
+            finally:
+                self._drain = None
+
+    def close(self) -> None:
+        """Close the connection: the engine sees it go (and stops generating)."""
+        self.closed = True
+        self.end()
+        if self.transport is not None:
+            self.transport.close()
+
+    # ---- asyncio.Protocol -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport   # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool._forget(self)
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+        d = self.done
+        if d is None or d.done():
+            return
+        if self.until_close:   # an answer without a length ends when the engine closes
+            self._complete()
+            d.set_result(False)
+        elif self.reused and not self.got_bytes:
+            d.set_exception(StaleConnection("the engine closed an idle connection", False))
+        else:
+            d.set_exception(EngineFailed(
+                f"the engine closed the connection mid-answer{f': {exc}' if exc else ''}",
+                self.started))
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        d = self.done
+        if d is None or d.done():
+            self.close()   # bytes outside an exchange: the engine misbehaves; do not reuse
+            return
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._flush()
+            if not d.done():
+                d.set_exception(EngineFailed(f"the engine's answer is not HTTP: {exc}",
+                                             self.started))
+            self.close()
+            return
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.out and self.client is not None:
+            out = self.out
+            self.client.write(b"".join(out) if len(out) > 1 else out[0])
+            out.clear()
+
+    # ---- httptools callbacks ----------------------------------------------------------------------
+
+    def on_status(self, status: bytes) -> None:
+        self.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200:
+            return   # an interim answer (100, 103): the final one follows
+        lines, length, chunked = strip_headers(self.headers, ANSWER_DROP)
+        if self.http10:   # an HTTP/1.0 client knows no chunks: its answer ends at close
+            lines.append(b"Connection: close\r\n")
+        if self.head_only or status in (204, 304):
+            pass   # no body; Content-Length, if any, describes the GET's
+        elif length is None:
+            self.until_close = not chunked
+            if not self.http10:
+                self.rechunk = True
+                lines.append(b"Transfer-Encoding: chunked\r\n")
+        self.out.append(b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, self.reason, b"".join(lines)))
+        self.started = True
+        if self.head_only:
+            # llhttp cannot be told that a HEAD answer has no body: end here, do not reuse
+            self._finish(False)
+
+    def on_body(self, body: bytes) -> None:
+        if self.head_only:
+            return
+        if self.rechunk:
+            self.out.append(b"%x\r\n%s\r\n" % (len(body), body))
+        else:
+            self.out.append(body)
+
+    def on_message_complete(self) -> None:
+        if not self.started:   # the end of an interim answer
+            self.headers.clear()
+            self.reason = b""
+            return
+        if self.head_only:
+            return
+        self._complete()
+        self._finish(self.parser.should_keep_alive())
+
+    def _complete(self) -> None:
+        if self.rechunk:
+            self.out.append(b"0\r\n\r\n")
+
+    def _finish(self, reusable: bool) -> None:
+        d = self.done
+        if d is not None and not d.done():
+            d.set_result(reusable and not self.closed)
+
+
+class Pool:
+    """Idle engine connections, newest first out, by address. A connection the engine closes
+    while idle leaves the pool at once (its ``connection_lost``)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int, bool], list[EngineConnection]] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    async def acquire(self, addr: Address) -> EngineConnection:
+        """An idle connection to ``addr`` or a new one. Raises ``OSError`` (or ``TimeoutError``)
+        when the engine cannot be reached."""
+        idle = self._idle.get(addr.key)
+        if idle:
+            now = time.monotonic()
+            while idle:
+                conn = idle.pop()
+                if not conn.closed and now - conn.idle_since < IDLE_KEEP_S:
+                    conn.reused = True
+                    return conn
+                conn.close()
+        loop = asyncio.get_running_loop()
+        tls = None
+        if addr.tls:
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            _, conn = await loop.create_connection(
+                lambda: EngineConnection(self), addr.host, addr.port, ssl=tls,
+                server_hostname=addr.host if tls else None)
+        return conn   # asyncio sets TCP_NODELAY on TCP connections
+
+    def release(self, conn: EngineConnection, addr: Address) -> None:
+        """Keep ``conn`` for the next request to ``addr``."""
+        conn.end()
+        if conn.closed:
+            return
+        conn.done = None
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(addr.key, []).append(conn)
+
+    def _forget(self, conn: EngineConnection) -> None:
+        for idle in self._idle.values():
+            if conn in idle:
+                idle.remove(conn)
+                return
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
