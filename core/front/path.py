@@ -200,7 +200,7 @@ class RequestPath:
             raise
         finally:
             if engine is not None:
-                if reusable:
+                if reusable and addr is self._addr:
                     self._pool.release(engine, addr)
                 else:
                     engine.close()   # the engine sees its connection close

@@ -94,13 +94,18 @@ class EngineConnection(asyncio.Protocol):
         self.head_only, self.http10 = head_only, http10
         self.client = client
         client.feeding = self.transport
+        if client.writing_paused and self.transport is not None:
+            self.transport.pause_reading()   # the client still has not taken the last answer
         self.done = asyncio.get_running_loop().create_future()
 
     def end(self) -> None:
-        """The exchange is over: untie the client."""
+        """The exchange is over: untie the client, and read again if a slow client paused us."""
         if self.client is not None:
             self.client.feeding = None
             self.client = None
+        t = self.transport
+        if t is not None and not t.is_closing() and not t.is_reading():
+            t.resume_reading()
 
     def write(self, data: bytes) -> None:
         t = self.transport
@@ -138,6 +143,7 @@ class EngineConnection(asyncio.Protocol):
             return
         if self.until_close:   # an answer without a length ends when the engine closes
             self._complete()
+            self._flush()
             d.set_result(False)
         elif self.reused and not self.got_bytes:
             d.set_exception(StaleConnection("the engine closed an idle connection", False))
