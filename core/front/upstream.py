@@ -54,12 +54,12 @@ class Address:
         u = URL(url)
         if u.scheme not in ("http", "https") or not u.host:
             raise ValueError(f"upstream must be an http(s) URL with a host, got {url!r}")
-        self.host, self.tls = u.host, u.scheme == "https"
+        self.host, self.tls = u.raw_host or u.host, u.scheme == "https"
         self.port = u.port or (443 if self.tls else 80)
         self.prefix = u.raw_path.rstrip("/").encode()
         default = (self.port == 443) if self.tls else (self.port == 80)
-        host = f"[{u.host}]" if ":" in u.host else u.host
-        self.host_line = f"Host: {host}{'' if default else f':{self.port}'}\r\n".encode("idna")
+        host = f"[{self.host}]" if ":" in self.host else self.host   # IDNA-encoded already
+        self.host_line = f"Host: {host}{'' if default else f':{self.port}'}\r\n".encode("ascii")
         self.key = (self.host, self.port, self.tls)
 
 
