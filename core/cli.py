@@ -15,6 +15,7 @@ _COMMAND_MODULES = (
     "berth.board",
     "berth.run.main",
     "berth.sim.cli",
+    "berth.gateway.cli",
     "berth_hosts.llama_swap.cli",
     "berth_hosts.supervisor.cli",
     "berth.demo",

@@ -32,7 +32,8 @@ from berth.decide.admission import Policy, QueuePolicy
 from berth.decide.model import Bound, normalize_pci
 from berth.decide.units import format_duration, format_size, parse_duration, parse_size
 
-__all__ = ["Config", "ConfigError", "load", "parse", "summary", "EngineConfig", "DriverConfig"]
+__all__ = ["Config", "ConfigError", "load", "parse", "summary", "EngineConfig", "DriverConfig",
+           "NetworkConfig"]
 
 #: No card has more memory than this: a larger size is a typo (a unit slipped).
 MAX_CARD_BYTES = 1 << 50
@@ -315,6 +316,42 @@ class HostsConfig(_Strict):
     supervisor: SupervisorHostConfig | None = None
 
 
+def _peer_url(v: Any) -> str:
+    """A peer gateway: ``HOST:PORT`` or ``http(s)://HOST:PORT`` -> a base URL."""
+    if isinstance(v, str):
+        u = v.strip().rstrip("/")
+        if not u.startswith(("http://", "https://")):
+            u = "http://" + u
+        host, sep, port = u.split("://", 1)[1].rpartition(":")
+        if sep and host and port.isdigit() and 1 <= int(port) <= 65535 and "/" not in host:
+            return u
+    raise ValueError(f"expected a peer gateway as HOST:PORT or http://HOST:PORT, got {v!r}")
+
+
+class NetworkConfig(_Strict):
+    """``[network]``: many machines (seed 002 "Many machines", issue 14), off until ``peers`` is
+    set. ``peers``: the other machines' gateways (``HOST:PORT``); ``key``: the shared secret every
+    peer call is signed with (required with peers); ``name``: this machine's name (default its
+    host name); ``peer_timeout``: a peer that does not answer within it is skipped; ``peer_retry``:
+    how long a peer marked down is skipped before it is asked again; ``peer_poll``: how often
+    peers are asked for their engines; ``replay_window``: a signed call older (or newer) than
+    this is refused."""
+
+    peers: list[Annotated[str, BeforeValidator(_peer_url)]] = Field(default_factory=list)
+    key: str | None = Field(None, min_length=16)
+    name: str | None = Field(None, min_length=1, max_length=100)
+    peer_timeout: PositiveDuration = 2.0
+    peer_retry: PositiveDuration = 10.0
+    peer_poll: PositiveDuration = 1.0
+    replay_window: PositiveDuration = 30.0
+
+    @model_validator(mode="after")
+    def _peers_key(self):
+        if self.peers and not self.key:
+            raise ValueError("network.peers needs network.key: peer calls are always signed")
+        return self
+
+
 class Config(_Strict):
     """The whole of ``berth.toml``."""
 
@@ -324,6 +361,7 @@ class Config(_Strict):
     engines: dict[str, EngineConfig] = Field(default_factory=dict)
     api: ApiConfig = Field(default_factory=ApiConfig)
     hosts: HostsConfig = Field(default_factory=HostsConfig)
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
     state_dir: str | None = None
 
     @model_validator(mode="wrap")

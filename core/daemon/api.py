@@ -94,6 +94,10 @@ class LeaseBody(_Body):
     lend: bool = False
     lend_max: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
     front: str | None = Field(None, max_length=300)
+    # Other model IDs the gateway routes to this engine (llama-swap's aliases; issue 14).
+    aliases: list[Annotated[str, Field(min_length=1, max_length=200,
+                                       pattern=r"^[^\s\x00-\x1f\x7f]+$")]] = \
+        Field(default_factory=list, max_length=32)
     owner_pid: int | None = Field(None, gt=0)
     pid: int | None = Field(None, gt=0)
     start_time: float | None = None
@@ -305,6 +309,8 @@ async def request_lease(request: web.Request) -> web.Response:
     if adopted is not None:
         log.info("lease %s adopts pid %s (%s), which holds %s", lease.id, adopted.pid, why,
                  ", ".join(f"{p}={b}" for p, b in use.items()))
+    if body.aliases:
+        request.app[ALIASES][lease.id] = list(body.aliases)
     await broker.request(lease)
     state = "waiting" if lease.is_waiting() else "active"
     if lease.id not in broker.sched.ledger.leases:
@@ -542,7 +548,14 @@ async def operator(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[BROKER].status())
+    st = request.app[BROKER].status()
+    aliases = request.app[ALIASES]
+    for le in st["leases"]:
+        le["aliases"] = aliases.get(le["id"], [])
+    live = {le["id"] for le in st["leases"]}
+    for lid in [k for k in aliases if k not in live]:
+        del aliases[lid]
+    return web.json_response(st)
 
 
 async def timeline(request: web.Request) -> web.Response:
@@ -604,6 +617,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 _REGISTRY = web.AppKey("registry", CollectorRegistry)
+#: lease id -> the model IDs its run asked the gateway to route to it besides the engine name.
+ALIASES = web.AppKey("aliases", dict)
 
 
 def make_app(broker: Broker, key: str | None = None) -> web.Application:
@@ -612,6 +627,7 @@ def make_app(broker: Broker, key: str | None = None) -> web.Application:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_BoardCollector(broker))
     app[_REGISTRY] = reg
+    app[ALIASES] = {}
     r = app.router
     r.add_post("/v1/leases", request_lease)
     r.add_get("/v1/leases/{id}", get_lease)

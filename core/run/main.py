@@ -81,6 +81,7 @@ class RunOptions:
     wake_limit_s: float | None = None
     require_berthd: bool = False
     options: dict = field(default_factory=dict)
+    aliases: list[str] = field(default_factory=list)
 
 
 def parse_sizes(values: list[str]) -> list[tuple[str | None, str]]:
@@ -251,6 +252,8 @@ class EngineRun:
             body["shares"] = [{"card": c, "size": s} for c, s in o.sizes]
         if o.front:
             body["front"] = o.front
+        if o.aliases:
+            body["aliases"] = list(o.aliases)
         if o.park:
             body["park"] = o.park
         if o.lend_max:
@@ -720,7 +723,7 @@ def _cmd_run(args) -> int:
             term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
             release_grace_s=_positive(args.release_grace, "--release-grace"),
             wake_limit_s=_positive(args.wake_limit, "--wake-limit"),
-            require_berthd=args.require_berthd, options=options)
+            require_berthd=args.require_berthd, options=options, aliases=args.alias or [])
         if args.max_in_flight is not None and args.max_in_flight < 1:
             raise ValueError(f"--max-in-flight: must be at least 1, got {args.max_in_flight}")
     except ValueError as e:
@@ -745,6 +748,8 @@ def register(sub) -> None:
                        description=__doc__.split("\n\n")[1])
     p.add_argument("--engine", help="engine name (default: the command's name)")
     p.add_argument("--front", metavar="HOST:PORT", help="where clients reach the engine")
+    p.add_argument("--alias", action="append", metavar="ID",
+                   help="another model ID the gateway routes to this engine (repeatable)")
     p.add_argument("--upstream", metavar="URL", help="the engine's own URL when CMD has no {port}")
     p.add_argument("--size", action="append", metavar="SIZE[@CARD]",
                    help="memory per card, e.g. 14GiB@gpu0 or card (repeat for several cards)")

@@ -1,0 +1,194 @@
+"""This machine's engines, as the gateway routes to them: from berth.toml's engine entries (a
+``front`` address or a ``url``) and from runs registered with berthd under an engine name and
+aliases (``berth run --engine NAME --alias ID --front ADDR``).
+
+Source: issue 14 "What to build"; DESIGN.md "Config" and "berth status --json".
+
+Each engine is a :class:`Route`. Its ``state`` is one of :data:`STATES`, read from berthd's
+status (the lease's shares): ``active``, ``parked`` (parking, parked or resuming), ``lent``
+(lending, lent or returning), ``draining`` (draining, released, freed), ``waiting`` (its run waits
+for a lease), ``not running`` (no lease), or ``unknown`` (berthd cannot be reached: the gateway
+fails open and routes to what berth.toml names). Reading the table never wakes anything: it is
+berthd's status, read every ``interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+from berth.client import ApiError, BerthdUnavailable, Client
+from berth.config import Config
+
+__all__ = ["Route", "LocalTable", "STATES", "lease_state", "address_url"]
+
+log = logging.getLogger("berth.gateway")
+
+STATES = ("active", "lent", "parked", "waiting", "draining", "not running", "unknown")
+
+_PARKED = {"parking", "parked", "resuming"}
+_LENT = {"lending", "lent", "returning"}
+_DRAINING = {"draining", "released", "freed"}
+
+
+@dataclass
+class Route:
+    """One engine on one machine. ``target``: the base URL requests go to (its front, else its
+    own URL), ``None`` when it has none. ``queue``: requests waiting for it on that machine
+    (berthd's waiting entries for the engine, ``waiting``, plus the gateway's requests in flight
+    to it; filled in by :meth:`LocalTable.snapshot`)."""
+
+    name: str
+    aliases: list[str] = field(default_factory=list)
+    target: str | None = None
+    state: str = "not running"
+    lease: str | None = None
+    queue: int = 0
+    source: str = "config"
+    waiting: int = 0
+
+    def serves(self, model: str) -> bool:
+        return model == self.name or model in self.aliases
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def address_url(addr: str | None) -> str | None:
+    """``"host:port"`` or a URL -> a base URL without a trailing slash; ``None`` for a word such
+    as ``"gateway"`` or ``"comfyui-port"`` (a front that is not an address)."""
+    if not addr:
+        return None
+    if addr.startswith(("http://", "https://")):
+        return addr.rstrip("/")
+    host, sep, port = addr.rpartition(":")
+    if sep and port.isdigit():
+        return f"http://{host or '127.0.0.1'}:{port}"
+    return None
+
+
+def lease_state(lease: dict) -> str:
+    """A lease of berthd's status -> one of :data:`STATES` (the least serving share wins)."""
+    sts = {sh["state"] for sh in lease.get("shares", [])}
+    if sts & _DRAINING:
+        return "draining"
+    if sts & _PARKED:
+        return "parked"
+    if "waiting" in sts or not sts:
+        return "waiting"
+    if sts & _LENT:
+        return "lent"
+    return "active"
+
+
+class LocalTable:
+    """The routes of this machine, refreshed from berthd every ``interval_s`` seconds (and at
+    once by :meth:`refresh`). ``in_flight`` counts the gateway's own requests per engine."""
+
+    def __init__(self, cfg: Config, client: Client, interval_s: float = 0.5):
+        self.cfg = cfg
+        self.client = client
+        self.interval_s = interval_s
+        self.routes: list[Route] = self._from_config()
+        self.costs: dict[str, dict] = {}
+        self.berthd_up: bool | None = None
+        self.read_at = 0.0
+        self.in_flight: dict[str, int] = {}
+        self._aliases: dict[str, list[str]] = {}     # lease id -> aliases once seen
+        self._task: asyncio.Task | None = None
+        self._lock = asyncio.Lock()
+
+    def _from_config(self) -> list[Route]:
+        out = []
+        for name, e in self.cfg.engines.items():
+            target = address_url(e.front) or address_url(e.url)
+            if target:
+                out.append(Route(name, [], target, "unknown", source="config"))
+        return out
+
+    async def start(self) -> None:
+        await self.refresh()
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await self.client.close()
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("gateway: reading berthd's status failed")
+
+    async def refresh(self) -> None:
+        """Read berthd's status and rebuild the routes."""
+        async with self._lock:
+            try:
+                st = await self.client.call("GET", "/v1/status", timeout_s=5.0)
+            except (BerthdUnavailable, ApiError, asyncio.TimeoutError) as e:
+                if self.berthd_up is not False:
+                    log.warning("gateway: berthd cannot be read (%s); routing by berth.toml", e)
+                self.berthd_up = False
+                self.routes = self._from_config()
+                self.read_at = time.monotonic()
+                return
+            self.berthd_up = True
+            self.routes = self._build(st)
+            self.costs = dict(st.get("switch_costs") or {})
+            self.read_at = time.monotonic()
+
+    def _build(self, st: dict) -> list[Route]:
+        waiting: dict[str, int] = {}
+        for w in st.get("waiting", []):
+            waiting[w["engine"]] = waiting.get(w["engine"], 0) + 1
+        routes: dict[str, Route] = {}
+        for r in self._from_config():
+            r.state = "not running"
+            routes[r.name] = r
+        live = set()
+        for le in st.get("leases", []):
+            name = le["engine"]
+            live.add(le["id"])
+            aliases = list(le.get("aliases") or self._aliases.get(le["id"], []))
+            self._aliases[le["id"]] = aliases
+            target = address_url((le.get("capabilities") or {}).get("front"))
+            state = lease_state(le)
+            r = routes.get(name)
+            if r is None or (r.source == "run" and _better(state, r.state)) or r.source == "config":
+                keep_target = r.target if r is not None else None
+                routes[name] = Route(name, aliases, target or keep_target, state, le["id"],
+                                     source="run" if target else (r.source if r else "run"))
+        self._aliases = {k: v for k, v in self._aliases.items() if k in live}
+        for r in routes.values():
+            r.waiting = waiting.get(r.name, 0)
+        return list(routes.values())
+
+    def find(self, model: str) -> Route | None:
+        for r in self.routes:
+            if r.serves(model):
+                return r
+        return None
+
+    def snapshot(self) -> list[dict]:
+        """The routes as dicts, queues up to date (for ``/v1/models`` and peers)."""
+        out = []
+        for r in self.routes:
+            r.queue = r.waiting + self.in_flight.get(r.name, 0)
+            out.append(r.as_dict())
+        return out
+
+
+_RANK = {s: i for i, s in enumerate(STATES)}
+
+
+def _better(a: str, b: str) -> bool:
+    return _RANK.get(a, 99) < _RANK.get(b, 99)

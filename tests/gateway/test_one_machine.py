@@ -1,0 +1,50 @@
+"""One machine: routing by model, a parked model woken by a request, reads that wake nothing
+(issue 14 "Acceptance", first line)."""
+
+from __future__ import annotations
+
+from tests.berthd import wait_for
+from tests.gateway.world import chat, http
+
+
+def test_two_models_routed_to_their_fronts_and_a_parked_one_woken(machine):
+    m = machine("solo")
+    m.run("alpha", aliases=("org/alpha-7b",))
+    m.run("beta", park=True)
+    m.serving("alpha")
+    m.serving("beta")
+    m.gateway()
+
+    for model, want in (("alpha", "alpha"), ("org/alpha-7b", "alpha"), ("beta", "beta")):
+        code, doc, h = chat(m.port, model)
+        assert code == 200, doc
+        assert doc["model"] == want          # the stub answers with the model it serves
+        assert h["X-Berth-Machine"] == "solo"
+
+    code, doc, _ = chat(m.port, "gamma")
+    assert code == 404 and doc["src"] == "berth" and doc["reason"] == "model_not_found", doc
+    assert doc["error"]["type"] and doc["error"]["code"] == 404
+    code, doc, _ = http(m.port, "POST", "/v1/chat/completions", {"messages": []})
+    assert code == 400 and doc["reason"] == "model_missing"
+
+    # Park beta; /v1/models shows it parked, and reading it (again and again) wakes nothing.
+    code, out = m.d.call("POST", "/v1/operator/park", {"target": "beta"})
+    assert code == 200, out
+    wait_for(lambda: m.d.state_of("beta") == "parked", 20, "beta parked")
+    wait_for(lambda: m.models()["beta"]["berth"]["state"] == "parked", 10, "gateway sees parked")
+    for _ in range(5):
+        e = m.models()["beta"]
+        assert e["berth"]["state"] == "parked"
+        assert http(m.port, "GET", "/v1/models/beta")[1]["berth"]["state"] == "parked"
+    assert m.d.state_of("beta") == "parked"
+    assert not any(x["kind"] in ("resume", "wake") and x["engine"] == "beta"
+                   for x in m.d.timeline()), "a read woke beta"
+    models = m.models()
+    assert models["alpha"]["berth"]["state"] == "active"
+    assert "org/alpha-7b" in models["alpha"]["berth"]["aliases"]
+
+    # A write for the parked model wakes it and is answered.
+    code, doc, _ = chat(m.port, "beta")
+    assert code == 200 and doc["model"] == "beta", doc
+    assert m.d.state_of("beta") == "active"
+
