@@ -3,9 +3,10 @@
 Separate processes, so that no two share an event loop: a minimal aiohttp upstream (the "engine"),
 nginx in front of it (Debian's package, started here with its own config in a temporary directory:
 one worker, ``proxy_buffering off``, a keep-alive upstream pool), the front pointed at it (open),
-and this process, an aiohttp client that generates the load. Each case runs direct, through nginx,
-then through the front, at concurrency 1 and 32 (all in one run, so the ratios compare like with
-like on a busy machine). Without nginx on the PATH the script says so and measures the other two:
+and this process, an aiohttp client that generates the load. Each case runs direct, through nginx
+and through the front, at concurrency 1 and 32, all in one run and in three rounds whose order
+rotates, so that the machine's other load falls on every path alike and the ratios compare like
+with like. Without nginx on the PATH the script says so and measures the other two:
 
 - ``json``: ``POST /v1/completions`` with a small JSON body, answered with a ~300-byte JSON body;
 - ``sse``: ``POST /v1/chat/completions`` answered with a 256-chunk server-sent-event stream, one
@@ -64,6 +65,7 @@ CONCURRENCY = (1, 32)
 COUNTS = {("json", 1): 3000, ("json", 32): 8000, ("sse", 1): 150, ("sse", 32): 480,
           ("sse_paced", 1): 3, ("sse_paced", 32): 64}
 WARMUP = {"json": 300, "sse": 20, "sse_paced": 0}
+ROUNDS = 3   # each path's requests in rounds of rotating order (see load())
 
 _REPLY = json.dumps({
     "id": "cmpl-bench", "object": "text_completion", "created": 1, "model": "bench",
@@ -243,37 +245,62 @@ def cpu_s(proc: psutil.Process) -> float:
     return total
 
 
-async def load(url: str, case: str, concurrency: int, count: int,
-               watch: dict[str, psutil.Process]) -> dict:
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(one(session, url, case) for _ in range(min(WARMUP[case], 32))))
-        for _ in range(WARMUP[case] // 32):
-            await one(session, url, case)
-        lat: list[float] = []
-        chunks = 0
-        left = count
+async def load(paths: list[tuple[str, str, dict[str, psutil.Process]]], case: str,
+               concurrency: int, count: int, rounds: int = ROUNDS) -> list[dict]:
+    """Run ``count`` requests on each of ``paths`` (name, base URL, processes whose CPU to
+    count), in ``rounds`` rounds whose order rotates (direct, nginx, front, then nginx, front,
+    direct, ...), so that a change in the machine's other load falls on every path alike."""
+    sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+                for name, _, _ in paths}
+    got: dict[str, dict] = {name: {"lat": [], "chunks": 0, "wall": 0.0,
+                                   "cpu": dict.fromkeys(watch, 0.0)} for name, _, watch in paths}
+    try:
+        for name, url, _ in paths:   # warm each path's connections once
+            session = sessions[name]
+            await asyncio.gather(*(one(session, url, case) for _ in range(min(WARMUP[case], 32))))
+            for _ in range(WARMUP[case] // 32):
+                await one(session, url, case)
+        per_round = [count // rounds + (1 if r < count % rounds else 0) for r in range(rounds)]
+        for r, n in enumerate(per_round):
+            k = r % len(paths)
+            for name, url, watch in paths[k:] + paths[:k]:
+                if n:
+                    await _round(sessions[name], url, case, concurrency, n, watch, got[name])
+    finally:
+        for session in sessions.values():
+            await session.close()
+    out = []
+    for name, _, _ in paths:
+        g = got[name]
+        lat = sorted(g["lat"])
+        out.append({"path": name, "case": case, "concurrency": concurrency,
+                    "requests": len(lat), "p50_ms": statistics.median(lat) * 1e3,
+                    "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3,
+                    "rps": len(lat) / g["wall"], "chunks_per_s": g["chunks"] / g["wall"],
+                    "cpu_us_per_request": {k: v / len(lat) * 1e6 for k, v in g["cpu"].items()}})
+    return out
 
-        async def worker() -> None:
-            nonlocal left, chunks
-            while left > 0:
-                left -= 1
-                t = time.perf_counter()
-                got = await one(session, url, case)   # not `chunks += await`: workers interleave
-                lat.append(time.perf_counter() - t)
-                chunks += got
 
-        cpu0 = {k: cpu_s(p) for k, p in watch.items()}
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-        cpu = {k: (cpu_s(p) - cpu0[k]) / len(lat) * 1e6 for k, p in watch.items()}
-    lat.sort()
-    return {"case": case, "concurrency": concurrency, "requests": len(lat),
-            "p50_ms": statistics.median(lat) * 1e3,
-            "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3,
-            "rps": len(lat) / wall, "chunks_per_s": chunks / wall,
-            "cpu_us_per_request": cpu}
+async def _round(session: aiohttp.ClientSession, url: str, case: str, concurrency: int,
+                 count: int, watch: dict[str, psutil.Process], got: dict) -> None:
+    lat: list[float] = got["lat"]
+    left = count
+
+    async def worker() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            t = time.perf_counter()
+            n = await one(session, url, case)   # not `chunks += await`: workers interleave
+            lat.append(time.perf_counter() - t)
+            got["chunks"] += n
+
+    cpu0 = {k: cpu_s(p) for k, p in watch.items()}
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, count))))
+    got["wall"] += time.perf_counter() - t0
+    for k, p in watch.items():
+        got["cpu"][k] += cpu_s(p) - cpu0[k]
 
 
 def main() -> None:
@@ -314,18 +341,16 @@ def main() -> None:
         runs, nginx_runs = [], []
         me, upstream, front = (psutil.Process(), psutil.Process(procs[0].pid),
                                psutil.Process(procs[1].pid))
+        paths = [("direct", direct, {"client": me, "engine": upstream})]
+        if nginx is not None:
+            paths.append(("nginx", via_nginx, {"client": me, "engine": upstream,
+                                               "nginx": psutil.Process(nginx.pid)}))
+        paths.append(("front", through, {"client": me, "engine": upstream, "front": front}))
         for case in (args.only,) if args.only else CASES:
             for c in CONCURRENCY:
                 n = max(c, int(COUNTS[(case, c)] * args.scale))
-                d = asyncio.run(load(direct, case, c, n, {"client": me, "engine": upstream}))
-                runs.append({"path": "direct", **d})
-                if nginx is not None:
-                    x = asyncio.run(load(via_nginx, case, c, n, {
-                        "client": me, "engine": upstream, "nginx": psutil.Process(nginx.pid)}))
-                    nginx_runs.append({"path": "nginx", **x})
-                t = asyncio.run(load(through, case, c, n,
-                                     {"client": me, "engine": upstream, "front": front}))
-                runs.append({"path": "front", **t})
+                for r in asyncio.run(load(paths, case, c, n)):
+                    (nginx_runs if r["path"] == "nginx" else runs).append(r)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM if p is not nginx else signal.SIGQUIT)

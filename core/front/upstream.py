@@ -3,9 +3,9 @@ over httptools' response parser, that write the engine's answer into the client'
 arrives (no task wakes per chunk; server-sent events pass chunk by chunk).
 
 An answer's header lines are stripped of hop-by-hop ones once, when its headers are complete; a
-body of known length passes as the bytes that came, a chunked one is framed again chunk for
-chunk (one HTTP chunk out per chunk in) so that the client sees each event when the engine sent
-it. Bytes parsed in one read go to the client in one write.
+body of known length passes as the bytes that came, a chunked one is framed again: what one read
+from the engine held goes to the client as one HTTP chunk in one write, so the client sees each
+event as soon as the front does (server-sent events are delimited by blank lines, not by chunks).
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ class EngineConnection(asyncio.Protocol):
 
     def __init__(self, pool: "Pool"):
         self.pool = pool
+        # the body pieces of one read; the parser calls list.append itself (no Python frame
+        # per piece: an engine's events arrive dozens to a read under load)
+        self.body: list[bytes] = []
+        self.on_body = self.body.append
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -84,10 +88,11 @@ class EngineConnection(asyncio.Protocol):
     def _reset(self) -> None:
         self.head_only = self.http10 = False
         self.got_bytes = self.started = False
-        self.rechunk = self.until_close = False
+        self.rechunk = self.until_close = self.ended = False
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.out: list[bytes] = []
+        self.body.clear()
 
     def begin(self, client: "ClientConnection", head_only: bool, http10: bool) -> None:
         self._reset()
@@ -142,7 +147,7 @@ class EngineConnection(asyncio.Protocol):
         if d is None or d.done():
             return
         if self.until_close:   # an answer without a length ends when the engine closes
-            self._complete()
+            self.ended = True
             self._flush()
             d.set_result(False)
         elif self.reused and not self.got_bytes:
@@ -178,9 +183,24 @@ class EngineConnection(asyncio.Protocol):
         self._flush()
 
     def _flush(self) -> None:
-        if self.out and self.client is not None:
-            out = self.out
-            self.client.write(b"".join(out) if len(out) > 1 else out[0])
+        """Write what one read parsed to the client at once: the head, if it came, then the
+        body pieces (one HTTP chunk for all of them when the front frames the body itself)."""
+        out, body = self.out, self.body
+        if body:
+            if self.head_only:
+                pass   # never sent: a HEAD answer has no body
+            elif self.rechunk:
+                data = b"".join(body)
+                out.append(b"%x\r\n%s\r\n" % (len(data), data))
+            else:
+                out.extend(body)
+            body.clear()
+        if self.ended and self.rechunk:
+            out.append(b"0\r\n\r\n")
+            self.rechunk = False
+        if out:
+            if self.client is not None:
+                self.client.write(b"".join(out) if len(out) > 1 else out[0])
             out.clear()
 
     # ---- httptools callbacks ----------------------------------------------------------------------
@@ -211,14 +231,6 @@ class EngineConnection(asyncio.Protocol):
             # llhttp cannot be told that a HEAD answer has no body: end here, do not reuse
             self._finish(False)
 
-    def on_body(self, body: bytes) -> None:
-        if self.head_only:
-            return
-        if self.rechunk:
-            self.out.append(b"%x\r\n%s\r\n" % (len(body), body))
-        else:
-            self.out.append(body)
-
     def on_message_complete(self) -> None:
         if not self.started:   # the end of an interim answer
             self.headers.clear()
@@ -226,12 +238,8 @@ class EngineConnection(asyncio.Protocol):
             return
         if self.head_only:
             return
-        self._complete()
+        self.ended = True
         self._finish(self.parser.should_keep_alive())
-
-    def _complete(self) -> None:
-        if self.rechunk:
-            self.out.append(b"0\r\n\r\n")
 
     def _finish(self, reusable: bool) -> None:
         d = self.done
