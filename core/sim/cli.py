@@ -6,6 +6,7 @@ Source: issue 3; DESIGN.md "Commands" (``berth sim …``)::
                    [--checkpoint-bps N] [--replace] [--dir D]
     berth sim cards [--json] [--dir D]
     berth sim engine --port P --weights SIZE [...]      (see berth.sim.engine)
+    berth sim comfyui --port P --models DIR [...]       (see berth.sim.comfyui)
 
 The stand-in ``cuda-checkpoint`` is its own command, ``berth-sim-cuda-checkpoint``, so that it can
 be put on ``PATH`` under the real name.
@@ -145,3 +146,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("engine", help="a stub OpenAI-style engine on a simulated card")
     engine_arguments(p)
     p.set_defaults(func=_engine)
+
+    from berth.sim import comfyui
+    p = sub.add_parser("comfyui", help="a ComfyUI stand-in that loads custom nodes and runs "
+                                       "prompts on a simulated card")
+    comfyui.arguments(p)
+    p.set_defaults(func=comfyui.run)

@@ -1,0 +1,353 @@
+"""The node's agent: ComfyUI's lease with berthd, and the park, wake and growth it carries out.
+
+Source: issue 13 ("At import, inside ComfyUI", "Growth that asks first", "Flags that defeat
+unloading"); seed 002 rules 1, 3, 4 and "Fronts"; seed 000 "Growth allowance" (extension
+events); reference/hosts.md "Threads" (never unload from the event loop: the worker applies
+``prompt_queue.set_flag("unload_models"/"free_memory")``) and "Idle signals"
+(``get_tasks_remaining() == 0``).
+
+The agent runs in its own thread with its own event loop, so nothing it waits for (berthd's
+long polls, a park waiting for the queue) runs on ComfyUI's loop. It:
+
+1. registers ComfyUI's own process (PID and start time) as the lease of the engine entry
+   ``comfyui`` (size, card and priority from ``[engines.comfyui]`` in berth.toml; the growth
+   bound unless the entry names another), adopting the process that already runs;
+2. carries out berthd's instructions: **park** (close the gate, wait until no prompt is queued,
+   running or being posted, set the worker's ``unload_models`` and ``free_memory`` flags, wait
+   until the worker took them, answer; berthd confirms with a driver read and falls back as
+   usual), **wake** (open the gate), **drain** (as a park, then the gate stays shut: Berth
+   does not stop what it did not start);
+3. before a prompt passes, asks berthd to extend the reservation when the model files the
+   prompt names, plus the allowance, pass it (:meth:`Agent.before_prompt`);
+4. with dynamic VRAM, keeps ComfyUI's own budget inside the lease: the loader's headroom is
+   the card's total less the reservation, updated at the grant, park, wake and extension.
+
+berthd down: the gate is ``off`` (everything passes) and the agent keeps asking to register,
+as ``berth run`` fails open. ``--highvram``/``--gpu-only``: unloading frees nothing, so the
+lease is registered without the park capability and the log and the board say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from berth import paths
+from berth.client import ApiError, BerthdUnavailable, Client
+from berth.process import identify
+
+from . import comfy
+from .estimate import need_bytes
+from .gate import Gate
+
+__all__ = ["Agent", "ENGINE", "DEFAULT_ALLOWANCE_BYTES"]
+
+log = logging.getLogger("berth.comfyui")
+
+ENGINE = "comfyui"
+DEFAULT_ALLOWANCE_BYTES = 1 << 30      # activations and the VAE's decode, when no entry says
+_RETRY_S = 2.0
+
+
+def _entry(engine: str):
+    """The ``[engines.<engine>]`` entry of the berth.toml berthd reads, or None."""
+    try:
+        from berth.config import ConfigError, load
+        path = paths.config_path()
+        return load(path).engines.get(engine) if path.exists() else None
+    except (ConfigError, OSError) as e:
+        log.warning("Berth: cannot read %s: %s", paths.config_path(), e)
+        return None
+
+
+class Agent:
+    """ComfyUI's side of its lease. ``server`` is ``PromptServer.instance``; ``args`` ComfyUI's
+    parsed command line. Times in seconds, sizes in bytes."""
+
+    def __init__(self, server: Any, args: Any = None, engine: str = ENGINE, url: str | None = None):
+        self.server, self.args, self.engine = server, args, engine
+        self.queue = server.prompt_queue
+        self.url = url or (f"http://{getattr(args, 'listen', '127.0.0.1') or '127.0.0.1'}:"
+                           f"{getattr(args, 'port', 8188)}")
+        self.defeated = comfy.unloading_defeated(args)
+        self.entry = _entry(engine)
+        self.allowance_bytes = (self.entry.growth_allowance if self.entry is not None
+                                and "growth_allowance" in self.entry.model_fields_set
+                                else DEFAULT_ALLOWANCE_BYTES)
+        self.gate = Gate(on_wake=self._wake_asked, before_write=self.before_prompt)
+        self.me = identify(os.getpid())
+        self.lease_id: str | None = None
+        self.card: str | None = None
+        self.reserved_bytes = 0
+        self.health = "starting"
+        self.policy: dict = {}
+        self.after_seq = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._client: Client | None = None
+        self._grow_lock: asyncio.Lock | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the agent's thread (a daemon: it ends with ComfyUI)."""
+        ready = threading.Event()
+
+        def main() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            self._grow_lock = asyncio.Lock()
+            ready.set()
+            self.loop.run_until_complete(self._main())
+
+        self._thread = threading.Thread(target=main, name="berth-comfyui", daemon=True)
+        self._thread.start()
+        ready.wait(5.0)
+
+    def call(self, coro) -> concurrent.futures.Future:
+        """Run ``coro`` on the agent's loop from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def _main(self) -> None:
+        self._client = Client()
+        if self.defeated:
+            log.warning("Berth: ComfyUI runs with %s: unloading frees nothing (the GPU is the "
+                        "offload device), so Berth cannot park it; registering without park. "
+                        "Run ComfyUI without %s to let it share the card.",
+                        self.defeated, self.defeated)
+        while True:
+            try:
+                await self._register()
+                await self._instructions()
+            except asyncio.CancelledError:
+                raise
+            except Exception:                     # never let the agent die silently
+                log.exception("Berth: the agent failed; starting over")
+                self.lease_id = None
+                self.gate.set("off", "agent error")
+                await asyncio.sleep(_RETRY_S)
+
+    # -- the lease ---------------------------------------------------------------------------
+    def _body(self) -> dict:
+        e = self.entry
+        body: dict = {"engine": self.engine, "host": "comfyui"}
+        if self.me is not None:
+            body["pid"], body["start_time"] = self.me.pid, self.me.start_time
+        if e is not None and e.size is not None:
+            share: dict = {"size": e.size}
+            if e.card:
+                share["card"] = e.card
+            # Growth bound: reserve what ComfyUI holds now plus the allowance; prompts extend it.
+            share["need"] = e.need if e.need is not None else 0
+            body["shares"] = [share]
+            body["bound"] = e.bound.value if "bound" in e.model_fields_set else "growth"
+            body["growth_allowance"] = self.allowance_bytes
+        why = f"; {self.defeated}: unloading frees nothing, no park" if self.defeated else ""
+        body["front"] = f"comfyui-node {self.url}{why}"[:300]
+        body["park"] = None if self.defeated else "hook"
+        return body
+
+    async def _register(self) -> None:
+        said = False
+        while True:
+            try:
+                r = await self._client.request_lease(self._body())
+                break
+            except BerthdUnavailable as e:
+                if not said:
+                    log.warning("Berth: %s; ComfyUI runs UNLEASED (fail-open): Berth cannot "
+                                "protect this card until berthd is back", e)
+                    said = True
+                self.health = "unleased: berthd is not reachable"
+                self.gate.set("off", "berthd is not reachable")
+            except ApiError as e:
+                log.error("Berth: berthd refused ComfyUI's lease: %s", e.message)
+                self.health = f"unleased: berthd refused the lease: {e.message}"
+                self.gate.set("off", "lease refused")
+            await asyncio.sleep(_RETRY_S)
+        self.lease_id, self.policy = r["id"], r.get("policy") or {}
+        self.gate.wait_limit_s = float(self.policy.get("wait_limit_s") or 120.0)
+        cards = r.get("cards") or []
+        self.card = cards[0]["pci"] if cards else None
+        log.info("Berth: ComfyUI (pid %s) registered as lease %s (%s)", os.getpid(),
+                 self.lease_id, r["state"])
+        if r["state"] != "active":
+            self.gate.set("starting", "the lease waits for room")
+            self.health = "waiting for room"
+        while True:
+            try:
+                g = await self._client.wait_grant(self.lease_id, 20.0)
+            except BerthdUnavailable:
+                await asyncio.sleep(_RETRY_S)
+                continue
+            if g.get("granted"):
+                break
+        self.policy = g.get("policy") or self.policy
+        await self._sync_reservation()
+        self.health = "leased" + (f"; {self.defeated}: no park" if self.defeated else "")
+        self.gate.set("open", "lease granted")
+        with contextlib.suppress(BerthdUnavailable, ApiError):
+            await self._client.ready(self.lease_id)
+
+    async def _sync_reservation(self) -> None:
+        """Read the reservation back from berthd and keep dynamic VRAM's budget inside it."""
+        try:
+            le = await self._client.call("GET", f"/v1/leases/{self.lease_id}")
+        except (BerthdUnavailable, ApiError):
+            return
+        shares = le.get("shares") or []
+        if shares:
+            self.card = shares[0]["card"]
+            self.reserved_bytes = int(shares[0].get("reserved_bytes") or 0)
+            self._budget(self.reserved_bytes)
+
+    def _budget(self, allowed_bytes: int) -> None:
+        control = comfy.aimdo_control()
+        total = comfy.card_total_bytes()
+        if control is None or not total:
+            return
+        comfy.set_headroom(control, total - max(0, allowed_bytes))
+
+    # -- instructions ------------------------------------------------------------------------
+    async def _instructions(self) -> None:
+        backoff = 0.5
+        while True:
+            try:
+                r = await self._client.instructions(self.lease_id, self.after_seq, 20.0)
+                backoff = 0.5
+            except BerthdUnavailable:
+                # berthd went away: fail open, and lease again when it is back.
+                self.gate.set("off", "berthd is not reachable")
+                self.health = "unleased: berthd is not reachable"
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                with contextlib.suppress(BerthdUnavailable, ApiError):
+                    await self._client.status()
+                    return                        # back: register again (it adopts us)
+                continue
+            except ApiError as e:
+                if e.status in (404, 410):
+                    log.warning("Berth: berthd no longer knows lease %s (%s); registering again",
+                                self.lease_id, e.message)
+                    self.lease_id = None
+                    return
+                log.error("Berth: berthd refused the instruction poll: %s", e)
+                await asyncio.sleep(backoff)
+                continue
+            for ins in r["instructions"]:
+                self.after_seq = max(self.after_seq, ins["seq"])
+                await self._carry_out(ins)
+            if r.get("ended"):
+                log.info("Berth: lease %s ended (%s)", self.lease_id, r["ended"])
+                self.lease_id = None
+                return
+
+    async def _carry_out(self, ins: dict) -> None:
+        op = ins["op"]
+        log.info("Berth: instruction %s (%s)", op, ins.get("reason", ""))
+        ok, detail = True, ""
+        if op == "park" or op == "drain":
+            ok, detail = await self.park()
+            if op == "drain" and ok:
+                self.gate.fail_held(f"drained by Berth: {ins.get('reason', '')}")
+        elif op == "wake":
+            await self.wake()
+        else:
+            ok, detail = False, f"ComfyUI does not {op}: only park and wake"
+        with contextlib.suppress(BerthdUnavailable, ApiError):
+            await self._client.report(self.lease_id, op, ok, detail)
+
+    async def park(self) -> tuple[bool, str]:
+        """Close the gate, wait for the queue to go idle, have ComfyUI's worker unload; returns
+        ``(ok, detail)``. ``detail`` starts with "busy" when the queue did not go idle within
+        the release grace (the gate opens again: nothing was touched)."""
+        if self.defeated:
+            return False, f"ComfyUI runs with {self.defeated}: unloading frees nothing"
+        grace = float(self.policy.get("release_grace_s") or 20.0)
+        end = time.monotonic() + grace
+        self.gate.set("closing", "park: waiting for the queue")
+        while not (self.gate.idle() and self.queue.get_tasks_remaining() == 0):
+            if time.monotonic() > end:
+                self.gate.set("open", "park called off: the queue stayed busy")
+                return False, f"busy: prompts still queued or running after {grace:g} s"
+            await asyncio.sleep(0.05)
+        # Unloading happens on ComfyUI's prompt worker, never here (reference "Threads").
+        self.queue.set_flag("unload_models", True)
+        self.queue.set_flag("free_memory", True)
+        while "unload_models" in self.queue.get_flags(reset=False):
+            if time.monotonic() > end:
+                break                             # berthd's driver read decides anyway
+            await asyncio.sleep(0.02)
+        while (comfy.loaded_models() or 0) > 0 and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        self._budget(0)
+        self.gate.set("asleep", "parked")
+        self.health = "parked"
+        return True, ""
+
+    async def wake(self) -> None:
+        await self._sync_reservation()
+        self.health = "leased"
+        self.gate.set("open", "woken")
+
+    def _wake_asked(self) -> None:
+        """The gate holds a prompt while asleep: ask berthd to wake the lease (any thread)."""
+        lid = self.lease_id
+
+        async def ask() -> None:
+            try:
+                if lid is None:
+                    raise BerthdUnavailable("no lease")
+                await self._client.wake(lid)
+            except (BerthdUnavailable, ApiError) as e:
+                # berthd is gone: fail open (ComfyUI's models were unloaded; it loads again).
+                log.warning("Berth: the wake could not be asked (%s); the gate opens", e)
+                self.gate.set("off", "berthd is not reachable")
+        self.call(ask())
+
+    # -- growth ------------------------------------------------------------------------------
+    async def before_prompt(self, prompt: object) -> str | None:
+        """Called by the gate (ComfyUI's loop) before a prompt passes. Returns None to let it
+        through, or why berthd could not make room."""
+        return await asyncio.wrap_future(self.call(self._grow(prompt)))
+
+    async def _grow(self, prompt: object) -> str | None:
+        need, files = need_bytes(prompt, comfy.resolver(), self.allowance_bytes)
+        async with self._grow_lock:
+            if not self.lease_id or need <= self.reserved_bytes:
+                return None
+            more = need - self.reserved_bytes
+            log.info("Berth: this prompt names %d model file(s); it needs about %d MiB, the lease "
+                     "reserves %d MiB: asking berthd for %d MiB more", len(files), need >> 20,
+                     self.reserved_bytes >> 20, more >> 20)
+            body = {"bytes": more}
+            if self.card:
+                body["card"] = self.card
+            try:
+                await self._client.call("POST", f"/v1/leases/{self.lease_id}/extend", body)
+            except BerthdUnavailable:
+                return None                       # fail open
+            except ApiError as e:
+                if e.status == 404 and "extend" not in e.message:
+                    return None                   # an older berthd: no extension requests
+                return f"berthd refused the extension: {e.message}"
+            end = time.monotonic() + self.gate.wait_limit_s
+            while time.monotonic() < end:
+                await self._sync_reservation()
+                if self.reserved_bytes >= need:
+                    return None
+                await asyncio.sleep(0.1)
+            return (f"berthd did not grant {more >> 20} MiB more within the wait limit "
+                    f"({self.gate.wait_limit_s:g} s)")
+
+    def status(self) -> dict:
+        """What the "Berth status" node and the protocol's state route show."""
+        return {"engine": self.engine, "lease": self.lease_id, "health": self.health,
+                "reserved_bytes": self.reserved_bytes, "gate": self.gate.counters(),
+                "unloading_defeated_by": self.defeated,
+                "dynamic_vram": comfy.aimdo_control() is not None}

@@ -1,0 +1,43 @@
+"""The Berth engine protocol on ComfyUI's own port: ``/berth/v1/park``, ``/wake``, ``/state``.
+
+Source: DESIGN.md "The Berth engine protocol"; issue 13 ("add the Berth engine protocol
+routes"). ComfyUI serves each route twice, as ``/berth/v1/x`` and ``/api/berth/v1/x``.
+
+The agent carries out berthd's instructions itself (it holds ComfyUI's lease); these routes let
+any other caller that speaks the protocol (``berth run --park hook`` in front of a ComfyUI, an
+operator with curl) do the same, through the same steps. A 200 is never proof: berthd confirms
+a park with a driver read (rule 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+__all__ = ["add_routes"]
+
+
+def add_routes(routes: web.RouteTableDef, agent) -> None:
+    """Register the protocol's routes on ComfyUI's ``PromptServer.instance.routes``."""
+
+    @routes.post("/berth/v1/park")
+    async def park(request: web.Request) -> web.Response:
+        ok, detail = await asyncio.wrap_future(agent.call(agent.park()))
+        if not ok:
+            return web.json_response({"error": {"message": detail, "type": "park_failed",
+                                                "code": 409}}, status=409)
+        return web.json_response({"state": "parked"})
+
+    @routes.post("/berth/v1/wake")
+    async def wake(request: web.Request) -> web.Response:
+        await asyncio.wrap_future(agent.call(agent.wake()))
+        return web.json_response({"state": "active"})
+
+    @routes.get("/berth/v1/state")
+    async def state(request: web.Request) -> web.Response:
+        g = agent.gate
+        st = {"asleep": "parked", "waking": "parked"}.get(g.state, "active")
+        busy = g.in_flight + agent.queue.get_tasks_remaining()
+        return web.json_response({"state": st, "lent": {}, "in_flight": busy,
+                                  "berth": agent.status()})
