@@ -1,0 +1,138 @@
+"""Streams and peers in one process: a client that goes away mid-stream is passed through to
+the engine (directly and through a peer), and a peer that hangs is given up on within its
+timeout (issue 14 "Many machines")."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from aiohttp import web
+
+from berth.client import Client
+from berth.config import parse
+from berth.gateway.server import Gateway
+from tests.gateway.world import KEY, free_port
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
+def _gateway(tmp_path, name: str, port: int, engines: dict, peers: list[int] = (),
+             **net) -> Gateway:
+    doc = {"engines": engines, "network": {"name": name, **net}}
+    if peers:
+        doc["network"].update(key=KEY, peers=[f"127.0.0.1:{p}" for p in peers],
+                              peer_timeout="0.5s", peer_poll="0.2s", peer_retry="5s")
+    return Gateway(parse(doc), f"127.0.0.1:{port}",
+                   client=Client(socket=tmp_path / f"{name}-no-berthd.sock"))
+
+
+async def _disconnects(tmp_path) -> None:
+    gone = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow_stream(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        started.set()
+        try:
+            for _ in range(500):
+                await resp.write(b'data: {"x": 1}\n\n')
+                await asyncio.sleep(0.02)
+        except (ConnectionResetError, asyncio.CancelledError):
+            gone.set()
+            raise
+        return resp
+
+    app = web.Application(handler_args={"handler_cancellation": True})
+    app.router.add_post("/v1/chat/completions", slow_stream)
+    up, up_port = await _serve(app)
+    pa, pb = free_port(), free_port()
+    b = _gateway(tmp_path, "B", pb, {"slow": {"url": f"http://127.0.0.1:{up_port}"}}, [pa])
+    a = _gateway(tmp_path, "A", pa, {}, [pb])
+    await b.start()
+    await a.start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            for port in (pb, pa):        # B serves it itself; A forwards it to B
+                gone.clear()
+                started.clear()
+                r = await s.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                 json={"model": "slow", "stream": True})
+                assert r.status == 200 and r.headers["X-Berth-Machine"] == "B"
+                assert (await r.content.readany()).startswith(b"data:")
+                r.close()                 # the client goes away mid-stream
+                t0 = time.monotonic()
+                await asyncio.wait_for(gone.wait(), 5)
+                assert time.monotonic() - t0 < 5
+    finally:
+        await a.stop()
+        await b.stop()
+        await up.cleanup()
+
+
+async def _hung_peer(tmp_path) -> None:
+    hung = asyncio.Event()
+    forever = asyncio.Event()
+
+    async def engines(request):
+        if hung.is_set():
+            await forever.wait()
+        return web.json_response({"machine": "H", "switch_costs": {}, "engines": [
+            {"name": "h-model", "target": "http://127.0.0.1:9", "state": "active"}]})
+
+    async def chat(request):
+        await forever.wait()
+
+    app = web.Application()
+    app.router.add_get("/berth/v1/peer/engines", engines)
+    app.router.add_post("/v1/chat/completions", chat)
+    fake, fake_port = await _serve(app)
+    pa = free_port()
+    own, own_port = await _serve(_ok_engine())
+    a = _gateway(tmp_path, "A", pa, {"mine": {"url": f"http://127.0.0.1:{own_port}"}},
+                 [fake_port])
+    await a.start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{pa}/v1/models") as r:
+                assert "h-model" in {e["id"] for e in (await r.json())["data"]}
+            hung.set()             # the peer still accepts connections but answers nothing
+            t0 = time.monotonic()
+            async with s.post(f"http://127.0.0.1:{pa}/v1/chat/completions",
+                              json={"model": "h-model"}) as r:
+                doc = await r.json()
+            took = time.monotonic() - t0
+            assert r.status == 503 and doc["src"] == "peer" and doc["reason"] == "peer_down", doc
+            assert took < 0.5 + 0.2 + 0.5, took        # timeout + poll interval + slack
+            async with s.post(f"http://127.0.0.1:{pa}/v1/chat/completions",
+                              json={"model": "mine"}) as r:
+                assert r.status == 200
+    finally:
+        forever.set()
+        await a.stop()
+        await fake.cleanup()
+        await own.cleanup()
+
+
+def _ok_engine() -> web.Application:
+    async def chat(request):
+        return web.json_response({"model": "mine"})
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def test_a_client_gone_mid_stream_is_passed_to_the_engine_directly_and_through_a_peer(tmp_path):
+    asyncio.run(_disconnects(tmp_path))
+
+
+def test_a_peer_that_hangs_is_given_up_on_within_its_timeout(tmp_path):
+    asyncio.run(_hung_peer(tmp_path))

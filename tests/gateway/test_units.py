@@ -1,0 +1,84 @@
+"""The pure parts: switch costs from notes, the ranking of machines, signatures."""
+
+from __future__ import annotations
+
+import pytest
+
+from berth.daemon.costs import SwitchCosts
+from berth.gateway.choose import Candidate, rank
+from berth.gateway.signing import Refused, Verifier, sign
+from berth.gateway.table import address_url, lease_state
+
+
+def test_switch_costs_pair_notes_per_lease_and_take_the_median():
+    c = SwitchCosts(keep=3)
+    assert c.note("l1", "qwen", "grant", 10.0) is None
+    assert c.note("l1", "qwen", "ready", 12.5) == 2.5
+    for start, took in ((20.0, 0.4), (30.0, 0.6), (40.0, 0.5), (50.0, 9.0)):
+        c.note("l1", "qwen", "park", start)
+        c.note("l1", "qwen", "parked", start + took)
+    c.note("l1", "qwen", "resume", 60.0)
+    c.note("l1", "qwen", "wake", 61.0)
+    # A park called off is not a sample; nor is an end without a start.
+    c.note("l1", "qwen", "park", 70.0)
+    c.note("l1", "qwen", "park.off", 71.0)
+    c.note("l1", "qwen", "parked", 90.0)
+    c.note("l2", "other", "wake", 5.0)
+    got = c.of("qwen")
+    assert got == {"park_s": 0.6, "restore_s": 1.0, "cold_start_s": 2.5,
+                   "samples": {"park_s": 3, "restore_s": 1, "cold_start_s": 1}}  # last 3 parks
+    assert c.of("nobody")["park_s"] is None
+    assert set(c.as_json()) == {"qwen"}
+
+
+def test_ranking_awake_then_parked_then_not_running_then_cost_queue_and_local():
+    def c(m, state, local=False, queue=0, **costs):
+        return Candidate(m, local, state, queue, costs)
+    assert [x.machine for x in rank([c("b", "parked"), c("c", "active")])] == ["c", "b"]
+    assert [x.machine for x in rank([c("b", "not running"), c("c", "parked")])] == ["c", "b"]
+    assert [x.machine for x in rank([c("b", "parked", restore_s=4.0),
+                                     c("c", "parked", restore_s=0.5)])] == ["c", "b"]
+    assert [x.machine for x in rank([c("b", "active", queue=3),
+                                     c("c", "active", queue=1)])] == ["c", "b"]
+    assert [x.machine for x in rank([c("b", "active"), c("a", "active", local=True)])] == ["a", "b"]
+    assert [x.machine for x in rank([c("b", "draining"), c("c", "not running")])] == ["c", "b"]
+
+
+def test_signatures_refuse_a_wrong_key_a_changed_call_a_stale_one_and_a_replay():
+    now = [1000.0]
+    v = Verifier("s" * 32, window_s=30.0, clock=lambda: now[0])
+    h = sign("s" * 32, "A", "POST", "/v1/chat/completions", b"{}", now=1000.0)
+    assert v.verify("POST", "/v1/chat/completions", b"{}", h) == "A"
+    with pytest.raises(Refused) as e:
+        v.verify("POST", "/v1/chat/completions", b"{}", h)
+    assert e.value.reason == "replayed"
+    for args, reason in (((b"{}", "x" * 32), "bad_signature"), ((b"[]", "s" * 32), "bad_signature")):
+        body, key = args
+        h = sign(key, "A", "POST", "/v1/chat/completions", b"{}", now=1000.0)
+        with pytest.raises(Refused) as e:
+            v.verify("POST", "/v1/chat/completions", body, h)
+        assert e.value.reason == reason
+    h = sign("s" * 32, "A", "GET", "/x", now=960.0)
+    with pytest.raises(Refused) as e:
+        v.verify("GET", "/x", b"", h)
+    assert e.value.reason == "stale"
+    h = sign("s" * 32, "A", "GET", "/x", now=1000.0)
+    with pytest.raises(Refused) as e:
+        v.verify("GET", "/y", b"", h)            # another path
+    assert e.value.reason == "bad_signature"
+    with pytest.raises(Refused) as e:
+        v.verify("GET", "/x", b"", {})
+    assert e.value.reason == "unsigned"
+
+
+def test_states_and_addresses():
+    def lease(*sts):
+        return {"shares": [{"state": s} for s in sts]}
+    assert lease_state(lease("active")) == "active"
+    assert lease_state(lease("parked")) == "parked"
+    assert lease_state(lease("active", "lent")) == "lent"
+    assert lease_state(lease("draining")) == "draining"
+    assert lease_state(lease("waiting")) == "waiting"
+    assert address_url("127.0.0.1:80") == "http://127.0.0.1:80"
+    assert address_url("http://h:1/") == "http://h:1"
+    assert address_url("comfyui-port") is None and address_url(None) is None
