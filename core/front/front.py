@@ -11,7 +11,7 @@ from typing import Awaitable, Callable
 
 from yarl import URL
 
-from .path import RequestPath
+from .fast import FastPath
 from .rules import EDGES, TRANSITIONS, FrontState, IllegalFrontTransition, default_is_write
 from .server import ClientConnection
 from .upstream import Address, Pool
@@ -20,7 +20,7 @@ log = logging.getLogger("berth.front")
 F = FrontState
 
 
-class Front(RequestPath):
+class Front(FastPath):
     """A reverse proxy for one engine with the states of seed 002 "Fronts".
 
     ``host``/``port``: the front's address (``port=0`` picks one; read :attr:`port` after
@@ -112,8 +112,13 @@ class Front(RequestPath):
         server, self._server = self._server, None
         server.close()
         busy = {c.task for c in self._conns if c.task is not None}
-        if busy:
-            await asyncio.wait(busy, timeout=self._shutdown_grace_s)
+        try:
+            async with asyncio.timeout(self._shutdown_grace_s):
+                if busy:
+                    await asyncio.wait(busy)
+                await self._idle.wait()   # task-free forwards too
+        except TimeoutError:
+            pass
         for conn in list(self._conns):
             conn.close()
             if conn.task is not None:

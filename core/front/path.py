@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("berth.front")
 F = FrontState
 
-BUFFER_BODY_BYTES = 1 << 20   # request bodies up to this are read whole, larger ones streamed
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
 
@@ -135,33 +134,17 @@ class RequestPath:
         in-flight count rises before the first suspension, so a drain that starts later waits."""
         addr = self._addr
         assert addr is not None
-        self.in_flight += 1
-        if self.in_flight == 1:
-            self._idle.clear()
-        self.forwarded += 1
-        if self._on_activity is not None:
-            now = time.monotonic()
-            if now - self._last_activity >= self.activity_every_s:
-                self._last_activity = now
-                try:
-                    self._on_activity()
-                except Exception:
-                    log.exception("front %s: on_activity callback failed", self.name)
+        self._forwarding()
         engine: EngineConnection | None = None
         reusable = False
         try:
-            head = b"%s %s%s HTTP/1.1\r\n%s%s" % (req.method, addr.prefix, req.target,
-                                                  addr.host_line, b"".join(req.lines))
+            head = _head(req, addr)
             if req.expect and not req.complete and not req.size:
                 client.write(_CONTINUE)   # the client sends its body only now
-            streamed = req.chunked or (req.length is not None and req.length > BUFFER_BODY_BYTES)
+            streamed = req.streamed
             payload = b""
             if not streamed:
-                body = await req.read_all()
-                if body or req.length is not None or req.method in _BODY_METHODS:
-                    payload = b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
-                else:
-                    payload = head + b"\r\n"
+                payload = _payload(req, head, await req.read_all())
             for retry in (False, True):
                 try:
                     engine = await self._pool.acquire(addr)
@@ -204,11 +187,30 @@ class RequestPath:
                     self._pool.release(engine, addr)
                 else:
                     engine.close()   # the engine sees its connection close
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self._idle.set()
-            if self.max_in_flight is not None and self._holding:
-                self._notify()   # a slot freed: a waiting write may go
+            self._forwarded()
+
+    def _forwarding(self) -> None:
+        """A request goes to the engine: count it in flight (a drain waits for it)."""
+        self.in_flight += 1
+        if self.in_flight == 1:
+            self._idle.clear()
+        self.forwarded += 1
+        if self._on_activity is not None:
+            now = time.monotonic()
+            if now - self._last_activity >= self.activity_every_s:
+                self._last_activity = now
+                try:
+                    self._on_activity()
+                except Exception:
+                    log.exception("front %s: on_activity callback failed", self.name)
+
+    def _forwarded(self) -> None:
+        """A forward ended (answered, failed, or its client went)."""
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self._idle.set()
+        if self.max_in_flight is not None and self._holding:
+            self._notify()   # a slot freed: a waiting write may go
 
     async def _send_body(self, req: "Request", engine: EngineConnection, head: bytes) -> None:
         """Stream a large or chunked request body to the engine as it arrives."""
@@ -235,3 +237,16 @@ class RequestPath:
                                     head=req.method == b"HEAD"))
         return True
 
+
+
+def _head(req: "Request", addr: Address) -> bytes:
+    """The request line and header lines for the engine, without the framing header."""
+    return b"%s %s%s HTTP/1.1\r\n%s%s" % (req.method, addr.prefix, req.target, addr.host_line,
+                                          b"".join(req.lines))
+
+
+def _payload(req: "Request", head: bytes, body: bytes) -> bytes:
+    """A whole request for the engine: ``head``, its length, and ``body``."""
+    if body or req.length is not None or req.method in _BODY_METHODS:
+        return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+    return head + b"\r\n"

@@ -24,6 +24,7 @@ from .rules import REQUEST_DROP, error_answer, strip_headers
 
 if TYPE_CHECKING:
     from .front import Front
+    from .upstream import EngineConnection
 
 log = logging.getLogger("berth.front")
 
@@ -49,6 +50,12 @@ class Request:
         self.size = 0
         self.complete = self.upgrade = self.expect = False
         self._waiter: asyncio.Future[None] | None = None
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the body goes to the engine as it arrives (large or chunked) rather than
+        whole."""
+        return self.chunked or (self.length is not None and self.length > _BODY_HIGH_BYTES)
 
     @property
     def method_str(self) -> str:
@@ -116,6 +123,8 @@ class ClientConnection(asyncio.Protocol):
         self.queue: collections.deque[Request] = collections.deque()
         self.current: Request | None = None     # the request being parsed
         self.task: asyncio.Task[None] | None = None
+        self.exchange: EngineConnection | None = None   # a task-free forward (berth.front.fast)
+        self._pending: Request | None = None            # to start once its body is complete
         self.closed = False
         self.feeding: asyncio.Transport | None = None   # the engine connection writing to us
         self._head_bytes = 0
@@ -133,6 +142,8 @@ class ClientConnection(asyncio.Protocol):
         self.front._conns.discard(self)
         if self.task is not None:
             self.task.cancel()
+        if self.exchange is not None and self.exchange.done is not None:
+            self.exchange.done.cancel()   # FastPath._fast_done counts the client gone
         if self.current is not None:
             self.current._wake()
 
@@ -160,7 +171,7 @@ class ClientConnection(asyncio.Protocol):
                 req.upgrade = True
                 req.keep_alive = False
                 self.current = None
-                req._finish()
+                self._complete(req)
             self.pause_reading()
         except httptools.HttpParserError as exc:
             self._refuse(400, "bad_request", f"malformed HTTP request: {exc}")
@@ -202,8 +213,11 @@ class ClientConnection(asyncio.Protocol):
         self.queue.append(req)
         if len(self.queue) > _PIPELINE_LIMIT:
             self.pause_reading()
-        if self.task is None:
-            self.task = self.front._loop.create_task(self._serve())
+        if self.task is None and self.exchange is None and len(self.queue) == 1:
+            if req.streamed or req.expect:
+                self._start()   # the task forwards the body as it comes
+            else:
+                self._pending = req   # the body is small: decide once it is all here
 
     def on_body(self, body: bytes) -> None:
         req = self.current
@@ -214,9 +228,34 @@ class ClientConnection(asyncio.Protocol):
         req = self.current
         assert req is not None
         self.current = None
+        self._complete(req)
+
+    def _complete(self, req: Request) -> None:
         req._finish()
+        if self._pending is req:
+            self._pending = None
+            if not self.front._fast(req, self):
+                self._start()
 
     # ---- answering ----------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.task = self.front._loop.create_task(self._serve())
+
+    def answered(self, keep: bool) -> None:
+        """A task-free forward answered the first queued request; go on with the rest."""
+        req = self.queue.popleft()
+        if not (keep and req.keep_alive and req.complete) or self.closed:
+            self.close()
+            return
+        self.run_queue()
+
+    def run_queue(self) -> None:
+        """Answer what is queued in the connection's task (none runs now)."""
+        if self._reading_paused and len(self.queue) <= _PIPELINE_LIMIT:
+            self.resume_reading()
+        if self.queue and self.task is None and not self.closed:
+            self._start()
 
     async def _serve(self) -> None:
         """Answer queued requests in order; the task ends when none is left."""

@@ -255,9 +255,8 @@ class Pool:
         self._idle: dict[tuple[str, int, bool], list[EngineConnection]] = {}
         self._tls: ssl.SSLContext | None = None
 
-    async def acquire(self, addr: Address) -> EngineConnection:
-        """An idle connection to ``addr`` or a new one. Raises ``OSError`` (or ``TimeoutError``)
-        when the engine cannot be reached."""
+    def take(self, addr: Address) -> EngineConnection | None:
+        """An idle connection to ``addr``, or None."""
         idle = self._idle.get(addr.key)
         if idle:
             now = time.monotonic()
@@ -267,6 +266,14 @@ class Pool:
                     conn.reused = True
                     return conn
                 conn.close()
+        return None
+
+    async def acquire(self, addr: Address) -> EngineConnection:
+        """An idle connection to ``addr`` or a new one. Raises ``OSError`` (or ``TimeoutError``)
+        when the engine cannot be reached."""
+        conn = self.take(addr)
+        if conn is not None:
+            return conn
         loop = asyncio.get_running_loop()
         tls = None
         if addr.tls:
@@ -274,10 +281,10 @@ class Pool:
                 self._tls = ssl.create_default_context()
             tls = self._tls
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            _, conn = await loop.create_connection(
+            _, new = await loop.create_connection(
                 lambda: EngineConnection(self), addr.host, addr.port, ssl=tls,
                 server_hostname=addr.host if tls else None)
-        return conn   # asyncio sets TCP_NODELAY on TCP connections
+        return new   # asyncio sets TCP_NODELAY on TCP connections
 
     def release(self, conn: EngineConnection, addr: Address) -> None:
         """Keep ``conn`` for the next request to ``addr``."""

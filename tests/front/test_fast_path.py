@@ -11,9 +11,10 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import httptools
+import pytest
 from aiohttp import web
 
-from berth.front import FrontState
+from berth.front import Front, FrontState
 
 from .conftest import Upstream, front_for, json_handler, run, until
 
@@ -198,23 +199,71 @@ async def test_close_delimited_answer_is_chunked_to_the_client():
             assert headers["transfer-encoding"] == "chunked"
 
 
-@run
-async def test_client_that_leaves_mid_stream_frees_the_engine_connection():
-    async with Upstream() as up, front_for(up) as front:
-        up.route("POST", "/v1/chat/completions", endless := _endless(up))
-        async with raw(front.url) as (w, answers):
-            w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-            first = await answers.reader.readuntil(b"data: first\n\n")
-            assert b"200 OK" in first
-        async with asyncio.timeout(5):
-            await up.gone_event.wait()
-        await until(lambda: front.in_flight == 0, "the forward to end")
-        assert front.client_gone == 1 and front.errors == 0
-        # the engine connection was closed, not pooled: the next request gets a fresh one
-        up.route("GET", "/ok", json_handler())
-        async with aiohttp.ClientSession() as s, s.get(front.url + "/ok") as r:
+WAYS = pytest.mark.parametrize("way", ["task", "fast"])
+
+
+async def warm(front: Front, up: Upstream, way: str) -> None:
+    """For ``way == "fast"``, leave an idle engine connection in the front's pool, so the next
+    request takes the task-free way (berth.front.fast); "task": leave none."""
+    if way == "fast":
+        up.route("GET", "/warm", json_handler())
+        async with aiohttp.ClientSession() as s, s.get(front.url + "/warm") as r:
             assert r.status == 200
-        assert endless
+
+
+def went(front: Front) -> str:
+    """Which way the request in flight took."""
+    return "fast" if any(c.exchange is not None for c in front._conns) else "task"
+
+
+@WAYS
+def test_client_that_leaves_mid_stream_frees_the_engine_connection(way: str):
+    @run
+    async def scenario():
+        async with Upstream() as up, front_for(up) as front:
+            await warm(front, up, way)
+            up.route("POST", "/v1/chat/completions", _endless(up))
+            async with raw(front.url) as (w, answers):
+                w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Length: 2\r\n\r\n{}")
+                first = await answers.reader.readuntil(b"data: first\n\n")
+                assert b"200 OK" in first and went(front) == way
+            async with asyncio.timeout(5):
+                await up.gone_event.wait()
+            await until(lambda: front.in_flight == 0, "the forward to end")
+            assert front.client_gone == 1 and front.errors == 0
+            # the engine connection was closed, not pooled: the next request gets a fresh one
+            up.route("GET", "/ok", json_handler())
+            async with aiohttp.ClientSession() as s, s.get(front.url + "/ok") as r:
+                assert r.status == 200
+    scenario()
+
+
+@WAYS
+def test_engine_that_dies_mid_stream_cuts_the_clients_answer(way: str):
+    @run
+    async def scenario():
+        async def dies(request: web.Request) -> web.StreamResponse:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b"data: one\n\n")
+            await up.release.wait()
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
+
+        async with Upstream() as up, front_for(up) as front, aiohttp.ClientSession() as s:
+            await warm(front, up, way)
+            up.route("POST", "/v1/chat/completions", dies)
+            async with s.post(front.url + "/v1/chat/completions", json={}) as r:
+                assert await r.content.readuntil(b"\n\n") == b"data: one\n\n"
+                assert went(front) == way
+                up.release.set()
+                with pytest.raises(aiohttp.ClientPayloadError):
+                    await r.read()
+            await until(lambda: front.in_flight == 0, "the forward to end")
+            assert front.errors == 1 and front.client_gone == 0
+    scenario()
 
 
 def _endless(up: Upstream) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -245,25 +294,31 @@ async def test_a_request_arriving_while_the_front_starts_closing_is_held_not_los
         assert front.held == 1 and front.forwarded == 1
 
 
-@run
-async def test_a_request_forwarded_just_before_closing_is_drained():
-    gate = asyncio.Event()
+@WAYS
+def test_a_request_forwarded_just_before_closing_is_drained(way: str):
+    @run
+    async def scenario():
+        gate = asyncio.Event()
 
-    async def slow(request: web.Request) -> web.Response:
-        await gate.wait()
-        return web.json_response({"done": True})
+        async def slow(request: web.Request) -> web.Response:
+            await gate.wait()
+            return web.json_response({"done": True})
 
-    async with Upstream() as up, front_for(up) as front, raw(front.url) as (w, answers):
-        up.route("POST", "/v1/completions", slow)
-        w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-        await until(lambda: len(up.seen) == 1, "the request to reach the engine")
-        drain = asyncio.create_task(front.close_and_drain(5.0))
-        await until(lambda: front.state is F.CLOSING, "closing")
-        assert not drain.done()
-        gate.set()
-        assert await drain is True
-        status, _, body = await answers.next()
-        assert status == 200 and body == b'{"done": true}'
+        async with Upstream() as up, front_for(up) as front, raw(front.url) as (w, answers):
+            await warm(front, up, way)
+            up.route("POST", "/v1/completions", slow)
+            w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            await until(lambda: up.seen and up.seen[-1][1] == "/v1/completions", "the request "
+                        "to reach the engine")
+            assert went(front) == way and front.in_flight == 1
+            drain = asyncio.create_task(front.close_and_drain(5.0))
+            await until(lambda: front.state is F.CLOSING, "closing")
+            assert not drain.done()
+            gate.set()
+            assert await drain is True
+            status, _, body = await answers.next()
+            assert status == 200 and body == b'{"done": true}'
+    scenario()
 
 
 @run

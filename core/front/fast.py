@@ -1,0 +1,85 @@
+"""The open state's shortest way: a request forwarded from the parser's callback, with no task.
+
+When a request's body is complete, the front is open with a slot free, nothing else is being
+answered on the client's connection, and a kept-alive engine connection is idle, the front writes
+the request to the engine at once, in the same turn of the event loop that read it, and finishes
+the exchange in a callback on the engine connection's ``done``. Everything else (holding, a new
+engine connection, a streamed body, a stale connection's retry, pipelined requests behind it)
+takes :meth:`RequestPath._forward` in the connection's task. Both count the request in flight the
+moment it is forwarded, so a drain that starts later waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+from .path import RequestPath, _head, _payload
+from .rules import FrontState, error_answer
+from .upstream import Address, EngineConnection, EngineFailed, StaleConnection
+
+if TYPE_CHECKING:
+    from .server import ClientConnection, Request
+
+log = logging.getLogger("berth.front")
+
+
+class FastPath(RequestPath):
+    """The task-free forward of :mod:`berth.front.fast`."""
+
+    def _fast(self, req: "Request", client: "ClientConnection") -> bool:
+        """Forward ``req`` now if the shortest way applies; False when the task must."""
+        if self._state is not FrontState.OPEN or (
+                self.max_in_flight is not None and self.in_flight >= self.max_in_flight):
+            return False
+        addr = self._addr
+        if addr is None:
+            return False
+        engine = self._pool.take(addr)
+        if engine is None:
+            return False
+        self._forwarding()
+        body = b"".join(req.parts)   # kept in req.parts: a stale connection's retry sends it
+        engine.begin(client, req.method == b"HEAD", req.version == "1.0")
+        assert engine.done is not None
+        engine.write(_payload(req, _head(req, addr), body))
+        client.exchange = engine
+        engine.done.add_done_callback(functools.partial(self._fast_done, req, client, engine,
+                                                        addr))
+        return True
+
+    def _fast_done(self, req: "Request", client: "ClientConnection", engine: EngineConnection,
+                   addr: Address, done: asyncio.Future[bool]) -> None:
+        """The exchange ended: answered, failed, or cancelled because the client went."""
+        client.exchange = None
+        keep = req.version != "1.0"
+        reusable = False
+        retry = False
+        if done.cancelled():   # the client went (ClientConnection.connection_lost)
+            self.client_gone += 1
+            keep = False
+        elif (exc := done.exception()) is None:
+            reusable = done.result()
+        elif isinstance(exc, StaleConnection):
+            retry = True   # the engine closed it while idle: the task sends the request again
+            self.forwarded -= 1
+        elif isinstance(exc, EngineFailed):
+            self.errors += 1
+            if exc.started:
+                log.warning("front %s: engine cut the answer mid-stream: %s", self.name, exc)
+                keep = False
+            else:
+                log.warning("front %s: engine failed: %s", self.name, exc)
+                client.write(error_answer(502, "engine_failed", f"engine {self.name!r} failed: "
+                                          f"{exc}", "upstream_error", head=req.method == b"HEAD"))
+        if reusable and addr is self._addr:
+            self._pool.release(engine, addr)
+        else:
+            engine.close()
+        self._forwarded()
+        if retry:
+            client.run_queue()
+        else:
+            client.answered(keep)
