@@ -56,7 +56,9 @@ WebSocket upgrades are not forwarded (the request goes as a plain one, then the 
 How (measured in ``bench/front.py``, beside nginx): the front is an asyncio protocol over
 httptools' C parser on both sides (:mod:`.server`, :mod:`.upstream`), not aiohttp's server and
 client; the request path (:mod:`.path`) is the same code in every state, the open state only
-skips the hold. The rules as data are in :mod:`.rules`.
+skips the hold, and its most common case (a whole small body, an idle kept-alive engine
+connection, nothing else pending on the client's connection) is forwarded from the parser's
+callback without a task (:mod:`.fast`). The rules as data are in :mod:`.rules`.
 
 The API for ``berth run`` (every method runs on the event loop that called :meth:`Front.start`)::
 
