@@ -32,17 +32,17 @@ from typing import Callable
 from berth.daemon import store
 from berth.config import Config
 from berth.driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost, confirm
-from berth.decide.model import (LIVE_STATES, Capabilities, Card, Lease, ParkMechanism, Share, ShareState,
-                    move)
+from berth.decide.model import LIVE_STATES, Capabilities, Card, Lease, Op, ParkMechanism, Share, ShareState
 from berth.process import ProcessId, alive, tree_pids
-from berth.decide.scheduler import (CardRead, Effect, Ended, Granted, Instruct, Note, Rejected, Scheduler,
-                        Watch)
+from berth.decide.admission import WaitKind
+from berth.decide.effects import (CardRead, Effect, Ended, Granted, Instruct, Note, Rejected, Until,
+                                  Watch)
+from berth.decide.scheduler import Scheduler
 
 __all__ = ["Broker", "LeaseGone", "Channel"]
 
 log = logging.getLogger("berth.daemon.broker")
 S = ShareState
-_SLACK = 64 << 20
 
 
 class LeaseGone(Exception):
@@ -203,8 +203,8 @@ class Broker:
                     ch.grant.set_result(e)
             elif isinstance(e, Instruct):
                 ch = self.channels.setdefault(e.lease_id, self._channel())
-                if e.op == "drain":
-                    ch.pending = [i for i in ch.pending if i.op == "drain"]
+                if e.op is Op.DRAIN:
+                    ch.pending = [i for i in ch.pending if i.op is Op.DRAIN]
                 ch.pending.append(e)
                 self._changed(ch)
             elif isinstance(e, Watch):
@@ -444,7 +444,7 @@ class Broker:
             card = self.sched.ledger.cards[w.pci]
             sh = lease.shares[w.pci]
             free_before = self.last_reads[w.pci].free_bytes if w.pci in self.last_reads else None
-            if w.until == "freed":
+            if w.until is Until.FREED:
                 ev = PidsGone(frozenset(pids), expect_bytes=int(0.75 * max(0, (sh.used_bytes or 0))),
                               free_before=free_before)
             else:
@@ -467,7 +467,7 @@ class Broker:
                         w.lease_id, w.pci, w.until, now, use_bytes=use)
                 await self.submit(apply)
                 return
-            if w.until != "freed":
+            if w.until is not Until.FREED:
                 return           # the scheduler's deadline falls back to a drain
             # A drain has no fallback: keep watching until the memory is free.
             w = Watch(w.lease_id, w.pci, w.until, w.max_use_bytes, w.since,
@@ -549,16 +549,9 @@ class Broker:
         return snap
 
     def _restore(self, snap: store.Snapshot | None) -> None:
-        """Re-attach every lease whose process still matches; settle mid-transition shares
-        with a driver read (issue 4):
-
-        - parking: the memory left (use ≤ the largest residual) → parked, else → active;
-        - lending: N left the holder → lent, else → active (nothing was lent);
-        - resuming: the memory is back → active, else it stays resuming and the wake is asked
-          again;
-        - returning: → active (room for it was confirmed before the return began);
-        - draining, released: watched until the driver shows them free.
-        """
+        """Re-attach every lease whose process still matches, with each card's measured use
+        by its processes (the scheduler's :meth:`~berth.decide.scheduler.Scheduler.adopt`
+        settles shares caught mid-transition by it, issue 4)."""
         if snap is None:
             return
         for k, v in snap.counters.items():
@@ -574,16 +567,14 @@ class Broker:
                 self.dropped.append(lease.id)
                 continue
             tree = tree_pids(lease.pid) if lease.pid else set()
-            for pci, sh in lease.shares.items():
-                r = reads[pci]
-                use = r.use_of(tree & set(r.processes)) if r.processes_known else None
-                self._settle(lease, sh, use, now)
+            use = {pci: reads[pci].use_of(tree & set(reads[pci].processes))
+                   if reads[pci].processes_known else None for pci in lease.shares}
             kind, since = waiting.get(lease.id, (None, None))
             if lease.is_waiting() and kind is None:
                 kind, since = "grant", lease.requested_at
             self.channels[lease.id] = self._channel()
             self.engines[lease.id] = lease.engine
-            fx += self.sched.adopt(lease, now, kind, since)
+            fx += self.sched.adopt(lease, now, kind, since, use)
             self.restored.append(lease.id)
         self._carry_out_later = fx
 
@@ -593,29 +584,6 @@ class Broker:
         if lease.owner_pid is not None and lease.owner_start_time is not None:
             return alive(ProcessId(lease.owner_pid, lease.owner_start_time))
         return False
-
-    def _settle(self, lease: Lease, sh: Share, use: int | None, now: float) -> None:
-        residual_max = _SLACK if lease.caps.park is ParkMechanism.CHECKPOINT else max(
-            _SLACK, min(self.cfg.policy.hook_residual_guess, sh.reserved_bytes // 2))
-        if sh.state is S.PARKING:
-            if use is not None and use <= residual_max:
-                move(sh, S.PARKED, now)
-                sh.residual_bytes = use
-            else:
-                move(sh, S.ACTIVE, now)
-        elif sh.state is S.LENDING:
-            if use is not None and use <= sh.reserved_bytes - sh.lent_bytes:
-                move(sh, S.LENT, now)
-            else:
-                move(sh, S.ACTIVE, now)
-                sh.lent_bytes = 0
-        elif sh.state is S.RESUMING:
-            if use is not None and use > sh.residual_bytes + _SLACK:
-                move(sh, S.ACTIVE, now)
-        elif sh.state is S.RETURNING:
-            move(sh, S.ACTIVE, now)
-        if use is not None:
-            sh.used_bytes = use
 
     async def resume_restored(self) -> None:
         """Carry out what re-attaching asked for (re-sent instructions, watches)."""
@@ -680,7 +648,7 @@ class Broker:
 def _running_unleased(lease: Lease, kind: str) -> dict:
     """Board fields for a waiter whose process already runs (a host started it before its
     grant, issue 7): it holds memory without a grant, so it is over budget until room is made."""
-    if kind != "grant" or lease.pid is None:
+    if kind != WaitKind.GRANT or lease.pid is None:
         return {}
     held = sum(sh.used_bytes or 0 for sh in lease.shares.values())
     return {"pid": lease.pid, "running": True, "held_bytes": held,

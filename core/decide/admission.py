@@ -161,8 +161,7 @@ def waiter_need(ledger: Ledger, w: Waiter) -> dict[str, int]:
         need = {}
         for pci, sh in lease.shares.items():
             if sh.whole_card:
-                c = ledger.cards[pci]
-                need[pci] = c.capacity_bytes - c.stowaway_bytes
+                need[pci] = ledger.capacity(pci)
             else:
                 need[pci] = reservation(lease, pci, sh.size_bytes)
         w.need = need
@@ -295,8 +294,7 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
             started = make_room(w)
         # (5) A waiter that would not fit even on its emptied cards (stowaways stand in the
         # way) holds nothing: holding memory idle for it would only starve the others.
-        hopeless = any(b > ledger.cards[p].capacity_bytes - ledger.cards[p].stowaway_bytes
-                       for p, b in need.items())
+        hopeless = any(b > ledger.capacity(p) for p, b in need.items())
         if started or (not hopeless and (policy.queue is QueuePolicy.STRICT or (
                 w.skips >= policy.scan_max_skips or now - w.since >= policy.scan_max_wait_s))):
             held |= cards

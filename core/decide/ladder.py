@@ -23,7 +23,7 @@ import enum
 from dataclasses import dataclass, field
 
 from .admission import Policy, Waiter
-from .ledger import Ledger, counted_bytes
+from .ledger import Ledger, counted_bytes, hook_residual_guess
 from .model import Lease, ParkMechanism, ShareState
 from .units import format_size
 
@@ -157,7 +157,7 @@ def expected_residual(lease: Lease, pci: str, policy: Policy) -> int:
         return 0
     if sh.residual_bytes:
         return sh.residual_bytes
-    return min(policy.hook_residual_guess_bytes, counted_bytes(sh) // 2)
+    return hook_residual_guess(sh, policy.hook_residual_guess_bytes)
 
 
 def _lendable(lease: Lease, pci: str) -> int:

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .model import Card, Lease, Share, ShareState, move
+from .model import Card, Lease, ParkMechanism, Share, ShareState, move
 
-__all__ = ["Ledger", "counted_bytes", "CardView"]
+__all__ = ["Ledger", "counted_bytes", "CardView", "RESIDUAL_SLACK_BYTES", "hook_residual_guess",
+           "max_residual"]
 
 S = ShareState
 _FULL_STATES = frozenset({S.ACTIVE, S.PARKING, S.RESUMING, S.LENDING, S.RETURNING})
@@ -57,6 +58,28 @@ def counted_bytes(share: Share) -> int:
     if st is S.PARKED:
         return share.residual_bytes
     return 0  # waiting, freed
+
+
+# What a park may leave on the card beyond its expected residual and still count as parked, and
+# what a parked (or resuming) share may load before it counts as loaded again: driver reads and
+# allocator caches jitter by a few tens of MiB.
+RESIDUAL_SLACK_BYTES = 64 << 20
+
+
+def hook_residual_guess(share: Share, guess_bytes: int) -> int:
+    """Bytes a hook park is expected to leave on the card when none was measured yet:
+    ``guess_bytes`` (``Policy.hook_residual_guess_bytes``) capped at half what the share counts."""
+    return min(guess_bytes, counted_bytes(share) // 2)
+
+
+def max_residual(lease: Lease, pci: str, guess_bytes: int) -> int:
+    """The most (bytes) a park of ``lease`` may leave on ``pci`` and still count as parked: the
+    slack for a checkpoint (it frees everything); for a hook, its expected residual
+    (:func:`hook_residual_guess`) but never less than the slack. Seed 002 rule 1 (a park is
+    what the driver confirms)."""
+    if lease.caps.park is ParkMechanism.CHECKPOINT:
+        return RESIDUAL_SLACK_BYTES
+    return max(RESIDUAL_SLACK_BYTES, hook_residual_guess(lease.shares[pci], guess_bytes))
 
 
 @dataclass(frozen=True)
@@ -197,10 +220,15 @@ class Ledger:
         """Σ counted bytes of every share on the card."""
         return self._counted[pci]
 
-    def budget(self, pci: str) -> int:
-        """total − reserve − baseline − stowaways − claims − Σ counted, in bytes (may be < 0)."""
+    def capacity(self, pci: str) -> int:
+        """Bytes the card could count with no share on it: total − reserve − baseline − claims −
+        stowaways (may be < 0). The one place card capacity is computed (seed 000 "budget")."""
         c = self.cards[pci]
-        return c.capacity_bytes - c.stowaway_bytes - self._counted[pci]
+        return c.capacity_bytes - c.stowaway_bytes
+
+    def budget(self, pci: str) -> int:
+        """:meth:`capacity` − Σ counted, in bytes (may be < 0)."""
+        return self.capacity(pci) - self._counted[pci]
 
     def available(self, pci: str, for_lease: str | None = None) -> int:
         """Bytes that may be granted on ``pci`` to ``for_lease`` now.

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 __all__ = [
     "ShareState", "Bound", "ParkMechanism", "TRANSITIONS", "DIAGRAM_EDGES", "RULE_EDGES",
     "IllegalTransition", "Capabilities", "Share", "Lease", "Card", "normalize_pci", "move", "Op", "OPS",
+    "capacity_bytes",
     "LIVE_STATES", "ASLEEP_STATES", "SETTLED_STATES", "HOLDING_STATES",
 ]
 
@@ -302,6 +303,13 @@ class Lease:
         return all(s.state is S.FREED for s in self.shares.values())
 
 
+def capacity_bytes(total: int, reserve: int, baseline: int, claims: dict[str, int]) -> int:
+    """The most any set of shares could ever count on a card, in bytes: total − reserve −
+    baseline − Σ claims (seed 000 "budget"). The one formula, for the ledger and the config
+    check alike."""
+    return total - reserve - baseline - sum(claims.values())
+
+
 @dataclass
 class Card:
     """One card, named by its normalised PCI address (seed 002 "Card").
@@ -331,4 +339,5 @@ class Card:
     @property
     def capacity_bytes(self) -> int:
         """The most any set of shares could ever count here: total − reserve − baseline − claims."""
-        return self.total_bytes - self.reserve_bytes - self.baseline_bytes - self.claim_bytes
+        return capacity_bytes(self.total_bytes, self.reserve_bytes, self.baseline_bytes,
+                              self.claims)

@@ -27,91 +27,22 @@ Effects: :class:`Granted`, :class:`Instruct` (to the run that holds the lease), 
 
 from __future__ import annotations
 
+import enum
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .effects import CardRead, Effect, Ended, Granted, Instruct, Note, Rejected, Until, Watch
 from .admission import Policy, Queue, WaitKind, Waiter, admission_pass
 from .ladder import Action, NoPlan, Plan, Rung, Step, SwapLog, plan
-from .ledger import Ledger, counted_bytes
+from .ledger import RESIDUAL_SLACK_BYTES as SLACK, Ledger, counted_bytes, max_residual
 from .measures import Counters, GrowthMeter
-from .model import LIVE_STATES, OPS, Op, Bound, Lease, ParkMechanism, Share, ShareState
+from .model import LIVE_STATES, OPS, Op, Bound, Lease, ParkMechanism, Share, ShareState, move
 from .units import format_size
 
 __all__ = ["Scheduler", "Effect", "Granted", "Instruct", "Watch", "Rejected", "Ended", "Note",
-           "CardRead", "Room"]
+           "CardRead", "Room", "Until", "Hold"]
 
 S = ShareState
-
-
-# -- effects ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Effect:
-    lease_id: str
-
-
-@dataclass(frozen=True)
-class Granted(Effect):
-    """The lease's shares are active: its run may start the engine. ``cards``: {pci: bytes}."""
-
-    cards: dict[str, int]
-    rung: str = Rung.FIT.value
-
-
-@dataclass(frozen=True)
-class Instruct(Effect):
-    """Tell the run holding ``lease_id`` to act: ``op`` is park, wake, lend, return or drain.
-    ``bytes`` maps PCI address to N for lend/return. ``seq`` orders instructions."""
-
-    op: str
-    cards: tuple[str, ...]
-    seq: int
-    bytes: dict[str, int] = field(default_factory=dict)
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class Watch(Effect):
-    """Start a driver confirmation for one share: ``until`` is ``parked`` (use down to at most
-    ``max_use_bytes``), ``lent`` (likewise) or ``freed`` (the lease's processes gone from the
-    card). ``since`` is the event time the read must follow; ``deadline`` when to stop."""
-
-    pci: str
-    until: str
-    max_use_bytes: int
-    since: float
-    deadline: float
-
-
-@dataclass(frozen=True)
-class Rejected(Effect):
-    reason: str
-
-
-@dataclass(frozen=True)
-class Ended(Effect):
-    """Every share of the lease is freed (or it was withdrawn); it is gone from the ledger."""
-
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class Note(Effect):
-    """A line of the timeline: ``kind`` like ``park``, ``fallback``, ``lease.unparked``."""
-
-    kind: str
-    text: str
-    data: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CardRead:
-    """One driver read of one card, mapped to leases by the broker. Bytes. ``used`` maps lease
-    id to that lease's use on the card (``None``: the driver cannot say per process)."""
-
-    free_bytes: int
-    stowaway_bytes: int = 0
-    used: dict[str, int | None] = field(default_factory=dict)
-    total_bytes: int | None = None
 
 
 @dataclass
@@ -125,8 +56,6 @@ class Room:
     since: float
 
 
-_UNPARK_SLACK = 64 << 20
-
 
 def _ending(sh: Share) -> dict:
     """Field changes for a share that starts to end (draining, or released by an exit): it keeps
@@ -139,6 +68,14 @@ def _ending(sh: Share) -> dict:
     if sh.state is S.DRAINING:
         return {}
     return {"lent_bytes": 0}
+
+
+class Hold(enum.StrEnum):
+    """The operator's hold on a lease (no ladder may displace it), beside :class:`Op`'s park,
+    wake and drain in :meth:`Scheduler.operator`."""
+
+    HOLD = "hold"
+    RELEASE = "release-hold"
 
 
 class Scheduler:
@@ -252,7 +189,7 @@ class Scheduler:
             return []
         sh = lease.shares[pci]
         fx: list[Effect] = []
-        if what == "parked" and sh.state is S.PARKING:
+        if what == Until.PARKED and sh.state is S.PARKING:
             self.ledger.move(lease_id, pci, S.PARKED, now, residual_bytes=use_bytes or 0,
                              used_bytes=use_bytes)
             self.deadlines.pop((lease_id, pci, Op.PARK), None)
@@ -263,14 +200,14 @@ class Scheduler:
                 if lease_id in self.wake_wanted:
                     self.wake_wanted.discard(lease_id)
                     fx += self._want_resume(lease, now)
-        elif what == "lent" and sh.state is S.LENDING:
+        elif what == Until.LENT and sh.state is S.LENDING:
             self.ledger.move(lease_id, pci, S.LENT, now, used_bytes=use_bytes)
             self.deadlines.pop((lease_id, pci, Op.LEND), None)
             fx.append(Note(lease_id, "lent", f"{lease.engine} lent {format_size(sh.lent_bytes)} on "
                            f"{self._name(pci)}", {"card": pci, "bytes": sh.lent_bytes}))
             if not self._step_done(lease_id):
                 fx += self._want_return(lease, now)     # nobody is waiting for it any more
-        elif what == "freed" and sh.state in (S.DRAINING, S.RELEASED):
+        elif what == Until.FREED and sh.state in (S.DRAINING, S.RELEASED):
             if sh.state is S.DRAINING:
                 self.ledger.move(lease_id, pci, S.RELEASED, now)
             fx += self._freed(lease, pci, now)
@@ -330,7 +267,7 @@ class Scheduler:
                     due = self.deadlines.get((lease_id, pci, op), now + self.policy.release_grace_s)
                     limit = self._max_residual(lease, pci) if op == Op.PARK else \
                         max(0, sh.reserved_bytes - sh.lent_bytes)
-                    fx.append(Watch(lease_id, pci, "parked" if op == Op.PARK else "lent", limit,
+                    fx.append(Watch(lease_id, pci, Until.PARKED if op == Op.PARK else Until.LENT, limit,
                                     now, max(due, now)))
         elif op == Op.DRAIN:
             fx += self.exited(lease_id, now)
@@ -355,7 +292,7 @@ class Scheduler:
                 self.ledger.move(lease_id, pci, S.FREED, now)
             elif sh.state in LIVE_STATES:
                 self.ledger.move(lease_id, pci, S.RELEASED, now, **_ending(sh))
-                fx.append(self._watch(lease, pci, "freed", 0, now, self.policy.release_grace_s))
+                fx.append(self._watch(lease, pci, Until.FREED, 0, now, self.policy.release_grace_s))
         fx.append(Note(lease_id, "exit", f"{lease.engine} exited"))
         if lease.is_over():
             self._drop(lease_id)
@@ -398,15 +335,15 @@ class Scheduler:
         Raises ``ValueError`` when the lease cannot do it (a park needs a declared park and a
         front; rule 3)."""
         lease = self.ledger.leases[lease_id]
-        if op == "hold":
+        if op == Hold.HOLD:
             lease.held = True
             return [Note(lease_id, "hold", f"{lease.engine} held by the operator")]
-        if op == "release-hold":
+        if op == Hold.RELEASE:
             lease.held = False
             return [Note(lease_id, "hold", f"{lease.engine} no longer held")] + self._pass(now)
-        if op == "wake":
+        if op == Op.WAKE:
             return self.wake(lease_id, now)
-        if op == "park":
+        if op == Op.PARK:
             if not lease.caps.can_park():
                 raise ValueError(f"lease {lease_id}: {lease.engine} declared no park with a "
                                  f"front (park={lease.caps.park}, front={lease.caps.front})")
@@ -415,7 +352,7 @@ class Scheduler:
                                  f"share is active; it is "
                                  f"{', '.join(sorted(st.value for st in lease.states()))}")
             return self._begin_park(lease, now, "operator") + self._pass(now)
-        if op == "drain":
+        if op == Op.DRAIN:
             if lease.is_waiting():
                 return self.withdraw(lease_id, now, "drained by the operator while waiting")
             return self._stop(lease, now, "operator") + self._pass(now)
@@ -446,12 +383,25 @@ class Scheduler:
         return fx + self._pass(now)
 
     def adopt(self, lease: Lease, now: float, waiting: str | None = None,
-              since: float | None = None) -> list[Effect]:
-        """Take back a lease from the state file after a restart (rule 5), as it is; shares
-        caught mid-transition must already be settled by a driver read (the broker does it).
-        Re-arms what each state waits for: a wake, return or drain is asked again and its
+              since: float | None = None,
+              use: dict[str, int | None] | None = None) -> list[Effect]:
+        """Take back a lease from the state file after a restart (rule 5). ``use`` is each
+        card's measured use by the lease's processes now ({pci: bytes}, ``None`` where the
+        driver cannot say; a card missing counts as ``None``): shares caught mid-transition
+        are settled by it first (issue 4):
+
+        - parking: the memory left (use ≤ :func:`~.ledger.max_residual`) → parked, else → active;
+        - lending: N left the holder → lent, else → active (nothing was lent);
+        - resuming: the memory is back (use > residual + slack) → active, else it stays resuming
+          and the wake is asked again;
+        - returning: → active (room for it was confirmed before the return began);
+        - draining, released: watched until the driver shows them free.
+
+        Then re-arms what each state waits for: a wake, return or drain is asked again and its
         deadline restarts; released shares are watched until free; a lent share with no
         borrower grows back. ``waiting`` re-queues the lease as that kind of waiter."""
+        for pci, sh in lease.shares.items():
+            self._settle(lease, pci, (use or {}).get(pci), now)
         self.ledger.add_lease(lease)
         fx: list[Effect] = []
         p = self.policy
@@ -465,7 +415,7 @@ class Scheduler:
                 op, limit_s = waits[sh.state]
                 self.deadlines[(lease.id, pci, op)] = now + limit_s
             if sh.state is S.RELEASED:
-                fx.append(self._watch(lease, pci, "freed", 0, now, p.release_grace_s))
+                fx.append(self._watch(lease, pci, Until.FREED, 0, now, p.release_grace_s))
         for op, st in ((Op.WAKE, S.RESUMING), (Op.RETURN, S.RETURNING), (Op.DRAIN, S.DRAINING),
                        (Op.PARK, S.PARKING), (Op.LEND, S.LENDING)):
             cards = tuple(pci for pci, sh in lease.shares.items() if sh.state is st)
@@ -481,6 +431,29 @@ class Scheduler:
                        + ", ".join(f"{self._name(pci)} {sh.state}"
                                    for pci, sh in lease.shares.items())))
         return fx
+
+    def _settle(self, lease: Lease, pci: str, use: int | None, now: float) -> None:
+        """Settle one share caught mid-transition by a restart, by its measured use (bytes)."""
+        sh = lease.shares[pci]
+        if sh.state is S.PARKING:
+            if use is not None and use <= self._max_residual(lease, pci):
+                move(sh, S.PARKED, now)
+                sh.residual_bytes = use
+            else:
+                move(sh, S.ACTIVE, now)
+        elif sh.state is S.LENDING:
+            if use is not None and use <= sh.reserved_bytes - sh.lent_bytes:
+                move(sh, S.LENT, now)
+            else:
+                move(sh, S.ACTIVE, now)
+                sh.lent_bytes = 0
+        elif sh.state is S.RESUMING:
+            if use is not None and use > sh.residual_bytes + SLACK:
+                move(sh, S.ACTIVE, now)
+        elif sh.state is S.RETURNING:
+            move(sh, S.ACTIVE, now)
+        if use is not None:
+            sh.used_bytes = use
 
     # -- the admission pass ------------------------------------------------------------------
     def _pass(self, now: float) -> list[Effect]:
@@ -716,7 +689,7 @@ class Scheduler:
         used = sh.used_bytes
         if used is None:
             return []
-        if sh.state is S.PARKED and used > sh.residual_bytes + max(_UNPARK_SLACK, sh.residual_bytes // 20):
+        if sh.state is S.PARKED and used > sh.residual_bytes + max(SLACK, sh.residual_bytes // 20):
             # "A share that loads more than it may while asleep goes back to active and is
             # reported (lease.unparked), so the next drain parks it again."
             self.ledger.move(lease.id, sh.card, S.ACTIVE, now)
@@ -727,7 +700,7 @@ class Scheduler:
                          {"card": sh.card, "used_bytes": used}),
                     Instruct(lease.id, Op.WAKE, (sh.card,), next(self._seq), reason="unparked")]
         key = (lease.id, sh.card)
-        if sh.state is S.ACTIVE and used > sh.reserved_bytes + _UNPARK_SLACK:
+        if sh.state is S.ACTIVE and used > sh.reserved_bytes + SLACK:
             if key not in self._over:
                 self._over.add(key)
                 fx_over = [Note(lease.id, "over_lease", f"{lease.engine} uses {format_size(used)} on "
@@ -750,17 +723,13 @@ class Scheduler:
         return fx_over
 
     # -- helpers -------------------------------------------------------------------------------
-    def _watch(self, lease: Lease, pci: str, until: str, max_use: int, now: float,
+    def _watch(self, lease: Lease, pci: str, until: Until, max_use: int, now: float,
                within_s: float) -> Watch:
         return Watch(lease.id, pci, until, max_use, now, now + within_s)
 
     def _max_residual(self, lease: Lease, pci: str) -> int:
         """The most a parked share may leave on the card and still count as parked."""
-        if lease.caps.park is ParkMechanism.CHECKPOINT:
-            return _UNPARK_SLACK
-        sh = lease.shares[pci]
-        return max(_UNPARK_SLACK, min(self.policy.hook_residual_guess_bytes,
-                                      counted_bytes(sh) // 2))
+        return max_residual(lease, pci, self.policy.hook_residual_guess_bytes)
 
     def _drop(self, lease_id: str) -> None:
         self.ledger.drop_lease(lease_id)
