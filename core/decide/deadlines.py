@@ -1,0 +1,120 @@
+"""Deadlines and restarts: what happens when a park, lend, wake, return or drain outlives its
+limit, and how a lease taken back from the state file re-arms what it waits for.
+
+Source: seed 002 rules 4 (fall back to a drain) and 5 (the state file survives a restart),
+issue 4. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from .admission import WaitKind, Waiter
+from .effects import Effect, Instruct, Note, Until
+from .ledger import RESIDUAL_SLACK_BYTES as SLACK
+from .model import Op, Lease, ShareState, move
+from .rooms import Rooms
+
+S = ShareState
+
+__all__ = ["Deadlines"]
+
+
+class Deadlines(Rooms):
+    """:meth:`tick` acts on deadlines that passed; :meth:`adopt` takes a lease back after a
+    restart."""
+
+    def tick(self, now: float) -> list[Effect]:
+        """Act on deadlines that have passed, then run an admission pass."""
+        fx: list[Effect] = []
+        for (lid, pci, op), due in sorted(self.deadlines.items(), key=lambda kv: kv[1]):
+            if due > now or (lid, pci, op) not in self.deadlines:
+                continue
+            del self.deadlines[(lid, pci, op)]
+            lease = self.ledger.leases.get(lid)
+            if lease is None:
+                continue
+            sh = lease.shares[pci]
+            if op in (Op.PARK, Op.LEND) and sh.state in (S.PARKING, S.LENDING):
+                fx += self._fallback(lease, now, f"{op} not confirmed by the driver within "
+                                                 f"release_grace ({self.policy.release_grace_s:g}s)")
+            elif op in (Op.WAKE, Op.RETURN) and sh.state in (S.RESUMING, S.RETURNING):
+                fx += self._stop(lease, now, f"{op} did not answer within wake_limit "
+                                             f"({self.policy.wake_limit_s:g}s)")
+            elif op == Op.DRAIN and sh.state in (S.DRAINING, S.RELEASED):
+                fx.append(Note(lid, "drain.overdue", f"{lease.engine}: memory on "
+                               f"{self._name(pci)} not free {self.policy.release_grace_s:g}s "
+                               f"after the drain; still watching", {"card": pci}))
+        self.swaps.prune(now - self.policy.juggle_window_s)
+        return fx + self._pass(now)
+
+    def adopt(self, lease: Lease, now: float, waiting: str | None = None,
+              since: float | None = None,
+              use: dict[str, int | None] | None = None) -> list[Effect]:
+        """Take back a lease from the state file after a restart (rule 5). ``use`` is each
+        card's measured use by the lease's processes now ({pci: bytes}, ``None`` where the
+        driver cannot say; a card missing counts as ``None``): shares caught mid-transition
+        are settled by it first (issue 4):
+
+        - parking: the memory left (use ≤ :func:`~.ledger.max_residual`) → parked, else → active;
+        - lending: N left the holder → lent, else → active (nothing was lent);
+        - resuming: the memory is back (use > residual + slack) → active, else it stays resuming
+          and the wake is asked again;
+        - returning: → active (room for it was confirmed before the return began);
+        - draining, released: watched until the driver shows them free.
+
+        Then re-arms what each state waits for: a wake, return or drain is asked again and its
+        deadline restarts; released shares are watched until free; a lent share with no
+        borrower grows back. ``waiting`` re-queues the lease as that kind of waiter."""
+        for pci, sh in lease.shares.items():
+            self._settle(lease, pci, (use or {}).get(pci), now)
+        self.ledger.add_lease(lease)
+        fx: list[Effect] = []
+        p = self.policy
+        # What each transitional state waits for, and how long (the deadline restarts).
+        waits = {S.RESUMING: (Op.WAKE, p.wake_limit_s), S.RETURNING: (Op.RETURN, p.wake_limit_s),
+                 S.PARKING: (Op.PARK, p.release_grace_s), S.LENDING: (Op.LEND, p.release_grace_s),
+                 S.DRAINING: (Op.DRAIN, p.release_grace_s),
+                 S.RELEASED: (Op.DRAIN, p.release_grace_s)}
+        for pci, sh in lease.shares.items():
+            if sh.state in waits:
+                op, limit_s = waits[sh.state]
+                self.deadlines[(lease.id, pci, op)] = now + limit_s
+            if sh.state is S.RELEASED:
+                fx.append(self._watch(lease, pci, Until.FREED, 0, now, p.release_grace_s))
+        for op, st in ((Op.WAKE, S.RESUMING), (Op.RETURN, S.RETURNING), (Op.DRAIN, S.DRAINING),
+                       (Op.PARK, S.PARKING), (Op.LEND, S.LENDING)):
+            cards = tuple(pci for pci, sh in lease.shares.items() if sh.state is st)
+            if cards:
+                n = {pci: lease.shares[pci].lent_bytes for pci in cards} if op == Op.LEND else {}
+                fx.append(Instruct(lease.id, op, cards, next(self._seq), n,
+                                   reason="re-attached after a restart"))
+        if waiting is not None and lease.id not in self.queue:
+            self.queue.push(Waiter(lease.id, WaitKind(waiting), lease.priority,
+                                   now if since is None else since, {}))
+        fx += self._want_return(lease, now)
+        fx.append(Note(lease.id, "reattach", f"{lease.engine} re-attached: "
+                       + ", ".join(f"{self._name(pci)} {sh.state}"
+                                   for pci, sh in lease.shares.items())))
+        return fx
+
+    def _settle(self, lease: Lease, pci: str, use: int | None, now: float) -> None:
+        """Settle one share caught mid-transition by a restart, by its measured use (bytes)."""
+        sh = lease.shares[pci]
+        if sh.state is S.PARKING:
+            if use is not None and use <= self._max_residual(lease, pci):
+                move(sh, S.PARKED, now)
+                sh.residual_bytes = use
+            else:
+                move(sh, S.ACTIVE, now)
+        elif sh.state is S.LENDING:
+            if use is not None and use <= sh.reserved_bytes - sh.lent_bytes:
+                move(sh, S.LENT, now)
+            else:
+                move(sh, S.ACTIVE, now)
+                sh.lent_bytes = 0
+        elif sh.state is S.RESUMING:
+            if use is not None and use > sh.residual_bytes + SLACK:
+                move(sh, S.ACTIVE, now)
+        elif sh.state is S.RETURNING:
+            move(sh, S.ACTIVE, now)
+        if use is not None:
+            sh.used_bytes = use
