@@ -509,9 +509,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activation", default="512MiB",
                    help="memory a sampler uses while it runs (default 512MiB)")
     p.add_argument("--step-s", type=float, default=0.05, help="seconds per sampler step")
-    p.add_argument("--highvram", action="store_true")
-    p.add_argument("--gpu-only", action="store_true")
-    p.add_argument("--cpu", action="store_true")
+    vram = p.add_mutually_exclusive_group()      # as in ComfyUI's cli_args.py
+    vram.add_argument("--highvram", action="store_true")
+    vram.add_argument("--gpu-only", action="store_true")
+    vram.add_argument("--cpu", action="store_true")
     p.add_argument("--disable-dynamic-vram", action="store_true")
     p.add_argument("--vram-headroom", type=float, default=0.0, metavar="GB")
     p.add_argument("--reserve-vram", type=float, default=None, metavar="GB")
