@@ -85,6 +85,7 @@ class Agent:
         self.lease_id: str | None = None
         self.card: str | None = None
         self.reserved_bytes = 0
+        self.size_bytes: int | None = None
         self.health = "starting"
         self.policy: dict = {}
         self.after_seq = 0
@@ -204,6 +205,7 @@ class Agent:
         if shares:
             self.card = shares[0]["card"]
             self.reserved_bytes = int(shares[0].get("reserved_bytes") or 0)
+            self.size_bytes = shares[0].get("size_bytes")
             self._budget(self.reserved_bytes)
 
     def _budget(self, allowed_bytes: int) -> None:
@@ -319,6 +321,8 @@ class Agent:
     async def _grow(self, prompt: object) -> str | None:
         need, files = need_bytes(prompt, comfy.resolver(), self.allowance_bytes)
         async with self._grow_lock:
+            if self.size_bytes:
+                need = min(need, self.size_bytes)     # the lease's size is the most it may hold
             if not self.lease_id or need <= self.reserved_bytes:
                 return None
             more = need - self.reserved_bytes
