@@ -8,7 +8,9 @@ plain tuple, third parties come through an entry-point group, validate at regist
 
 1. the built-in modules of :data:`BUILTINS`, each under its module name;
 2. with ``load_entry_points``, every plugin of the entry-point group ``berth``
-   (``[project.entry-points.berth] name = "module"``), each under its entry-point name;
+   (``[project.entry-points.berth] name = "module"``), each under its entry-point name: third
+   parties' and the hosts' own (berth-gpu's ``supervisor = "berth_hosts.supervisor.plugin"``;
+   berth_plugins imports no host);
 
 then checks them all at once, before anything runs. A plugin is refused with
 :class:`PluginRefused`, naming the plugin and the hook, when:
@@ -50,9 +52,10 @@ __all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "ACTION_HOOKS", "DECISION_HOOKS", "P
            "make_plugin_manager", "mechanisms", "run_action", "is_write"]
 
 #: The built-in plugin modules, registered in this order (order never decides the ladder).
+#: A host's plugin (the supervisord host's) comes through the entry-point group like a third
+#: party's: berth_plugins imports no host.
 BUILTINS = ("berth_plugins.builtin_front", "berth_plugins.checkpoint", "berth_plugins.protocol",
-            "berth_plugins.vllm", "berth_plugins.sglang", "berth_plugins.llamacpp",
-            "berth_hosts.supervisor.plugin")
+            "berth_plugins.vllm", "berth_plugins.sglang", "berth_plugins.llamacpp")
 
 #: Third-party plugins register under this entry-point group.
 ENTRY_POINT_GROUP = "berth"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import os
 import re
 import tomllib
 import types
@@ -32,8 +33,8 @@ from berth.decide.admission import Policy, QueuePolicy
 from berth.decide.model import Bound, normalize_pci
 from berth.decide.units import format_duration, format_size, parse_duration, parse_size
 
-__all__ = ["Config", "ConfigError", "load", "parse", "summary", "EngineConfig", "DriverConfig",
-           "NetworkConfig"]
+__all__ = ["Config", "ConfigError", "load", "load_config", "parse", "plugin_problems", "summary",
+           "EngineConfig", "DriverConfig", "NetworkConfig"]
 
 #: No card has more memory than this: a larger size is a typo (a unit slipped).
 MAX_CARD_BYTES = 1 << 50
@@ -756,6 +757,52 @@ def load(path: str | Path) -> Config:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(str(p), [("(toml)", str(e))]) from None
     return parse(data, str(p))
+
+
+def load_config(path: str | Path | None) -> tuple[Config, Path | None]:
+    """The config at ``path``, else ``$BERTH_CONFIG``, else the default location
+    (:func:`berth.paths.config_path`); with no file at the default location, the defaults
+    (NVML). Returns the config and the file it came from (``None``: defaults). Raises
+    :class:`ConfigError`."""
+    from berth import paths
+    if path:
+        return load(path), Path(path)
+    p = paths.config_path()
+    if p.exists():
+        return load(p), p
+    if os.environ.get("BERTH_CONFIG"):
+        return load(p), p          # named but missing: say so
+    return Config(), None
+
+
+def plugin_problems(cfg: Config, known: set[str]) -> list[tuple[str, str]]:
+    """Engine entries naming a mechanism no plugin carries out: ``(key path, message)`` pairs.
+
+    ``known`` is every mechanism the registered plugins carry out (built-ins and entry points:
+    :func:`berth_plugins.manager.mechanisms`). An entry needs its ``adapter`` for ``park =
+    'hook'`` and for ``lend`` (``protocol`` when none is named), and ``supervisor`` for a
+    ``supervisor`` program (hookspecs ``berth_mechanisms``)."""
+    names = ", ".join(sorted(known)) or "none"
+    out = []
+    for name, e in cfg.engines.items():
+        if e.adapter and e.adapter not in known:
+            close = difflib.get_close_matches(e.adapter, sorted(known), 1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            out.append((f"engines.{_key_str(name)}.adapter",
+                        f"no plugin carries out adapter {e.adapter!r}{hint}; known adapters: "
+                        f"{names}"))
+        elif not e.adapter and e.lend and "protocol" not in known:
+            out.append((f"engines.{_key_str(name)}.lend",
+                        f"lend without an adapter uses 'protocol', which no plugin carries out; "
+                        f"known adapters: {names}"))
+        if e.park and e.park != "hook" and e.park not in known:
+            out.append((f"engines.{_key_str(name)}.park",
+                        f"no plugin carries out park {e.park!r}; known mechanisms: {names}"))
+        if e.supervisor and "supervisor" not in known:
+            out.append((f"engines.{_key_str(name)}.supervisor",
+                        f"no plugin carries out 'supervisor' (is berth_hosts' entry point "
+                        f"installed?); known mechanisms: {names}"))
+    return out
 
 
 def _card_words(cc: CardConfig, declared_baseline: int | None) -> str:

@@ -1,22 +1,30 @@
 """``berth daemon`` (also ``berthd``) and ``berth config check``.
 
-Source: issue 4 "Running it". One berthd per machine owns every card of its driver (seed 002
-stage B). Start-up, in order:
+Source: issue 4 "Running it"; issue 11 "Lifetimes you can see". One berthd per machine owns
+every card of its driver (seed 002 stage B). Start-up, in order, each step on one
+:class:`contextlib.AsyncExitStack` so that a later step's failure undoes the earlier ones in
+reverse and a failed start leaves nothing behind (and says why in one line):
 
 1. read and validate the config (every error listed by key path, then exit 2);
-2. open the driver (NVML, or the simulated cards declared in the config);
-3. load the plugins (a misspelled or mistyped plugin stops the daemon here) and hand them the
-   config (``berth_configure``; a plugin that refuses it stops the daemon too);
-4. restore the state file, re-attach live leases, measure baselines;
-5. serve the control API on the Unix socket (mode 0660).
+2. load the plugins (a misspelled or mistyped plugin stops the daemon here), check that every
+   configured ``park``/``adapter``/``supervisor`` has a plugin carrying it out, and hand them
+   the config (``berth_configure``; a plugin that refuses it stops the daemon too) - exit 2;
+3. make sure no other berthd answers on the control socket, before anything is written - exit 4;
+4. hold ``<state dir>/berthd.lock`` (one berthd per state directory) - exit 4;
+5. open the driver (NVML, or the simulated cards declared in the config) - exit 3;
+6. start the broker: restore the state file, re-attach live leases, measure baselines;
+7. serve the control API on the Unix socket (mode 0660) - exit 4 if it cannot be bound.
 
-SIGTERM or SIGINT stops it: the API closes, the state file is written. Leases survive: their
-runs keep serving (they fail open) and re-attach when berthd is back.
+SIGTERM or SIGINT stops it in reverse: the long polls end, the API closes, the broker writes the
+state file, the driver closes, the lock is released. Leases survive: their runs keep serving
+(they fail open) and re-attach when berthd is back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
 import os
 import signal
@@ -26,33 +34,20 @@ from pathlib import Path
 import psutil
 
 from berth import paths
-from berth.config import Config, ConfigError, load, summary
+from berth.config import Config, ConfigError, load, load_config, plugin_problems, summary
 from berth.driver.base import Driver, DriverError
 
-__all__ = ["register", "load_config", "open_driver", "main_async"]
+__all__ = ["register", "open_driver", "main_async", "StartRefused"]
 
 log = logging.getLogger("berth.daemon")
 
 
-def load_config(path: str | None) -> tuple[Config, Path | None]:
-    """The config at ``path``, else ``$BERTH_CONFIG``, else the default location; with no file
-    at the default location, the defaults (NVML). Raises :class:`ConfigError`."""
-    if path:
-        return load(path), Path(path)
-    p = paths.config_path()
-    if p.exists():
-        return load(p), p
-    if os.environ.get("BERTH_CONFIG"):
-        return load(p), p          # named but missing: say so
-    return Config(), None
+class StartRefused(Exception):
+    """berthd cannot start: ``str()`` is the one line for the user, ``code`` the exit status."""
 
-
-def state_dir_of(cfg: Config) -> Path:
-    return paths.state_dir(cfg)
-
-
-def sim_dir_of(cfg: Config) -> Path:
-    return paths.sim_dir(cfg)
+    def __init__(self, message: str, code: int, problems: list[tuple[str, str]] = ()):
+        super().__init__(message)
+        self.code, self.problems = code, list(problems)
 
 
 def open_driver(cfg: Config) -> Driver:
@@ -63,7 +58,7 @@ def open_driver(cfg: Config) -> Driver:
         from berth.sim.cards import CardSpec, SimCards, SimError
         specs = [CardSpec.make(c.name, c.total, pci=c.pci, baseline_bytes=c.baseline, index=i)
                  for i, c in enumerate(cfg.driver.cards)]
-        d = sim_dir_of(cfg)
+        d = paths.sim_dir(cfg)
         try:
             SimCards.init(d, specs, free_delay_s=cfg.driver.free_delay,
                           restore_bytes_per_s=cfg.driver.checkpoint_rate)
@@ -74,78 +69,136 @@ def open_driver(cfg: Config) -> Driver:
     return NvmlDriver(proc_root=cfg.driver.proc_root)
 
 
-async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:
-    from berth_plugins.manager import make_plugin_manager
-
-    from berth.daemon.api import serve
-    from berth.daemon.broker import Broker
-    sdir = state_dir_of(cfg)
-    sdir.mkdir(parents=True, exist_ok=True)
-    lock = _lock(sdir)
-    if lock is None:
-        return 4
+def load_plugins(cfg: Config):
+    """The checked plugin manager, configured with ``cfg``. Raises :class:`StartRefused`
+    (code 2) for a plugin refused at registration, an engine whose park, adapter or supervisor
+    program no plugin carries out, or a plugin that refuses the config."""
+    from berth_plugins.manager import PluginRefused, make_plugin_manager, mechanisms
     try:
-        driver = open_driver(cfg)
-        driver.cards()
-    except DriverError as e:
-        log.error("%s", e)
-        return 3
-    pm = make_plugin_manager()
+        pm = make_plugin_manager()
+    except (PluginRefused, ValueError) as e:
+        raise StartRefused(f"a plugin cannot be loaded: {e}", 2) from None
+    problems = plugin_problems(cfg, mechanisms(pm))
+    if problems:
+        raise StartRefused("the config names what no plugin carries out: " + "; ".join(
+            f"{k}: {m}" for k, m in problems), 2, problems)
     try:
         pm.hook.berth_configure(config=cfg)
     except Exception as e:          # a plugin refused the config: say which and why
-        log.error("a plugin cannot use this config: %s: %s", type(e).__name__, e)
-        driver.close()
-        return 2
+        raise StartRefused(f"a plugin cannot use this config: {type(e).__name__}: {e}", 2) from None
+    return pm
+
+
+async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
+    """Acquire berthd's parts in order on ``stack`` (see the module docstring); the broker."""
+    from berth.daemon.api import serve
+    from berth.daemon.broker import Broker
+    pm = load_plugins(cfg)
+    sock = paths.socket_path(cfg)
+    if _answers(sock):
+        raise StartRefused(f"another berthd answers on {sock}; stop it first, or give this one "
+                           f"its own socket and state_dir", 4)
+    sdir = paths.state_dir(cfg)
+    stack.enter_context(_lock(sdir))
+    try:
+        driver = open_driver(cfg)
+        stack.callback(driver.close)
+        driver.cards()
+    except DriverError as e:
+        raise StartRefused(str(e), 3) from None
     broker = Broker(cfg, driver, sdir / "state.toml", pm)
     if cfg.policy.ram_budget == "auto":
         broker.sched.ledger.ram_budget_bytes = int(psutil.virtual_memory().available * 0.8)
     else:
         broker.sched.ledger.ram_budget_bytes = cfg.policy.ram_budget
-    await broker.start()
+    broker.sim_dir = str(paths.sim_dir(cfg)) if cfg.driver.kind == "sim" else None
+    try:
+        await broker.start()
+    except DriverError as e:
+        raise StartRefused(str(e), 3) from None
+    stack.push_async_callback(broker.stop)
     await broker.resume_restored()
-    sock = paths.socket_path(cfg)
-    runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key)
-    broker.sim_dir = str(sim_dir_of(cfg)) if cfg.driver.kind == "sim" else None
+    try:
+        runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key)
+    except OSError as e:
+        raise StartRefused(f"the control API cannot listen: {e}", 4) from None
+    stack.push_async_callback(runner.cleanup)
+    stack.callback(broker.begin_shutdown)         # long polls end before the API closes
     cards = ", ".join(f"{c.name}={c.pci}" for c in broker.sched.ledger.cards.values())
     log.info("berthd ready on %s (driver %s: %s); restored %d lease(s), dropped %d",
              sock, driver.kind, cards, len(broker.restored), len(broker.dropped))
     if broker.quarantined:
         log.error("the state file was corrupt and was moved to %s", broker.quarantined)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if ready is not None:
-        ready.set()
-    await stop.wait()
-    log.info("berthd stopping")
-    broker.begin_shutdown()
-    await runner.cleanup()
-    await broker.stop()
-    driver.close()
+    return broker
+
+
+async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:
+    """Run berthd until SIGTERM or SIGINT; the exit status (0, or a :class:`StartRefused`
+    code after logging its one line)."""
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            await _start(stack, cfg)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+                stack.callback(loop.remove_signal_handler, sig)
+            if ready is not None:
+                ready.set()
+            await stop.wait()
+            log.info("berthd stopping")
+    except StartRefused as e:
+        log.error("%s", e)
+        return e.code
     return 0
 
 
+def _answers(sock: Path) -> bool:
+    """Does a process accept connections on the Unix socket ``sock``? (Connects, sends nothing.)"""
+    import socket
+    if not sock.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(str(sock))
+            return True
+        except OSError:
+            return False
+
+
+@contextlib.contextmanager
 def _lock(sdir: Path):
     """Hold ``<state dir>/berthd.lock`` for the daemon's life: one berthd per state directory
-    (two would each believe they own the cards and the socket). ``None`` if another holds it."""
-    import fcntl
-    f = open(sdir / "berthd.lock", "a+")
+    (two would each believe they own the cards and the socket). Raises :class:`StartRefused`
+    (code 4) if another holds it, without writing to it. A state directory this start made is
+    removed again if the start fails."""
+    made = not sdir.exists()
+    sdir.mkdir(parents=True, exist_ok=True)
+    path = sdir / "berthd.lock"
+    f = open(path, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0)
         other = f.read().strip() or "?"
-        log.error("another berthd (pid %s) already serves %s; stop it first, or give this one "
-                  "its own state_dir", other, sdir)
         f.close()
-        return None
+        raise StartRefused(f"another berthd (pid {other}) already serves {sdir}; stop it first, "
+                           f"or give this one its own state_dir", 4) from None
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")
     f.flush()
-    return f
+    try:
+        yield f
+    except BaseException:
+        if made:                    # nothing of a failed first start stays behind
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                sdir.rmdir()
+        raise
+    finally:
+        f.close()
 
 
 def _cmd_daemon(args) -> int:
@@ -165,6 +218,12 @@ def _cmd_config_check(args) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
+    try:
+        load_plugins(cfg)
+    except StartRefused as e:
+        print(str(ConfigError(args.path, e.problems)) if e.problems else f"{args.path}: {e}",
+              file=sys.stderr)
+        return e.code
     print(f"{args.path}: valid\n{summary(cfg)}")
     return 0
 

@@ -32,6 +32,8 @@ import sys
 import threading
 from pathlib import Path
 
+from berth import paths
+
 __all__ = ["register", "listen"]
 
 log = logging.getLogger("berth.hosts.supervisor")
@@ -39,12 +41,11 @@ MAPPING_FILE = "supervisor-listener.json"
 
 
 def _socket_of(cfg) -> Path:
-    from berth.daemon.main import state_dir_of
     if cfg.api.socket:
         return Path(cfg.api.socket)
     if os.environ.get("BERTH_SOCKET"):
         return Path(os.environ["BERTH_SOCKET"])
-    return state_dir_of(cfg) / "berthd.sock"
+    return paths.state_dir(cfg) / "berthd.sock"
 
 
 class _Side(threading.Thread):
@@ -70,14 +71,13 @@ class _Side(threading.Thread):
 
     async def _main(self) -> None:
         from berth.client import Client
-        from berth.daemon.main import state_dir_of
 
         from .listener import Host
         self.loop = asyncio.get_running_loop()
         stop = self.stop_event = asyncio.Event()
         async with Client(socket=_socket_of(self.cfg)) as client:
             self.host = Host(self.cfg, self.sup, client, self.pm,
-                             state_dir_of(self.cfg) / MAPPING_FILE)
+                             paths.state_dir(self.cfg) / MAPPING_FILE)
             self.started_ok.set()
             await self.host.run(stop)
 
@@ -98,8 +98,7 @@ def _is_self(ev, me: str | None) -> bool:
 def listen(config_path: str | None, proto_fd: int, stdin=None) -> int:
     """Run the listener until supervisord closes stdin. ``proto_fd`` is the guarded protocol
     descriptor. Returns the exit status (see the module docstring)."""
-    from berth.config import ConfigError
-    from berth.daemon.main import load_config
+    from berth.config import ConfigError, load_config
     from berth_plugins.manager import make_plugin_manager
 
     from .protocol import Protocol, ProtocolError, text_stdin

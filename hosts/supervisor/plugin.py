@@ -3,8 +3,9 @@
 Source: issue 7; reference/hosts.md "XML-RPC", "Orphans"; seed 002 rule 6; berth_plugins
 hookspecs ``berth_configure``, ``berth_vouch``, ``berth_drain``, ``berth_start``.
 
-A built-in plugin (``berth_plugins.manager.BUILTINS``), so berthd, ``berth run`` and the
-listener all load it; it does nothing until :func:`berth_configure` hands it a config, and it
+Registered through berth-gpu's entry point (``[project.entry-points.berth] supervisor``), so
+berthd, ``berth run`` and the listener all load it; it carries out the mechanism
+``supervisor`` (``berth_mechanisms``, checked against engine entries at startup); it does nothing until :func:`berth_configure` hands it a config, and it
 imports supervisor's package only when it makes a call.
 
 - ``berth_vouch``: berthd asks it when the listener, which is neither a program's process nor
@@ -80,6 +81,11 @@ def vouches(sup: Supervisor, program: str, pid: int, start_time: float) -> bool:
                     "at %.3f (a reused PID?)", pid, program, info.start, start_time)
         return False
     return True
+
+
+@hookimpl
+def berth_mechanisms() -> list[str]:
+    return [MECHANISM]
 
 
 @hookimpl

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -218,3 +219,60 @@ def test_the_summary_echoes_baselines_and_the_ram_budget():
     assert "baseline 600.0MiB (configured)" in text and "64.0GiB" in text
     nvml = summary(parse({"cards": {"gpu0": {"baseline": "1GiB"}}}))
     assert "baseline 1.0GiB (configured)" in nvml and "ram budget for parks: auto" in nvml
+
+
+# -- what the config names, against the plugins (issue 11 "Plugins checked at startup") -------
+TYPO = '''
+[engines.qwen]
+url = "http://127.0.0.1:9"
+front = "127.0.0.1:9"
+park = "hook"
+adapter = "vlmm"
+'''
+
+
+def test_config_check_refuses_an_adapter_no_plugin_carries_out(tmp_path):
+    f = tmp_path / "berth.toml"
+    f.write_text(TYPO)
+    out = subprocess.run([BERTH, "config", "check", str(f)], capture_output=True, text=True)
+    assert out.returncode == 2, out
+    assert "engines.qwen.adapter" in out.stderr and "'vlmm'" in out.stderr, out.stderr
+    assert "did you mean 'vllm'" in out.stderr, out.stderr
+    for known in ("protocol", "vllm", "sglang", "llamacpp", "checkpoint", "supervisor"):
+        assert known in out.stderr, out.stderr
+    f.write_text(TYPO.replace("vlmm", "vllm"))
+    out = subprocess.run([BERTH, "config", "check", str(f)], capture_output=True, text=True)
+    assert out.returncode == 0 and "park=hook/vllm" in out.stdout, out
+
+
+def test_config_check_refuses_an_unknown_park_mechanism(tmp_path):
+    f = tmp_path / "berth.toml"
+    f.write_text(TYPO.replace('park = "hook"', 'park = "hok"'))
+    out = subprocess.run([BERTH, "config", "check", str(f)], capture_output=True, text=True)
+    assert out.returncode == 2 and "engines.qwen.park" in out.stderr, out
+    assert "'hook'" in out.stderr and "'hok'" in out.stderr, out.stderr
+
+
+def test_berthd_refuses_an_adapter_no_plugin_carries_out_before_writing_anything(tmp_path):
+    from tests.berthd import sim_config
+    cfg = sim_config(tmp_path, [("gpu0", "24GiB")], extra=TYPO)
+    env = {**os.environ, "BERTH_STATE_DIR": str(tmp_path / "state"),
+           "BERTH_SOCKET": str(tmp_path / "state" / "berthd.sock"),
+           "BERTH_SIM_DIR": str(tmp_path / "sim")}
+    out = subprocess.run([BERTH, "daemon", "--config", str(cfg)], env=env, capture_output=True,
+                         text=True, timeout=30)
+    text = out.stderr.strip()
+    assert out.returncode == 2 and len(text.splitlines()) == 1 and "Traceback" not in text, text
+    assert "'vlmm'" in text and "llamacpp" in text, text
+    assert not (tmp_path / "state").exists() and not (tmp_path / "sim").exists()
+
+
+def test_an_engine_naming_what_no_plugin_carries_out_is_named_with_its_key():
+    from berth.config import plugin_problems
+    cfg = parse({"engines": {"a": {"front": "127.0.0.1:1", "park": "hook", "adapter": "vllm"},
+                             "b": {"front": "127.0.0.1:2", "lend": True},
+                             "c": {"supervisor": "prog"}}})
+    assert plugin_problems(cfg, {"vllm", "protocol", "supervisor"}) == []
+    probs = dict(plugin_problems(cfg, {"checkpoint"}))
+    assert set(probs) == {"engines.a.adapter", "engines.b.lend", "engines.c.supervisor"}, probs
+    assert all("checkpoint" in m for m in probs.values())

@@ -44,7 +44,8 @@ def test_third_party_plugin_found_through_its_entry_point_is_called(dists):
     pm = make_plugin_manager()
     assert pm.has_plugin("myplug")
     assert "myplug" in mechanisms(pm)
-    assert [d.project_name for _, d in pm.list_plugin_distinfo()] == ["berth-myplug"]
+    assert sorted(d.project_name for _, d in pm.list_plugin_distinfo()) == [
+        "berth-gpu", "berth-myplug"]      # berth-gpu: the supervisord host's entry point
     asyncio.run(run_action(pm, "berth_park", ctx("myplug")))
     import myplug_mod
     assert myplug_mod.calls == [("park", "e")]
@@ -125,7 +126,7 @@ def test_block_by_name(dists):
     dists.add("berth-typo2", {"typo2": "typo2_mod"}, {"typo2_mod": "def berth_prak(ctx): pass\n"})
     pm = make_plugin_manager(block=["typo2", "vllm", "berth_plugins.sglang"])
     assert not pm.has_plugin("typo2")
-    assert mechanisms(pm) == {"checkpoint", "protocol", "llamacpp"}
+    assert mechanisms(pm) == {"checkpoint", "protocol", "llamacpp", "supervisor"}
     with pytest.raises(ValueError, match="block: no plugin named 'vlm'"):
         make_plugin_manager(block=["vlm", "typo2"])
 
