@@ -86,6 +86,7 @@ class Agent:
         self.card: str | None = None
         self.reserved_bytes = 0
         self.size_bytes: int | None = None
+        self.headroom_bytes: int | None = None      # dynamic VRAM's, as last set
         self.health = "starting"
         self.policy: dict = {}
         self.after_seq = 0
@@ -213,7 +214,8 @@ class Agent:
         total = comfy.card_total_bytes()
         if control is None or not total:
             return
-        comfy.set_headroom(control, total - max(0, allowed_bytes))
+        if comfy.set_headroom(control, total - max(0, allowed_bytes)):
+            self.headroom_bytes = total - max(0, allowed_bytes)
 
     # -- instructions ------------------------------------------------------------------------
     async def _instructions(self) -> None:
@@ -228,10 +230,7 @@ class Agent:
                 self.health = "unleased: berthd is not reachable"
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
-                with contextlib.suppress(BerthdUnavailable, ApiError):
-                    await self._client.status()
-                    return                        # back: register again (it adopts us)
-                continue
+                continue          # a berthd that restarted keeps the lease, or answers 404/410
             except ApiError as e:
                 if e.status in (404, 410):
                     log.warning("Berth: berthd no longer knows lease %s (%s); registering again",
@@ -241,6 +240,9 @@ class Agent:
                 log.error("Berth: berthd refused the instruction poll: %s", e)
                 await asyncio.sleep(backoff)
                 continue
+            if self.gate.state == "off":
+                self.gate.set("open", "berthd is back and keeps the lease")
+                self.health = "leased"
             for ins in r["instructions"]:
                 self.after_seq = max(self.after_seq, ins["seq"])
                 await self._carry_out(ins)
@@ -354,4 +356,5 @@ class Agent:
         return {"engine": self.engine, "lease": self.lease_id, "health": self.health,
                 "reserved_bytes": self.reserved_bytes, "gate": self.gate.counters(),
                 "unloading_defeated_by": self.defeated,
-                "dynamic_vram": comfy.aimdo_control() is not None}
+                "dynamic_vram": comfy.aimdo_control() is not None,
+                "dynamic_vram_headroom_bytes": self.headroom_bytes}
