@@ -24,7 +24,7 @@ cards: a restore without room leaves the process stuck). Per PID: ``running`` is
 ``--action restore`` expecting ``locked``; ``--action unlock`` expecting ``running``.
 
 Exit statuses are 8 bits, so a CUDA error 304 arrives as 48, 401 as 145, 801 as 33; messages name
-the CUDA error behind the status (:func:`berth.sim.checkpoint.cuda_error_of`). A ``failed`` state,
+the CUDA error behind the status (:func:`berth.driver.cuda.cuda_error_of`). A ``failed`` state,
 304 or 401, or an out-of-memory restore means the engine is dead: only stopping it helps.
 
 An exit 0 is not proof the memory left the card: the broker confirms with a driver read that the
@@ -44,8 +44,9 @@ from typing import Awaitable
 
 import psutil
 
-from berth.sim.checkpoint import CUDA_ERRORS, cuda_error_of
 from berth.decide.units import format_size
+from berth.driver.cuda import (CUDA_ERRORS, ILLEGAL_STATE, NOT_SUPPORTED, OS_CALL_FAILED,
+                               OUT_OF_MEMORY, cuda_error_of)
 
 from ._http import deadline_of
 from .hookspecs import ActionContext, MechanismError, hookimpl
@@ -58,8 +59,7 @@ RAM_MARGIN_FRACTION, RAM_MARGIN_BYTES = 0.10, 1 << 30
 #: The lock's own ``--timeout`` (seconds) unless ``options["lock_timeout_s"]`` says otherwise;
 #: never more than half the time left.
 LOCK_TIMEOUT_S = 60.0
-_OUT_OF_MEMORY, _OS_CALL_FAILED, _ILLEGAL_STATE, _NOT_SUPPORTED = 2, 304, 401, 801
-_DEAD_ERRORS = (_OS_CALL_FAILED, _ILLEGAL_STATE)
+_DEAD_ERRORS = (OS_CALL_FAILED, ILLEGAL_STATE)
 _QUOTE_CHARS = 300
 
 
@@ -221,7 +221,7 @@ async def _park_pid(tool: _Tool, pid: int, state: str) -> None:
     if dead:
         raise dead
     why = (" (checkpoint is not supported here: x86_64 only, driver ≥ 570)"
-           if cuda_error_of(status) == _NOT_SUPPORTED else "")
+           if cuda_error_of(status) == NOT_SUPPORTED else "")
     undo = await _unlock_after(tool, pid) if after == LOCKED else f"state {after}"
     raise tool.fail(f"pid {pid}: checkpoint failed with {describe_status(status)}{why} ({err}); "
                     f"{undo}; park aborted", status)
@@ -252,7 +252,7 @@ async def _wake_pid(tool: _Tool, pid: int, state: str) -> None:
         raise tool.dead(pid, "--get-state says failed")
     if state == CHECKPOINTED:
         status, err, after = await tool.act("restore", pid)
-        if cuda_error_of(status) == _OUT_OF_MEMORY:
+        if cuda_error_of(status) == OUT_OF_MEMORY:
             raise tool.dead(pid, f"restore ran out of memory ({err}); the process stays "
                                  "checkpointed and stuck (cuda-checkpoint#44)", status)
         if status != 0 or after != LOCKED:

@@ -19,7 +19,7 @@ exit 304 and unlock 401, as in cuda-checkpoint#44), 304 OS call failed, 401 ille
 supported. ``--get-state`` and every action exit 1 (``CUDA_ERROR_INVALID_VALUE``) for a process
 without simulated CUDA memory; usage errors exit 1 too, so 2 always means out of memory. An exit
 status is 8 bits, so a parent sees the number modulo 256 (304 → 48, 401 → 145, 801 → 33), as with
-the real tool; :func:`cuda_error_of` maps a status back.
+the real tool; :func:`berth.driver.cuda.cuda_error_of` maps a status back.
 
 A move takes ``bytes / speed`` seconds: the speed is the store's ``restore_bytes_per_s``
 (default 7e9 bytes/s), or ``$BERTH_SIM_CHECKPOINT_BPS``. Test knobs: ``$BERTH_SIM_CHECKPOINT_HANG_S``
@@ -35,30 +35,17 @@ import os
 import sys
 import time
 
+from berth.driver.cuda import ILLEGAL_STATE, INVALID_VALUE, NOT_SUPPORTED
 from berth.sim.cards import CHECKPOINTED, LOCKED, RUNNING, SimCards, SimError, SimOOM
 
-__all__ = ["main", "run", "CUDA_ERRORS", "cuda_error_of"]
-
-_ILLEGAL_STATE, _NOT_SUPPORTED, _INVALID_VALUE = 401, 801, 1
-
-#: The CUDA error numbers a failed action exits with (reference "Exit codes").
-CUDA_ERRORS = {1: "invalid value", 2: "out of memory", 304: "OS call failed",
-               401: "illegal state", 801: "not supported"}
-
-
-def cuda_error_of(status: int) -> int | None:
-    """The CUDA error number behind a process exit status (``48`` → 304), ``None`` if unknown."""
-    for code in CUDA_ERRORS:
-        if code & 0xFF == status:
-            return code
-    return None
+__all__ = ["main", "run"]
 
 
 class _Usage(argparse.ArgumentParser):
     def error(self, message: str) -> None:   # argparse would exit 2, which means out of memory here
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(_INVALID_VALUE)
+        sys.exit(INVALID_VALUE)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -102,11 +89,11 @@ def _act(store: SimCards, action: str, pid: int) -> None:
     elif action == "checkpoint":
         if os.environ.get("BERTH_SIM_CHECKPOINT_UNSUPPORTED") == "1":
             raise SimError("checkpoint is not supported on this platform (simulated aarch64)",
-                           cuda_error=_NOT_SUPPORTED)
+                           cuda_error=NOT_SUPPORTED)
         state = store.state_of(pid)
         if state != LOCKED:   # fail before spending the copy time
             raise SimError(f"pid {pid} is {state}; checkpoint needs locked",
-                           cuda_error=_ILLEGAL_STATE)
+                           cuda_error=ILLEGAL_STATE)
         time.sleep(_move_s(store, store.bytes_of(pid)))   # copy out, then release the card
         store.checkpoint(pid)
     else:  # restore: the memory is claimed first, then the copy comes back in
@@ -120,7 +107,7 @@ def run(argv: list[str] | None = None) -> int:
     if args.timeout is not None and args.timeout < 0:
         print(f"cuda-checkpoint: --timeout: must be >= 0 milliseconds, got {args.timeout}",
               file=sys.stderr)
-        return _INVALID_VALUE
+        return INVALID_VALUE
     store = SimCards()
     pid = args.pid
     try:
@@ -140,7 +127,7 @@ def run(argv: list[str] | None = None) -> int:
                 steps = ["restore", "unlock"]
             else:
                 raise SimError(f"pid {pid} is {state}; --toggle needs running or checkpointed",
-                               cuda_error=_ILLEGAL_STATE)
+                               cuda_error=ILLEGAL_STATE)
         else:
             steps = [args.action]
         for step in steps:

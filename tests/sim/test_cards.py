@@ -14,7 +14,7 @@ from berth.cli import main as berth
 from berth.driver import DriverError
 from berth.driver.sim import SimDriver
 from berth.sim.cards import CardSpec, SimBusy, SimCards, SimError, SimOOM, sim_uuid
-from berth.sim.checkpoint import cuda_error_of
+from berth.driver.cuda import cuda_error_of
 
 from .conftest import GiB, MiB, poll
 
