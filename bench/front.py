@@ -246,10 +246,12 @@ def cpu_s(proc: psutil.Process) -> float:
 
 
 async def load(paths: list[tuple[str, str, dict[str, psutil.Process]]], case: str,
-               concurrency: int, count: int, rounds: int = ROUNDS) -> list[dict]:
+               concurrency: int, count: int, warmup: int) -> list[dict]:
     """Run ``count`` requests on each of ``paths`` (name, base URL, processes whose CPU to
-    count), in ``rounds`` rounds whose order rotates (direct, nginx, front, then nginx, front,
-    direct, ...), so that a change in the machine's other load falls on every path alike."""
+    count), after ``warmup`` requests, in up to :data:`ROUNDS` rounds whose order rotates
+    (direct, nginx, front, then nginx, front, direct, ...), so that a change in the machine's
+    other load falls on every path alike. A round has at least ``concurrency`` requests."""
+    rounds = max(1, min(ROUNDS, count // concurrency))
     sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
                 for name, _, _ in paths}
     got: dict[str, dict] = {name: {"lat": [], "chunks": 0, "wall": 0.0,
@@ -257,8 +259,8 @@ async def load(paths: list[tuple[str, str, dict[str, psutil.Process]]], case: st
     try:
         for name, url, _ in paths:   # warm each path's connections once
             session = sessions[name]
-            await asyncio.gather(*(one(session, url, case) for _ in range(min(WARMUP[case], 32))))
-            for _ in range(WARMUP[case] // 32):
+            await asyncio.gather(*(one(session, url, case) for _ in range(min(warmup, 32))))
+            for _ in range(warmup // 32):
                 await one(session, url, case)
         per_round = [count // rounds + (1 if r < count % rounds else 0) for r in range(rounds)]
         for r, n in enumerate(per_round):
@@ -349,7 +351,8 @@ def main() -> None:
         for case in (args.only,) if args.only else CASES:
             for c in CONCURRENCY:
                 n = max(c, int(COUNTS[(case, c)] * args.scale))
-                for r in asyncio.run(load(paths, case, c, n)):
+                warmup = int(WARMUP[case] * min(1.0, args.scale * 5))
+                for r in asyncio.run(load(paths, case, c, n, warmup)):
                     (nginx_runs if r["path"] == "nginx" else runs).append(r)
     finally:
         for p in procs:
