@@ -31,6 +31,7 @@ log = logging.getLogger("berth.front")
 _BODY_HIGH_BYTES = 1 << 20    # a request body buffered past this pauses reading from the client
 _HEAD_LIMIT_BYTES = 1 << 20   # a request line and headers longer than this are refused (431)
 _PIPELINE_LIMIT = 16          # requests parsed ahead of the one being answered
+_LINGER_S = 1.0               # how long a refused connection's input is drained before closing
 
 
 class Request:
@@ -128,6 +129,7 @@ class ClientConnection(asyncio.Protocol):
         self.closed = False
         self.feeding: asyncio.Transport | None = None   # the engine connection writing to us
         self._head_bytes = 0
+        self._refused = False
         self._reading_paused = False
         self._writing_paused = False
 
@@ -161,6 +163,8 @@ class ClientConnection(asyncio.Protocol):
             self.feeding.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return   # lingering after a 4xx
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -308,7 +312,15 @@ class ClientConnection(asyncio.Protocol):
         return self._writing_paused
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
-        """A request the front cannot parse: a 4xx if nothing is being answered, then close."""
-        if self.task is None:
-            self.write(error_answer(status, reason, message, "invalid_request_error", close=True))
-        self.close()
+        """A request the front cannot parse: a 4xx if nothing is being answered, then close.
+        What the client still sends is read and dropped for up to :data:`_LINGER_S` (closing
+        with unread bytes would reset the connection, and the client would lose the 4xx)."""
+        self._refused = True
+        if self.task is not None or self.exchange is not None or self.transport is None:
+            self.close()
+            return
+        self.write(error_answer(status, reason, message, "invalid_request_error", close=True))
+        self.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.front._loop.call_later(_LINGER_S, self.close)

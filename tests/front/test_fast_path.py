@@ -328,6 +328,10 @@ async def test_malformed_requests_get_a_400_in_openai_shape():
         status, headers, body = await answers.next()
         assert status == 400 and b'"src": "berth"' in body and b'"code": 400' in body
         assert headers["connection"] == "close" and up.seen == []
+    async with Upstream() as up, front_for(up) as front, raw(front.url) as (w, answers):
+        w.write(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (2 << 20) + b"\r\n\r\n")
+        status, headers, body = await answers.next()   # not lost to a reset
+        assert status == 431 and b'"reason": "headers_too_large"' in body and up.seen == []
 
 
 @run
