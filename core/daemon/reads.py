@@ -1,0 +1,155 @@
+"""Driver reads turned into what the scheduler takes: each card's free bytes, stowaways and
+every lease's use, found by process tree; and the holders that died.
+
+Source: seed 002 rule 1 (only a driver read says memory moved), issue 4 "The broker loop",
+issue 7 (processes a host started before their lease). The broker's reader task calls
+:meth:`Reads.read_all` every ``read_interval`` and after every event; what it returns goes into
+the single writer as ``observe``/``exited``.
+"""
+
+from __future__ import annotations
+
+from berth.decide.effects import CardRead, Effect, Note, Until, Watch
+from berth.decide.ledger import Ledger
+from berth.decide.model import LIVE_STATES, Lease
+from berth.driver.base import Driver, PidsGone, Reading, UseAtMost
+from berth.process import ProcessId, alive, tree_pids
+
+__all__ = ["Reads"]
+
+
+class Reads:
+    """What berthd remembers between driver reads: the last read of each card
+    (``last_reads``, by PCI address), the pids each lease was seen with on each card
+    (``lease_pids``: lease id -> pci -> pids; a pid stays the lease's after it leaves the
+    holder's tree), and the pids measured into each card's baseline at start
+    (``baseline_pids``). Reads through ``driver``; raises its :class:`DriverError`."""
+
+    def __init__(self, driver: Driver, ledger: Ledger):
+        self.driver = driver
+        self.ledger = ledger
+        self.last_reads: dict[str, Reading] = {}
+        self.lease_pids: dict[str, dict[str, set[int]]] = {}
+        self.baseline_pids: dict[str, set[int]] = {}
+
+    def read(self, pci: str) -> Reading:
+        """One driver read of ``pci``, kept as its last read."""
+        r = self.driver.read(pci)
+        self.last_reads[pci] = r
+        return r
+
+    def read_all(self) -> tuple[dict[str, CardRead], list[str]]:
+        """Read every card: ``({pci: CardRead}, [ids of leases whose holder died])``."""
+        led = self.ledger
+        leases = list(led.leases.values())
+        trees: dict[str, set[int]] = {}
+        dead: list[str] = []
+        for le in leases:
+            # A death is news once: a released share then only waits for the driver's read.
+            ending = le.is_waiting() or any(sh.state in LIVE_STATES for sh in le.shares.values())
+            if le.pid is not None:
+                if le.start_time is not None and not alive(ProcessId(le.pid, le.start_time)):
+                    if ending:
+                        dead.append(le.id)
+                    trees[le.id] = set()
+                else:
+                    trees[le.id] = tree_pids(le.pid)
+            elif le.owner_pid is not None and le.owner_start_time is not None \
+                    and not alive(ProcessId(le.owner_pid, le.owner_start_time)) and ending:
+                dead.append(le.id)
+        reads: dict[str, CardRead] = {}
+        for pci in led.cards:
+            reads[pci] = self._map(pci, self.read(pci), leases, trees)
+        return reads, dead
+
+    def _map(self, pci: str, r: Reading, leases: list[Lease],
+             trees: dict[str, set[int]]) -> CardRead:
+        owner: dict[int, str] = {}
+        for lid, pids in trees.items():
+            seen = self.lease_pids.setdefault(lid, {}).setdefault(pci, set())
+            for pid in r.processes:
+                if pid in pids or pid in seen:
+                    owner[pid] = lid
+                    seen.add(pid)
+            seen &= set(r.processes) | pids
+        used: dict[str, int | None] = {}
+        for le in leases:
+            if pci not in le.shares:
+                continue
+            if not r.processes_known:
+                used[le.id] = None
+                continue
+            total = 0
+            for pid, lid in owner.items():
+                if lid == le.id:
+                    b = r.processes[pid]
+                    if b is None:
+                        total = None
+                        break
+                    total += b
+            used[le.id] = total if le.pid is not None else None
+        base = self.baseline_pids.get(pci, set())
+        # A waiting lease's process (adopted by a host plugin before its grant) holds
+        # memory nothing granted: it counts as a stowaway until the grant (ledger.available).
+        waiting = {le.id for le in leases if le.is_waiting()}
+        stow = sum(b or 0 for pid, b in r.processes.items()
+                   if (pid not in owner or owner[pid] in waiting) and pid not in base)
+        return CardRead(free_bytes=r.free_bytes, stowaway_bytes=stow, used=used,
+                        total_bytes=r.total_bytes)
+
+    def card_read(self, pci: str, r: Reading) -> CardRead:
+        """A confirmation read of ``pci`` as a :class:`CardRead` (stowaways as last counted)."""
+        card = self.ledger.cards[pci]
+        return CardRead(free_bytes=r.free_bytes, stowaway_bytes=card.stowaway_bytes,
+                        total_bytes=r.total_bytes)
+
+    def confirmation(self, lease: Lease, w: Watch) -> tuple[set[int], PidsGone | UseAtMost]:
+        """What the driver confirmation of ``w`` watches for ``lease``: the pids (those seen
+        as its own, and its holder's tree as on the last read) and the event to confirm, which
+        expects at least 3/4 of the bytes that should leave to show in the card's free bytes."""
+        pci = w.pci
+        pids = set(self.lease_pids.get(lease.id, {}).get(pci, set()))
+        if lease.pid is not None:
+            pids |= tree_pids(lease.pid) & set(self.last_reads.get(pci, Reading(
+                pci, 0, 0, 0)).processes)
+        sh = lease.shares[pci]
+        last = self.last_reads.get(pci)
+        free_before = last.free_bytes if last is not None else None
+        if w.until is Until.FREED:
+            return pids, PidsGone(frozenset(pids), expect_bytes=int(0.75 * max(0, (sh.used_bytes or 0))),
+                                  free_before=free_before)
+        expect = max(0, (sh.used_bytes or sh.reserved_bytes) - w.max_use_bytes)
+        return pids, UseAtMost(frozenset(pids), w.max_use_bytes, expect_bytes=int(0.75 * expect),
+                               free_before=free_before)
+
+    def tree_use(self, pid: int) -> dict[str, int | None]:
+        """Bytes the process tree of ``pid`` holds on each card now, by a driver read
+        ({pci: bytes}; ``None`` where the driver cannot say per process). Used to adopt a
+        process that a host started before its lease (issue 7). Raises :class:`DriverError`."""
+        tree = tree_pids(pid)
+        out: dict[str, int | None] = {}
+        for pci in self.ledger.cards:
+            r = self.driver.read(pci)
+            out[pci] = r.use_of(tree & set(r.processes)) if r.processes_known else None
+        return out
+
+    def unbaseline(self, lease: Lease) -> list[Effect]:
+        """A lease that adopts a process berthd measured into a card's baseline at start (it ran
+        before berthd: a ``berth run`` that failed open) owns those bytes now: they leave the
+        baseline, or the lease would never fit beside its own engine."""
+        if lease.pid is None:
+            return []
+        tree = tree_pids(lease.pid)
+        fx: list[Effect] = []
+        for pci in lease.shares:
+            base, r = self.baseline_pids.get(pci), self.last_reads.get(pci)
+            mine = (base & tree) if base and r is not None else set()
+            if not mine:
+                continue
+            n = sum(r.processes.get(pid) or 0 for pid in mine)
+            card = self.ledger.cards[pci]
+            card.baseline_bytes = max(0, card.baseline_bytes - n)
+            base -= mine
+            fx.append(Note(lease.id, "baseline", f"{lease.engine}: {n} bytes of pid "
+                           f"{lease.pid} leave {card.name}'s baseline (measured before its lease)"))
+        return fx

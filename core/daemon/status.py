@@ -1,0 +1,118 @@
+"""The board: berthd's state as DESIGN.md's ``berth status --json`` keys (bytes, seconds).
+
+Source: DESIGN.md "berth status"; issue 7 (orphans, waiters that already run). Read-only: it
+changes nothing, so the API may call it outside the single writer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from berth.decide.admission import WaitKind
+from berth.decide.ledger import counted_bytes
+from berth.decide.measures import reserve_fraction, suggested_reserve
+from berth.decide.model import Lease, Share, ShareState
+from berth.process import ProcessId, alive
+
+if TYPE_CHECKING:
+    from berth.daemon.broker import Broker
+
+__all__ = ["board"]
+
+S = ShareState
+
+
+def board(broker: "Broker") -> dict:
+    """The board as DESIGN.md's ``berth status --json`` keys (bytes, seconds)."""
+    led = broker.sched.ledger
+    sugg = suggested_reserve(led, broker.sched.growth, broker.cfg.policy.read_interval)
+    cards = []
+    for pci, c in led.cards.items():
+        v = led.view(pci)
+        shares = [{"lease": le.id, "engine": le.engine, "state": sh.state.value,
+                   "counted_bytes": _counted(sh), "held": le.held,
+                   "over_bytes": max(0, (sh.used_bytes or 0) - sh.reserved_bytes)
+                   if sh.state is S.ACTIVE else 0}
+                  for le, sh in led.shares_on(pci) if sh.state not in (S.WAITING, S.FREED)]
+        cards.append({"pci": pci, "name": c.name, "uuid": c.uuid,
+                      "total_bytes": c.total_bytes, "reserve_bytes": c.reserve_bytes,
+                      "baseline_bytes": c.baseline_bytes, "stowaway_bytes": c.stowaway_bytes,
+                      "claim_bytes": c.claim_bytes, "claims": dict(c.claims),
+                      "free_bytes": c.free_bytes, "budget_bytes": v.budget_bytes,
+                      "available_bytes": v.available_bytes, "counted_bytes": v.counted_bytes,
+                      "earmarked_bytes": v.earmarked_bytes,
+                      "suggested_reserve_bytes": sugg[pci]["suggested_bytes"],
+                      "reserve_below_suggested": sugg[pci]["below"], "shares": shares})
+    leases = []
+    for le in led.leases.values():
+        extra = _orphans(broker, le)
+        leases.append({**extra,
+            "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
+            "priority": le.priority, "bound": le.bound.value, "held": le.held,
+            "ready": le.ready_at is not None,
+            "capabilities": le.caps.as_dict(),
+            "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
+                        "size_bytes": sh.size_bytes, "state": sh.state.value,
+                        "reserved_bytes": sh.reserved_bytes, "used_bytes": sh.used_bytes,
+                        "lent_bytes": sh.lent_bytes, "residual_bytes": sh.residual_bytes,
+                        "lent_to": sh.lent_to, "borrowed_from": sh.borrowed_from}
+                       for sh in le.shares.values()]})
+    now = broker.clock()
+    waiting = [{"id": w.lease_id, "engine": led.leases[w.lease_id].engine, "kind": w.kind.value,
+                "need": [{"card": p, "card_name": led.cards[p].name, "size_bytes": b}
+                         for p, b in w.need.items()],
+                "since": w.since, "waited_s": round(now - w.since, 3), "skips": w.skips,
+                "why": broker.sched.why_waiting(w.lease_id),
+                **_running_unleased(led.leases[w.lease_id], w.kind.value)}
+               for w in broker.sched.queue]
+    counters = broker.sched.counters.as_dict()
+    counters["reserve_fraction"] = round(reserve_fraction(led), 4)
+    ram = {"budget_bytes": led.ram_budget_bytes, "parked_bytes": led.parked_in_ram_bytes(),
+           "available_bytes": led.ram_available_bytes()}
+    return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
+            "host_ram": ram, "driver": broker.driver.kind,
+            "uptime_s": round(now - broker.started_at, 1)}
+
+
+def _orphans(broker: "Broker", lease: Lease) -> dict:
+    """Board fields for a lease whose main process is gone while processes it started still
+    hold memory on its cards (issue 7; reference/hosts.md "Orphans"): ``orphans`` lists
+    ``{"pid", "card", "bytes"}`` and ``note`` says what to change. Berth never signals them
+    (rule 6). Empty when there are none."""
+    if lease.pid is None or lease.start_time is None or alive(
+            ProcessId(lease.pid, lease.start_time)):
+        return {}
+    found = []
+    for pci, pids in broker.reads.lease_pids.get(lease.id, {}).items():
+        r = broker.reads.last_reads.get(pci)
+        for pid in sorted(pids):
+            if r is not None and pid in r.processes and pid != lease.pid:
+                found.append({"pid": pid, "card": pci, "bytes": r.processes[pid]})
+    if not found:
+        return {}
+    held = sum(o["bytes"] or 0 for o in found)
+    entry = broker.cfg.engines.get(lease.engine)
+    if entry is not None and entry.supervisor:
+        advice = (f"supervisord signals only a program's main process: set stopasgroup=true "
+                  f"and killasgroup=true in [program:{entry.supervisor}]")
+    else:
+        advice = "stop them: Berth does not signal processes it did not start (rule 6)"
+    return {"orphans": found,
+            "note": f"main process {lease.pid} is gone but {len(found)} process(es) it "
+                    f"started still hold {held} bytes (pids "
+                    f"{', '.join(str(o['pid']) for o in found)}); {advice}"}
+
+
+def _running_unleased(lease: Lease, kind: str) -> dict:
+    """Board fields for a waiter whose process already runs (a host started it before its
+    grant, issue 7): it holds memory without a grant, so it is over budget until room is made."""
+    if kind != WaitKind.GRANT or lease.pid is None:
+        return {}
+    held = sum(sh.used_bytes or 0 for sh in lease.shares.values())
+    return {"pid": lease.pid, "running": True, "held_bytes": held,
+            "note": f"over budget: pid {lease.pid} already runs and holds {held} bytes without a "
+                    f"grant; they count as stowaways until room is made"}
+
+
+def _counted(sh: Share) -> int:
+    return counted_bytes(sh)
