@@ -2,6 +2,9 @@
 
 Source: issue 4 "The control API", DESIGN.md. Request bodies are pydantic models; a malformed
 call gets a 4xx JSON error naming the field and value, never a crash, and changes nothing.
+This module holds the route handlers and the server; the request bodies and error shape are in
+``api_bodies``, the peer-credential and attach rules in ``api_claims``, the metrics in
+``api_metrics``.
 
 Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 
@@ -44,159 +47,25 @@ import asyncio
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
 
 import psutil
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from berth.daemon.api_bodies import (AttachBody, LeaseBody, OperatorBody, ReleaseBody, ReportBody,
+                                     ShareBody, error, errors, parse_body, query_number)
+from berth.daemon.api_claims import auth, claim, is_self_or_descendant, may_release, peer_of
+from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
-from berth.decide.model import Bound, Capabilities, Lease, ParkMechanism, Share
+from berth.decide.model import Capabilities, Lease, ParkMechanism, Share
 from berth.driver.base import DriverError
-from berth.process import ProcessId, identify, peer_credentials
-from berth.decide.units import parse_size
+from berth.process import identify
 
 __all__ = ["make_app", "serve"]
 
 log = logging.getLogger("berth.daemon.api")
 BROKER = web.AppKey("broker", Broker)
-
-
-def _size_or_card(v: Any) -> int | None:
-    return parse_size(v, field="size", allow_card=True)
-
-
-def _size(v: Any) -> int:
-    return parse_size(v, field="size")
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ShareBody(_Body):
-    card: str | None = None
-    size: Annotated[int | None, BeforeValidator(_size_or_card)]
-    need: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
-
-
-class LeaseBody(_Body):
-    # Any name without whitespace or control characters: llama-swap model ids such as
-    # "Qwen/Qwen2.5-7B" included (lease ids are made safe separately).
-    engine: str = Field(min_length=1, max_length=200, pattern=r"^[^\s\x00-\x1f\x7f]+$")
-    shares: list[ShareBody] = Field(default_factory=list, max_length=64)
-    bound: Bound = Bound.DECLARED
-    growth_allowance: Annotated[int, BeforeValidator(_size)] = 0
-    priority: int = Field(0, ge=-1000, le=1000)
-    park: Literal["hook", "checkpoint"] | None = None
-    lend: bool = False
-    lend_max: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
-    front: str | None = Field(None, max_length=300)
-    # Other model IDs the gateway routes to this engine (llama-swap's aliases; issue 14).
-    aliases: list[Annotated[str, Field(min_length=1, max_length=200,
-                                       pattern=r"^[^\s\x00-\x1f\x7f]+$")]] = \
-        Field(default_factory=list, max_length=32)
-    owner_pid: int | None = Field(None, gt=0)
-    pid: int | None = Field(None, gt=0)
-    start_time: float | None = None
-    host: str | None = Field(None, max_length=100)
-
-
-class AttachBody(_Body):
-    pid: int = Field(gt=0)
-    start_time: float | None = None
-    host: str | None = None
-
-
-class ReportBody(_Body):
-    op: Literal["park", "wake", "lend", "return", "drain"]
-    ok: bool
-    detail: str = Field("", max_length=2000)
-
-
-class OperatorBody(_Body):
-    target: str = Field(min_length=1, max_length=300)
-
-
-class ReleaseBody(_Body):
-    reason: str = Field("released", max_length=500)
-
-
-def _error(status: int, message: str, kind: str = "invalid_request", **extra) -> web.Response:
-    return web.json_response({"error": {"type": kind, "code": status, "message": message, **extra},
-                              "src": "berthd"}, status=status)
-
-
-async def _body(request: web.Request, model: type[BaseModel]):
-    """Parse and validate a JSON body; raise an HTTP 400 naming each bad field and value."""
-    try:
-        raw = await request.json() if request.can_read_body else {}
-    except (ValueError, UnicodeDecodeError) as e:
-        raise web.HTTPBadRequest(reason=f"body is not JSON: {e}")
-    if not isinstance(raw, dict):
-        raise web.HTTPBadRequest(reason=f"body must be a JSON object, got {type(raw).__name__}")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or '(body)'}: "
-            f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})"
-            for err in e.errors())
-        raise web.HTTPBadRequest(reason=problems)
-
-
-def _num(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise web.HTTPBadRequest(reason=f"{name}: expected a number, got {raw!r}")
-    if not lo <= v <= hi or v != v:
-        raise web.HTTPBadRequest(reason=f"{name}: must be between {lo} and {hi}, got {raw!r}")
-    return v
-
-
-@web.middleware
-async def _errors(request: web.Request, handler):
-    """Every answer is JSON in one shape; nothing a client sends can cause a 5xx."""
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        return _error(e.status, e.reason or e.text or "error")
-    except KeyError as e:
-        return _error(404, str(e.args[0]) if e.args else "not found", "not_found")
-    except LeaseGone as e:
-        return _error(410, e.reason, "gone")
-    except ValueError as e:
-        return _error(409, str(e), "conflict")
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:        # a bug: say so without crashing the daemon
-        log.exception("request %s %s failed", request.method, request.path)
-        return _error(500, f"internal error: {type(e).__name__}", "internal")
-
-
-def _auth(key: str | None):
-    @web.middleware
-    async def check(request: web.Request, handler):
-        sock = request.transport.get_extra_info("socket") if request.transport else None
-        if key and peer_credentials(sock) is None:       # TCP: the key is required
-            if request.headers.get("Authorization") != f"Bearer {key}":
-                return _error(401, "the TCP control API needs 'Authorization: Bearer <key>'",
-                              "unauthorized")
-        return await handler(request)
-    return check
-
-
-def _peer(request: web.Request) -> tuple[int, int, int] | None:
-    sock = request.transport.get_extra_info("socket") if request.transport else None
-    return peer_credentials(sock)
+#: lease id -> the model IDs its run asked the gateway to route to it besides the engine name.
+ALIASES = web.AppKey("aliases", dict)
 
 
 def _lease(broker: Broker, lease_id: str) -> Lease:
@@ -251,22 +120,22 @@ def _with_entry(broker: Broker, body: LeaseBody) -> LeaseBody:
 # -- handlers ----------------------------------------------------------------------------------
 async def request_lease(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
-    body: LeaseBody = await _body(request, LeaseBody)
+    body: LeaseBody = await parse_body(request, LeaseBody)
     body = _with_entry(broker, body)
     if (body.park or body.lend) and not body.front:
         raise web.HTTPBadRequest(reason="front: park and lend need a front (rule 3); "
                                         "give --front HOST:PORT")
     adopted, use = None, {}
     if body.pid is not None:
-        adopted, refusal, why = await _claim(broker, request, body.pid, body.start_time, body.engine,
-                                       body.host)
+        adopted, refusal, why = await claim(broker, request, body.pid, body.start_time, body.engine,
+                                            body.host)
         if refusal is not None:
             return refusal
         try:
             use = broker.tree_use(adopted.pid)
         except DriverError as e:
-            return _error(503, f"cannot read the cards to adopt pid {adopted.pid}: {e}",
-                          "unavailable")
+            return error(503, f"cannot read the cards to adopt pid {adopted.pid}: {e}",
+                         "unavailable")
     shares: dict[str, Share] = {}
     need: dict[str, int] = {}
     for i, sb in enumerate(body.shares):
@@ -283,7 +152,7 @@ async def request_lease(request: web.Request) -> web.Response:
         shares[pci].used_bytes = use.get(pci)
         if sb.need is not None:
             need[pci] = sb.need
-    peer = _peer(request)
+    peer = peer_of(request)
     if adopted is not None:
         owner = adopted                 # the lease lives as long as the process it adopted
     else:
@@ -294,7 +163,7 @@ async def request_lease(request: web.Request) -> web.Response:
             # must be it or one of its ancestors (a lease owned by pid 1 would never end).
             if owner is None:
                 raise web.HTTPBadRequest(reason=f"owner_pid: no live process {body.owner_pid}")
-            if peer is not None and not _is_self_or_descendant(owner.pid, peer[0]):
+            if peer is not None and not is_self_or_descendant(owner.pid, peer[0]):
                 raise web.HTTPBadRequest(reason=f"owner_pid: {owner.pid} is neither the caller "
                                                 f"({peer[0]}) nor a process it started")
     lease = Lease(id=broker.new_lease_id(body.engine), engine=body.engine, shares=shares,
@@ -315,7 +184,7 @@ async def request_lease(request: web.Request) -> web.Response:
     state = "waiting" if lease.is_waiting() else "active"
     if lease.id not in broker.sched.ledger.leases:
         ch = broker.channels.get(lease.id)
-        return _error(409, ch.ended if ch and ch.ended else "rejected", "rejected", id=lease.id)
+        return error(409, ch.ended if ch and ch.ended else "rejected", "rejected", id=lease.id)
     return web.json_response({"id": lease.id, "state": state, "policy": _limits(broker),
                               "cards": _cards_json(broker, {p: s.size_bytes
                                                             for p, s in shares.items()})},
@@ -325,7 +194,7 @@ async def request_lease(request: web.Request) -> web.Response:
 async def wait_grant(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
-    timeout = _num(request, "timeout", 30.0, 0.0, 600.0)
+    timeout = query_number(request, "timeout", 30.0, 0.0, 600.0)
     g = await broker.wait_grant(lid, timeout)
     if g is None:
         pos = [w.lease_id for w in broker.sched.queue].index(lid) if lid in broker.sched.queue else None
@@ -342,49 +211,14 @@ def _limits(broker: Broker) -> dict:
             "wake_limit_s": p.wake_limit}
 
 
-async def _claim(broker: Broker, request: web.Request, pid: int, start_time: float | None,
-           engine: str, host: str | None) -> tuple[ProcessId, web.Response | None, str]:
-    """May the caller claim process ``pid`` for ``engine``? Returns ``(identity, refusal,
-    why)``: ``refusal`` is a 403 answer, or ``None`` when allowed because the caller is the
-    process, or its parent, or a host plugin vouches (``berth_vouch``). Raises 400 for a PID
-    that is not alive or whose start time (seconds since the epoch) differs."""
-    actual = identify(pid)
-    if actual is None:
-        raise web.HTTPBadRequest(reason=f"pid: no live process {pid}")
-    if start_time is not None and abs(actual.start_time - start_time) > 0.05:
-        raise web.HTTPBadRequest(reason=f"start_time: pid {pid} started at "
-                                        f"{actual.start_time}, not {start_time}")
-    peer = _peer(request)
-    allowed, why = False, "no peer credentials (TCP) and no plugin vouches"
-    if peer is not None:
-        ppid = _ppid(pid)
-        if peer[0] == pid:
-            allowed, why = True, "the caller is the process"
-        elif ppid == peer[0]:
-            allowed, why = True, "the caller is its parent"
-        else:
-            why = f"caller pid {peer[0]} is neither pid {pid} nor its parent ({ppid})"
-    if not allowed and broker.pm is not None:
-        # A plugin may ask its host (supervisord's XML-RPC, up to about a second): off the loop.
-        verdict = await asyncio.to_thread(broker.pm.hook.berth_vouch, pid=pid,
-                                          start_time=actual.start_time, engine=engine, host=host)
-        if verdict:
-            allowed, why = True, f"vouched for by the {host or 'host'} plugin"
-        elif host:
-            why += f"; the {host} plugin does not vouch for it"
-    if not allowed:
-        log.warning("claim of pid %s for %s refused: %s", pid, engine, why)
-        return actual, _error(403, f"attach refused: {why}", "forbidden"), why
-    return actual, None, why
-
 
 async def attach(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
-    body: AttachBody = await _body(request, AttachBody)
+    body: AttachBody = await parse_body(request, AttachBody)
     lease = _lease(broker, lid)
-    actual, refusal, why = await _claim(broker, request, body.pid, body.start_time, lease.engine,
-                                  body.host)
+    actual, refusal, why = await claim(broker, request, body.pid, body.start_time, lease.engine,
+                                       body.host)
     if refusal is not None:
         return refusal
     await broker.submit(lambda now: broker.sched.attach(lid, actual.pid, actual.start_time, now))
@@ -392,27 +226,11 @@ async def attach(request: web.Request) -> web.Response:
                               "why": why})
 
 
-def _is_self_or_descendant(pid: int, ancestor: int) -> bool:
-    """True if ``pid`` is ``ancestor`` or one of its descendants."""
-    if pid == ancestor:
-        return True
-    try:
-        return any(p.pid == ancestor for p in psutil.Process(pid).parents())
-    except psutil.Error:
-        return False
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        return psutil.Process(pid).ppid()
-    except psutil.Error:
-        return None
-
 
 async def report(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
-    body: ReportBody = await _body(request, ReportBody)
+    body: ReportBody = await parse_body(request, ReportBody)
     _lease(broker, lid)
     broker.reported(lid, body.op)
     await broker.submit(lambda now: broker.sched.report(lid, body.op, body.ok, now, body.detail))
@@ -422,8 +240,8 @@ async def report(request: web.Request) -> web.Response:
 async def instructions(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
-    after = int(_num(request, "after", 0, 0, 2**62))
-    timeout = _num(request, "timeout", 25.0, 0.0, 600.0)
+    after = int(query_number(request, "after", 0, 0, 2**62))
+    timeout = query_number(request, "timeout", 25.0, 0.0, 600.0)
     if lid not in broker.channels:
         raise KeyError(f"lease {lid!r}: not known")
     ins, ended = await broker.instructions(lid, after, timeout)
@@ -473,14 +291,6 @@ touch = _lease_event("touch")
 ready = _lease_event("ready")
 
 
-def _may_release(lease: Lease, caller: int) -> bool:
-    """The lease's owner (the run that asked for it), its engine, or an ancestor of either may
-    release it; nobody else."""
-    for pid in (lease.owner_pid, lease.pid):
-        if pid is not None and _is_self_or_descendant(pid, caller):
-            return True
-    return lease.owner_pid is None and lease.pid is None
-
 
 async def unwake(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
@@ -494,16 +304,16 @@ async def unwake(request: web.Request) -> web.Response:
 async def release(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
-    body: ReleaseBody = await _body(request, ReleaseBody)
-    wait = _num(request, "wait", 0.0, 0.0, 600.0)
+    body: ReleaseBody = await parse_body(request, ReleaseBody)
+    wait = query_number(request, "wait", 0.0, 0.0, 600.0)
     lease = broker.sched.ledger.leases.get(lid)
     if lease is not None:
-        peer = _peer(request)
-        if peer is not None and not _may_release(lease, peer[0]):
+        peer = peer_of(request)
+        if peer is not None and not may_release(lease, peer[0]):
             log.warning("release of lease %s by pid %s refused", lid, peer[0])
-            return _error(403, f"release refused: pid {peer[0]} neither owns lease {lid} nor "
-                               f"started its engine; an operator drains it instead "
-                               f"(berth drain {lease.engine})", "forbidden")
+            return error(403, f"release refused: pid {peer[0]} neither owns lease {lid} nor "
+                              f"started its engine; an operator drains it instead "
+                              f"(berth drain {lease.engine})", "forbidden")
         await broker.submit(lambda now: broker.sched.exited(lid, now))
     ch = broker.channels.get(lid)
     if ch is None:
@@ -540,7 +350,7 @@ async def operator(request: web.Request) -> web.Response:
     if op not in ("park", "wake", "drain", "hold", "release-hold"):
         raise web.HTTPNotFound(reason=f"operator action {op!r}: expected park, wake, drain, "
                                       f"hold or release-hold")
-    body: OperatorBody = await _body(request, OperatorBody)
+    body: OperatorBody = await parse_body(request, OperatorBody)
     lease = broker.sched.find(body.target)
     fx = await broker.submit(lambda now: broker.sched.operator(op, lease.id, now))
     return web.json_response({"lease": lease.id, "engine": lease.engine, "op": op,
@@ -560,8 +370,8 @@ async def status(request: web.Request) -> web.Response:
 
 async def timeline(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
-    after = int(_num(request, "after", 0, 0, 2**62))
-    timeout = _num(request, "timeout", 0.0, 0.0, 600.0)
+    after = int(query_number(request, "after", 0, 0, 2**62))
+    timeout = query_number(request, "timeout", 0.0, 0.0, 600.0)
     entries = await broker.wait_timeline(after, timeout) if timeout else \
         [x for x in broker.timeline if x["seq"] > after]
     return web.json_response({"entries": entries})
@@ -571,62 +381,10 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "pid": os.getpid()})
 
 
-class _BoardCollector:
-    """Prometheus figures read from the board at scrape time (same numbers as the status)."""
-
-    def __init__(self, broker: Broker):
-        self.broker = broker
-
-    def collect(self):
-        st = self.broker.status()
-        fields = ("total_bytes", "free_bytes", "reserve_bytes", "baseline_bytes",
-                  "stowaway_bytes", "claim_bytes", "budget_bytes", "counted_bytes",
-                  "available_bytes", "suggested_reserve_bytes")
-        for f in fields:
-            g = GaugeMetricFamily(f"berth_card_{f}", f"Card {f.replace('_', ' ')}",
-                                  labels=["pci", "card"])
-            for c in st["cards"]:
-                if c.get(f) is not None:
-                    g.add_metric([c["pci"], c["name"]], c[f])
-            yield g
-        shares = GaugeMetricFamily("berth_shares", "Shares by card and state",
-                                   labels=["card", "state"])
-        counts: dict[tuple[str, str], int] = {}
-        for le in st["leases"]:
-            for sh in le["shares"]:
-                k = (sh["card_name"], sh["state"])
-                counts[k] = counts.get(k, 0) + 1
-        for (card, state), n in sorted(counts.items()):
-            shares.add_metric([card, state], n)
-        yield shares
-        yield GaugeMetricFamily("berth_waiting", "Entries in the waiting queue",
-                                value=len(st["waiting"]))
-        for k, v in st["counters"].items():
-            if k == "reserve_fraction":
-                yield GaugeMetricFamily("berth_reserve_fraction", "Reserve / total", value=v)
-            else:
-                c = CounterMetricFamily(f"berth_{k}", f"Count of {k.replace('_', ' ')}")
-                c.add_metric([], v)
-                yield c
-
-
-async def metrics(request: web.Request) -> web.Response:
-    reg = request.app[_REGISTRY]
-    return web.Response(body=generate_latest(reg), content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus": "0.0.4"})
-
-
-_REGISTRY = web.AppKey("registry", CollectorRegistry)
-#: lease id -> the model IDs its run asked the gateway to route to it besides the engine name.
-ALIASES = web.AppKey("aliases", dict)
-
-
 def make_app(broker: Broker, key: str | None = None) -> web.Application:
-    app = web.Application(middlewares=[_errors, _auth(key)], client_max_size=1 << 20)
+    app = web.Application(middlewares=[errors, auth(key)], client_max_size=1 << 20)
     app[BROKER] = broker
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(_BoardCollector(broker))
-    app[_REGISTRY] = reg
+    app[REGISTRY] = registry(broker)
     app[ALIASES] = {}
     r = app.router
     r.add_post("/v1/leases", request_lease)

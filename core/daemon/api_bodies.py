@@ -1,0 +1,146 @@
+"""The control API's requests and answers: request bodies as pydantic models, query numbers,
+and the one JSON error shape every answer takes.
+
+Source: issue 4 "The control API". A malformed call gets a 4xx JSON error naming the field and
+value (``{"error": {"type", "code", "message"}, "src": "berthd"}``), never a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated, Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from berth.daemon.broker import LeaseGone
+from berth.decide.model import Bound
+from berth.decide.units import parse_size
+
+__all__ = ["AttachBody", "LeaseBody", "OperatorBody", "ReleaseBody", "ReportBody", "ShareBody",
+           "error", "errors", "parse_body", "query_number"]
+
+log = logging.getLogger("berth.daemon.api")
+
+
+def _size_or_card(v: Any) -> int | None:
+    return parse_size(v, field="size", allow_card=True)
+
+
+def _size(v: Any) -> int:
+    return parse_size(v, field="size")
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ShareBody(_Body):
+    card: str | None = None
+    size: Annotated[int | None, BeforeValidator(_size_or_card)]
+    need: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
+
+
+class LeaseBody(_Body):
+    # Any name without whitespace or control characters: llama-swap model ids such as
+    # "Qwen/Qwen2.5-7B" included (lease ids are made safe separately).
+    engine: str = Field(min_length=1, max_length=200, pattern=r"^[^\s\x00-\x1f\x7f]+$")
+    shares: list[ShareBody] = Field(default_factory=list, max_length=64)
+    bound: Bound = Bound.DECLARED
+    growth_allowance: Annotated[int, BeforeValidator(_size)] = 0
+    priority: int = Field(0, ge=-1000, le=1000)
+    park: Literal["hook", "checkpoint"] | None = None
+    lend: bool = False
+    lend_max: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
+    front: str | None = Field(None, max_length=300)
+    # Other model IDs the gateway routes to this engine (llama-swap's aliases; issue 14).
+    aliases: list[Annotated[str, Field(min_length=1, max_length=200,
+                                       pattern=r"^[^\s\x00-\x1f\x7f]+$")]] = \
+        Field(default_factory=list, max_length=32)
+    owner_pid: int | None = Field(None, gt=0)
+    pid: int | None = Field(None, gt=0)
+    start_time: float | None = None
+    host: str | None = Field(None, max_length=100)
+
+
+class AttachBody(_Body):
+    pid: int = Field(gt=0)
+    start_time: float | None = None
+    host: str | None = None
+
+
+class ReportBody(_Body):
+    op: Literal["park", "wake", "lend", "return", "drain"]
+    ok: bool
+    detail: str = Field("", max_length=2000)
+
+
+class OperatorBody(_Body):
+    target: str = Field(min_length=1, max_length=300)
+
+
+class ReleaseBody(_Body):
+    reason: str = Field("released", max_length=500)
+
+
+
+def error(status: int, message: str, kind: str = "invalid_request", **extra) -> web.Response:
+    """The one error shape: ``{"error": {"type", "code", "message", **extra}, "src": "berthd"}``."""
+    return web.json_response({"error": {"type": kind, "code": status, "message": message, **extra},
+                              "src": "berthd"}, status=status)
+
+
+async def parse_body(request: web.Request, model: type[BaseModel]):
+    """Parse and validate a JSON body; raise an HTTP 400 naming each bad field and value."""
+    try:
+        raw = await request.json() if request.can_read_body else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise web.HTTPBadRequest(reason=f"body is not JSON: {e}")
+    if not isinstance(raw, dict):
+        raise web.HTTPBadRequest(reason=f"body must be a JSON object, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc']) or '(body)'}: "
+            f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})"
+            for err in e.errors())
+        raise web.HTTPBadRequest(reason=problems)
+
+
+def query_number(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(reason=f"{name}: expected a number, got {raw!r}")
+    if not lo <= v <= hi or v != v:
+        raise web.HTTPBadRequest(reason=f"{name}: must be between {lo} and {hi}, got {raw!r}")
+    return v
+
+
+@web.middleware
+async def errors(request: web.Request, handler):
+    """Every answer is JSON in one shape; nothing a client sends can cause a 5xx."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error(e.status, e.reason or e.text or "error")
+    except KeyError as e:
+        return error(404, str(e.args[0]) if e.args else "not found", "not_found")
+    except LeaseGone as e:
+        return error(410, e.reason, "gone")
+    except ValueError as e:
+        return error(409, str(e), "conflict")
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:        # a bug: say so without crashing the daemon
+        log.exception("request %s %s failed", request.method, request.path)
+        return error(500, f"internal error: {type(e).__name__}", "internal")
+
+
