@@ -13,7 +13,7 @@ __all__ = ["main", "daemon_main", "build_parser"]
 _COMMAND_MODULES = (
     "berth.daemon.main",
     "berth.board",
-    "berth.run.main",
+    "berth.run.cli",
     "berth.sim.cli",
     "berth.gateway.cli",
     "berth_hosts.llama_swap.cli",

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from berth.daemon.broker import LeaseGone
-from berth.decide.model import Bound
+from berth.decide.model import Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
 
 __all__ = ["AttachBody", "LeaseBody", "OperatorBody", "ReleaseBody", "ReportBody", "ShareBody",
@@ -50,7 +50,7 @@ class LeaseBody(_Body):
     bound: Bound = Bound.DECLARED
     growth_allowance: Annotated[int, BeforeValidator(_size)] = 0
     priority: int = Field(0, ge=-1000, le=1000)
-    park: Literal["hook", "checkpoint"] | None = None
+    park: ParkMechanism | None = None
     lend: bool = False
     lend_max: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
     front: str | None = Field(None, max_length=300)
@@ -71,7 +71,7 @@ class AttachBody(_Body):
 
 
 class ReportBody(_Body):
-    op: Literal["park", "wake", "lend", "return", "drain"]
+    op: Op
     ok: bool
     detail: str = Field("", max_length=2000)
 

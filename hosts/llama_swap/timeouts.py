@@ -1,7 +1,7 @@
 """``healthCheckTimeout`` and ``unloadTimeout`` for a wrapped config.
 
 Source: reference/llama-swap.md ("Relevant configuration keys", "Stopping", "Consequences for
-a ``cmd`` wrapper"); ``berth run``'s stop sequence (:mod:`berth.run.main`, step 5).
+a ``cmd`` wrapper"); ``berth run``'s stop sequence (:mod:`berth.run.main`, step 5; its flags in :mod:`berth.run.cli`).
 
 - ``healthCheckTimeout`` (global; default 120 s, at least 15) bounds a start from spawn to a
   passing health check. Under Berth a start includes the wait for a lease (berthd may first park
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 
-from berth.run.main import RunOptions
+from berth.run.cli import RunOptions
 
 from . import command
 

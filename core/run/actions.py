@@ -1,0 +1,139 @@
+"""The actions of ``berth run``: berthd's instructions carried out through the plugins.
+
+Source: issue 5; seed 002 "Making room", "Fronts", rules 2 and 4; berth_plugins.hookspecs.
+
+- park / lend: close the front and wait for in-flight requests (up to the release grace; if
+  they do not finish the front opens again and the run reports "busy": the engine was never
+  touched), then the mechanism (cuda-checkpoint on every CUDA process of the engine's tree, or
+  the hook's adapter); the front then sleeps (park) or opens again (lend).
+- wake / return: the mechanism, once berthd has confirmed room (rule 2); after a wake the run
+  probes the engine's health (up to the wake limit) and opens the front.
+- drain: stop the engine (the run's stop sequence).
+
+Every outcome is reported to berthd; a failure is reported and berthd falls back (rule 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import pluggy
+
+from berth.decide.model import Op, ParkMechanism
+from berth.front import Front, FrontState
+from berth.process import tree_pids
+from berth.run.engine import EngineProcess
+from berth.run.lease import LeaseClient
+from berth_plugins.hookspecs import ActionContext
+from berth_plugins.manager import run_action
+
+if TYPE_CHECKING:                                   # the CLI builds the options and the run
+    from berth.run.cli import RunOptions
+
+__all__ = ["Actions", "Busy"]
+
+log = logging.getLogger("berth.run")
+
+#: Operations that free memory (bounded by the release grace) and that give it back (bounded by
+#: the wake limit, and only once berthd has confirmed room).
+_FREEING = frozenset({Op.PARK, Op.LEND})
+_RESTORING = frozenset({Op.WAKE, Op.RETURN})
+
+
+class Busy(RuntimeError):
+    """The front could not go quiet in time: the park never began."""
+
+
+class Actions:
+    """Carries out one run's instructions on its engine and front, and reports each outcome."""
+
+    def __init__(self, opts: RunOptions, pm: pluggy.PluginManager, lease: LeaseClient,
+                 engine: EngineProcess, front: Front | None, stop_event: asyncio.Event):
+        self.o = opts
+        self.pm = pm
+        self.lease = lease
+        self.engine = engine
+        self.front = front
+        self.stop_event = stop_event
+        #: berthd's reason when it drained the run (the stop sequence names it).
+        self.drained: str | None = None
+
+    def context(self, op: Op, ins: dict) -> ActionContext:
+        """The hook's context for instruction ``ins`` (``{"op", "cards", "bytes", …}``)."""
+        if op in (Op.PARK, Op.WAKE):
+            mech = self.o.park
+            if self.o.park == ParkMechanism.HOOK:
+                mech = self.o.adapter or "protocol"
+        elif op in (Op.LEND, Op.RETURN):
+            mech = self.o.adapter or "protocol"
+        else:
+            mech = "protocol"
+        ident = self.engine.ident
+        pids = list(self.lease.pids) or (sorted(tree_pids(ident.pid)) if ident else [])
+        opts = dict(self.o.options)
+        if self.o.checkpoint_path:
+            opts["checkpoint_path"] = self.o.checkpoint_path
+        timeout = self.lease.limit("release_grace_s") if op in _FREEING \
+            else self.lease.limit("wake_limit_s")
+        return ActionContext(engine=self.o.engine, mechanism=mech, engine_url=self.engine.url,
+                             pid=ident.pid if ident else None,
+                             start_time=ident.start_time if ident else None,
+                             pids=pids, cards=list(ins.get("cards") or []),
+                             bytes={k: int(v) for k, v in (ins.get("bytes") or {}).items()},
+                             use_bytes=dict(self.lease.use),
+                             ram_available_bytes=self.lease.ram_available,
+                             room_confirmed=op in _RESTORING, timeout_s=timeout,
+                             options=opts)
+
+    async def carry_out(self, ins: dict) -> None:
+        """Carry out one instruction and report its outcome to berthd. A drain only sets the
+        run's stop event (the run's stop sequence reports it)."""
+        op = Op(ins["op"])
+        log.info("instruction %s (%s)", op, ins.get("reason", ""))
+        if op is Op.DRAIN:
+            self.stop_event.set()
+            self.drained = ins.get("reason", "drained")
+            return
+        ok, detail = True, ""
+        try:
+            if op in _FREEING:
+                await self._free(op, ins)
+            else:
+                await run_action(self.pm, f"berth_{op}", self.context(op, ins))
+                if op is Op.WAKE:
+                    if not await self.engine.until_healthy(self.lease.limit("wake_limit_s")):
+                        raise RuntimeError("the engine did not answer its health check after the wake")
+                    if self.front is not None:
+                        self.front.open()
+        except Busy as e:
+            ok, detail = False, str(e)
+        except Exception as e:                          # reported; berthd falls back (rule 4)
+            ok, detail = False, f"{type(e).__name__}: {e}"
+            log.error("%s failed: %s", op, detail)
+            if self.front is not None:
+                if op is Op.WAKE:
+                    self.front.fail_held(f"wake failed: {e}")
+                    with contextlib.suppress(Exception):
+                        self.front.sleep()
+                elif op in _FREEING and self.front.state is FrontState.CLOSING:
+                    self.front.open()
+        await self.lease.report(op, ok, detail)
+
+    async def _free(self, op: Op, ins: dict) -> None:
+        """Park or lend: quiet the front, run the mechanism, then sleep (park) or open (lend)."""
+        if self.front is not None:
+            quiet = await self.front.close_and_drain(self.lease.limit("release_grace_s"))
+            if not quiet:
+                self.front.open()
+                # "busy": the engine was never touched; berthd calls the park off when
+                # nothing waits for the room, else falls back (rule 4).
+                raise Busy("busy: in-flight requests did not finish within the grace")
+        await run_action(self.pm, f"berth_{op}", self.context(op, ins))
+        if self.front is not None:
+            if op is Op.PARK:
+                self.front.sleep()
+            else:
+                self.front.open()

@@ -1,0 +1,191 @@
+"""``berth run``'s command line: the flags, their checks, and :class:`RunOptions`.
+
+Source: issue 5; seed 002 "Fronts", rule 3. Bad input ends with exit 2 and one line naming the
+flag and value, before anything starts. The run itself is :mod:`berth.run.main`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+
+from berth.decide.model import Bound, ParkMechanism
+from berth.decide.units import parse_duration, parse_size
+from berth.run.main import EngineRun
+
+__all__ = ["register", "RunOptions", "parse_sizes", "USAGE"]
+
+USAGE = """\
+    berth run [--engine NAME] [--front HOST:PORT] [--size SIZE[@CARD]]… [--priority N]
+              [--park checkpoint|hook] [--adapter NAME] [--lend [--lend-max SIZE]] -- CMD…"""
+
+
+@dataclass
+class RunOptions:
+    """``berth run``'s options. Durations in seconds."""
+
+    cmd: list[str]
+    engine: str
+    sizes: list[tuple[str | None, str]] = field(default_factory=list)
+    front: str | None = None
+    upstream: str | None = None
+    priority: int | None = None
+    park: str | None = None
+    adapter: str | None = None
+    lend: bool = False
+    lend_max: str | None = None
+    bound: str | None = None
+    health: str = "/health"
+    checkpoint_path: str | None = None
+    stop_grace_s: float = 1.0
+    term_grace_s: float = 4.0
+    release_wait_s: float = 3.0
+    # None: use berthd's [policy] values (sent with the grant); 120 s / 20 s / 60 s without one.
+    wait_limit_s: float | None = None
+    max_in_flight: int | None = None
+    release_grace_s: float | None = None
+    wake_limit_s: float | None = None
+    require_berthd: bool = False
+    options: dict = field(default_factory=dict)
+    aliases: list[str] = field(default_factory=list)
+
+
+def parse_sizes(values: list[str]) -> list[tuple[str | None, str]]:
+    """``["10GiB@gpu0", "card"]`` -> ``[("gpu0", "10GiB"), (None, "card")]``. Raises
+    ``ValueError`` naming ``--size`` and the value."""
+    out = []
+    for v in values:
+        size, _, card = v.partition("@")
+        parse_size(size, field="--size", allow_card=True)
+        if _ and not card:
+            raise ValueError(f"--size: expected SIZE[@CARD], got {v!r}")
+        out.append((card or None, size))
+    return out
+
+
+def _positive(text: str | None, flag: str) -> float | None:
+    if text is None:
+        return None
+    v = parse_duration(text, field=flag)
+    if v <= 0:
+        raise ValueError(f"{flag}: must be more than 0 seconds, got {text!r}")
+    return v
+
+
+def _check_front(front: str) -> None:
+    """``HOST:PORT`` with a port of 1–65535 (IPv6 as ``[::1]:PORT``). Raises ``ValueError``."""
+    host, sep, port = front.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--front: expected HOST:PORT with a port of 1-65535, got {front!r}")
+    if host.startswith("[") != host.endswith("]"):
+        raise ValueError(f"--front: unbalanced brackets in {front!r}")
+
+
+def _check_checkpoint(path: str | None) -> None:
+    """The cuda-checkpoint a checkpoint park will run must exist now, not at the first park
+    (a missing tool would turn that park into a drain). Raises ``ValueError``."""
+    tool = path or os.environ.get("BERTH_CUDA_CHECKPOINT") or "cuda-checkpoint"
+    first = tool.split()[0]
+    if shutil.which(first) is None:
+        raise ValueError(f"--park checkpoint: cannot find {first!r} (give --checkpoint-path, set "
+                         f"BERTH_CUDA_CHECKPOINT, or put NVIDIA's cuda-checkpoint on PATH; with "
+                         f"simulated cards use berth-sim-cuda-checkpoint)")
+
+
+def _cmd_run(args) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    name = args.engine or (os.path.basename(cmd[0]) if cmd else "?")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s berth run[{name}] %(levelname)s: %(message)s")
+    if not cmd:
+        print("berth run: give the engine's command after --", file=sys.stderr)
+        return 2
+    try:
+        if args.front:
+            _check_front(args.front)
+        options = {}
+        for o in args.option or []:
+            key, eq, value = o.partition("=")
+            if not eq or not key:
+                raise ValueError(f"--option: expected KEY=VALUE, got {o!r}")
+            options[key] = value
+        if args.park == ParkMechanism.CHECKPOINT:
+            _check_checkpoint(args.checkpoint_path)
+        sizes = parse_sizes(args.size or [])
+        if args.lend_max:
+            parse_size(args.lend_max, field="--lend-max")
+        opts = RunOptions(
+            cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
+            front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
+            adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
+            health=args.health, checkpoint_path=args.checkpoint_path,
+            wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
+            max_in_flight=args.max_in_flight,
+            stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
+            term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
+            release_grace_s=_positive(args.release_grace, "--release-grace"),
+            wake_limit_s=_positive(args.wake_limit, "--wake-limit"),
+            require_berthd=args.require_berthd, options=options, aliases=args.alias or [])
+        if args.max_in_flight is not None and args.max_in_flight < 1:
+            raise ValueError(f"--max-in-flight: must be at least 1, got {args.max_in_flight}")
+    except ValueError as e:
+        print(f"berth run: {e}", file=sys.stderr)
+        return 2
+    if opts.front and not opts.upstream and not any("{port}" in a for a in cmd):
+        print("berth run: with --front, the engine's command must contain {port} (the port the "
+              "run picks) or give --upstream URL", file=sys.stderr)
+        return 2
+    if opts.park and not opts.front:
+        print("berth run: --park needs --front (rule 3: an engine sleeps only behind a front)",
+              file=sys.stderr)
+        return 2
+    code = asyncio.run(EngineRun(opts).main())
+    # An engine killed by a signal has returncode -N; exit 128 + N as a shell reports it
+    # (sys.exit(-9) would exit 247).
+    return 128 - code if code < 0 else code
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run an engine under a lease, behind its own front",
+                       description=USAGE)
+    p.add_argument("--engine", help="engine name (default: the command's name)")
+    p.add_argument("--front", metavar="HOST:PORT", help="where clients reach the engine")
+    p.add_argument("--alias", action="append", metavar="ID",
+                   help="another model ID the gateway routes to this engine (repeatable)")
+    p.add_argument("--upstream", metavar="URL", help="the engine's own URL when CMD has no {port}")
+    p.add_argument("--size", action="append", metavar="SIZE[@CARD]",
+                   help="memory per card, e.g. 14GiB@gpu0 or card (repeat for several cards)")
+    p.add_argument("--priority", type=int)
+    p.add_argument("--park", choices=[m.value for m in ParkMechanism])
+    p.add_argument("--adapter", help="the hook's adapter: protocol, vllm, sglang, llamacpp")
+    p.add_argument("--lend", action="store_true", help="the engine can lend memory (protocol)")
+    p.add_argument("--lend-max", metavar="SIZE",
+                   help="the most it may lend on one card (default: its share less its measured "
+                        "use, which is about nothing for an engine that preallocates its KV cache)")
+    p.add_argument("--bound", choices=[b.value for b in Bound])
+    p.add_argument("--health", default="/health", help="the engine's health path, or 'none'")
+    p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: on PATH, or "
+                                             "$BERTH_CUDA_CHECKPOINT)")
+    p.add_argument("--wait-limit", help="longest a request is held (default: berthd's "
+                                        "[policy] wait_limit, else 120s)")
+    p.add_argument("--max-in-flight", type=int, metavar="N",
+                   help="forward at most N requests at once (the engine's parallel slots); the "
+                        "rest wait in the front, so a park waits only for running requests")
+    p.add_argument("--stop-grace", default="1s", help="in-flight grace on stop (default 1s)")
+    p.add_argument("--term-grace", default="4s", help="SIGTERM to SIGKILL (default 4s)")
+    p.add_argument("--release-grace", help="park/lend time limit (default: berthd's [policy])")
+    p.add_argument("--wake-limit", help="wake/return time limit (default: berthd's [policy])")
+    p.add_argument("--require-berthd", action="store_true",
+                   help="wait for berthd instead of running the engine unleased (fail-open) "
+                        "when it cannot be reached")
+    p.add_argument("--option", action="append", metavar="KEY=VALUE",
+                   help="a mechanism option (e.g. model=ID for llama.cpp's router)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
+    p.set_defaults(func=_cmd_run)

@@ -1,0 +1,165 @@
+"""The engine process of ``berth run``: spawn, health, and the end of its process group.
+
+Source: issue 5; seed 002 rule 6 (Berth signals only the process group it started);
+reference/llama-swap.md ("Consequences for a cmd wrapper").
+
+- :meth:`EngineProcess.spawn`: pick a free port for the engine, put it in place of ``{port}``
+  in the command, start the command without a shell in its own process group, with
+  ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES`` set to the granted cards (by
+  UUID). The child gets a parent-death SIGKILL, and a watchdog (:mod:`berth.run.watchdog`) in its
+  own session kills the engine's whole group when the run dies by any path, SIGKILL included.
+- :meth:`EngineProcess.until_healthy`: poll ``--health`` (default ``/health``) until it answers.
+- :meth:`EngineProcess.kill`: the engine's part of the stop sequence: SIGTERM the group, SIGKILL
+  after ``term_grace_s``, then the group's stragglers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from berth.process import ProcessId, SignalRefused, identify, signal_group
+
+if TYPE_CHECKING:                                   # the CLI builds the options and the run
+    from berth.run.cli import RunOptions
+
+__all__ = ["EngineProcess", "NoEngine", "free_port"]
+
+log = logging.getLogger("berth.run")
+
+_PR_SET_PDEATHSIG = 1
+_SIGKILL_WAIT_S = 5.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _child_setup(parent: int) -> None:
+    """In the child, before exec: lead a new process group, die with the parent."""
+    os.setpgid(0, 0)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:       # the run died before prctl took effect
+        os._exit(1)
+
+
+class NoEngine(Exception):
+    """The engine's command could not be started; ``code`` is the shell's (127, 126)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+class EngineProcess:
+    """The engine ``berth run`` starts: its process, identity (pid and start time), URL and
+    watchdog. ``http`` is the session health checks use (the run opens and closes it)."""
+
+    def __init__(self, opts: RunOptions):
+        self.o = opts
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ident: ProcessId | None = None
+        self.url: str | None = None
+        self.watchdog: asyncio.subprocess.Process | None = None
+        self.http: aiohttp.ClientSession | None = None
+
+    def running(self) -> bool:
+        """Whether the engine was started and has not exited."""
+        return self.proc is not None and self.proc.returncode is None
+
+    async def spawn(self, cards: list[dict], lease_id: str | None, driver: dict) -> ProcessId | None:
+        """Start the engine on ``cards`` (the grant's ``{"uuid", …}``) and its watchdog. Returns
+        the engine's identity as ``/proc`` gives it, or ``None`` if it could not be read (the
+        run then does not attach it). Raises :class:`NoEngine` if the command cannot start."""
+        port = free_port()
+        cmd = [a.replace("{port}", str(port)) for a in self.o.cmd]
+        if self.o.upstream:
+            self.url = self.o.upstream.rstrip("/")
+        elif any("{port}" in a for a in self.o.cmd):
+            self.url = f"http://127.0.0.1:{port}"
+        env = dict(os.environ)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if cards:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(c["uuid"] for c in cards if c.get("uuid"))
+        if lease_id:
+            env["BERTH_LEASE"] = lease_id
+        if driver.get("sim_dir"):
+            env["BERTH_SIM_DIR"] = driver["sim_dir"]
+        parent = os.getpid()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *cmd, env=env, preexec_fn=lambda: _child_setup(parent))
+        except OSError as e:
+            log.error("cannot start %s: %s: %s", self.o.engine, cmd[0], e.strerror or e)
+            raise NoEngine(127 if isinstance(e, FileNotFoundError) else 126) from None
+        ident = identify(self.proc.pid)
+        self.ident = ident or ProcessId(self.proc.pid, time.time())
+        log.info("started %s as pid %s: %s", self.o.engine, self.proc.pid, " ".join(cmd))
+        self.watchdog = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "berth.run.watchdog", str(self.ident.pid),
+            repr(self.ident.start_time), stdin=asyncio.subprocess.PIPE,
+            start_new_session=True)
+        return ident
+
+    async def until_healthy(self, deadline_s: float | None = None) -> bool:
+        """Poll the engine's health (``--health``, default ``/health``) until it answers 200.
+        ``False`` if the engine exits first or ``deadline_s`` (seconds; ``None``: no limit)
+        passes."""
+        if self.o.health == "none" or not self.url:
+            return True
+        url = self.url + self.o.health
+        end = None if deadline_s is None else time.monotonic() + deadline_s
+        delay = 0.05
+        while end is None or time.monotonic() < end:
+            if self.proc is not None and self.proc.returncode is not None:
+                return False
+            try:
+                async with self.http.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    if r.status == 200:
+                        return True
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        return False
+
+    async def kill(self) -> int:
+        """SIGTERM the engine's group, SIGKILL after ``term_grace_s``, wait for the leader,
+        SIGKILL what is left of the group and let the watchdog go. Returns the exit code (0 if
+        the engine never started; ``-N`` if a signal ended it)."""
+        if self.proc is None or self.ident is None:
+            return 0
+        for sig, wait in ((signal.SIGTERM, self.o.term_grace_s), (signal.SIGKILL, _SIGKILL_WAIT_S)):
+            if self.proc.returncode is not None:
+                break
+            try:
+                signal_group(self.ident, sig)
+            except (SignalRefused, ProcessLookupError):
+                break
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.proc.wait(), wait)
+        if self.proc.returncode is None:
+            await self.proc.wait()
+        # The leader is gone; stragglers of its group go too (the watchdog would do it anyway).
+        with contextlib.suppress(SignalRefused, ProcessLookupError, PermissionError):
+            signal_group(self.ident, signal.SIGKILL)
+        if self.watchdog is not None and self.watchdog.stdin is not None:
+            self.watchdog.stdin.close()
+        return self.proc.returncode

@@ -1,0 +1,362 @@
+"""The lease client of ``berth run``: everything the run says to berthd and hears from it.
+
+Source: issue 5; seed 002 "Why the run owns the front for a routed engine", rule 1 (berthd
+confirms every release with a driver read; the run's word is never proof).
+
+1. :meth:`LeaseClient.acquire`: ask for the lease and wait for the grant; the front answers
+   reads with 503 and holds writes meanwhile. With berthd down the run fails open (the engine
+   runs unleased, with a warning) unless ``--require-berthd``.
+2. :meth:`LeaseClient.attach` the engine's pid and start time, :meth:`LeaseClient.ready` once
+   it answers (its minimum turn starts).
+3. :meth:`LeaseClient.follow`: long-poll berthd's instructions and hand each to the actions, one
+   at a time; a drain calls off the action in progress. It survives berthd restarts and
+   re-attaches (asks for a new lease adopting the running engine) when berthd lost the lease.
+4. :meth:`LeaseClient.report` each action's outcome; :meth:`LeaseClient.release` at the end,
+   waiting up to ``release_wait_s`` for the driver to confirm the memory free.
+
+The front's callbacks (:meth:`on_wake`, :meth:`on_unwanted`, :meth:`on_activity`) tell berthd
+what clients ask for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import TYPE_CHECKING, Awaitable, Callable
+
+from berth.client import ApiError, BerthdUnavailable, Client
+from berth.decide.model import Op
+from berth.front import Front
+from berth.process import ProcessId
+from berth.run.engine import EngineProcess
+
+if TYPE_CHECKING:                                   # the CLI builds the options and the run
+    from berth.run.cli import RunOptions
+
+__all__ = ["LeaseClient", "DEFAULT_LIMITS", "request_body"]
+
+log = logging.getLogger("berth.run")
+
+#: Time limits (seconds) when neither the run line nor berthd's ``[policy]`` gives one.
+DEFAULT_LIMITS = {"wait_limit_s": 120.0, "release_grace_s": 20.0, "wake_limit_s": 60.0}
+
+_GRANT_POLL_S = 20.0
+_INSTRUCTION_POLL_S = 20.0
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    """Cancel ``task`` and wait for it to finish (its cleanup runs: a tool it ran is killed)."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def request_body(o: RunOptions) -> dict:
+    """The ``POST /v1/leases`` body for a run line: what its flags give; berthd fills the rest
+    from the engine's ``[engines.<name>]`` entry."""
+    body: dict = {"engine": o.engine, "owner_pid": os.getpid(), "lend": o.lend}
+    if o.sizes:
+        body["shares"] = [{"card": c, "size": s} for c, s in o.sizes]
+    if o.front:
+        body["front"] = o.front
+    if o.aliases:
+        body["aliases"] = list(o.aliases)
+    if o.park:
+        body["park"] = o.park
+    if o.lend_max:
+        body["lend_max"] = o.lend_max
+    if o.priority is not None:
+        body["priority"] = o.priority
+    if o.bound:
+        body["bound"] = o.bound
+    return body
+
+
+class LeaseClient:
+    """One run's lease at berthd. ``lease_id`` is ``None`` while the run is unleased (berthd
+    down, or it lost the lease); ``cards`` (``{"pci", "name", "uuid", "bytes"}``), ``driver``
+    and ``policy`` come with the grant; ``pids``, ``use`` (bytes per card) and
+    ``ram_available`` (bytes) with each instruction poll."""
+
+    def __init__(self, opts: RunOptions, stop_event: asyncio.Event):
+        self.o = opts
+        self.stop_event = stop_event
+        self.client = Client()
+        self.front: Front | None = None
+        self.lease_id: str | None = None
+        self.cards: list[dict] = []
+        self.driver: dict = {}
+        self.policy: dict = {}
+        self.leased = False
+        self.after_seq = 0
+        self.pids: list[int] = []
+        self.use: dict[str, int | None] = {}
+        self.ram_available: int | None = None
+        self._touching = False
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    def limit(self, name: str) -> float:
+        """A time limit in seconds (a key of :data:`DEFAULT_LIMITS`): the run line's own, else
+        berthd's [policy], else the default."""
+        mine = getattr(self.o, name)
+        if mine is not None:
+            return mine
+        return float(self.policy.get(name) or DEFAULT_LIMITS[name])
+
+    def _policy_to_front(self) -> None:
+        if self.front is not None:
+            self.front.wait_limit_s = self.limit("wait_limit_s")
+
+    # -- asking for the lease ------------------------------------------------------------------
+    async def acquire(self) -> dict | None:
+        """Request the lease and wait for the grant. ``None``: stopped or refused. With berthd
+        unreachable, returns ``{}`` and the run goes on unleased (fails open)."""
+        said = False
+        while True:
+            try:
+                r = await self.client.request_lease(request_body(self.o))
+                break
+            except BerthdUnavailable as e:
+                if not self.o.require_berthd:
+                    log.warning("%s; running %s UNLEASED (fail-open): Berth cannot protect this "
+                                "card until berthd is back (--require-berthd waits instead)",
+                                e, self.o.engine)
+                    return {}
+                if not said:
+                    log.warning("%s; waiting for it (--require-berthd)", e)
+                    said = True
+                try:
+                    await asyncio.wait_for(self.stop_event.wait(), 1.0)
+                    return None
+                except TimeoutError:
+                    continue
+            except ApiError as e:
+                log.error("berthd refused the lease: %s", e.message)
+                return None
+        self.lease_id = r["id"]
+        self.policy = r.get("policy") or {}
+        self._policy_to_front()
+        log.info("lease %s requested (%s)", self.lease_id, r["state"])
+        while not self.stop_event.is_set():
+            wait = asyncio.create_task(self._grant_once())
+            stop = asyncio.create_task(self.stop_event.wait())
+            done, _ = await asyncio.wait({wait, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if stop in done:
+                wait.cancel()
+                break
+            stop.cancel()
+            g = wait.result()
+            if g is None:
+                continue
+            if g.get("gone"):
+                log.error("lease %s: %s", self.lease_id, g["gone"])
+                return None
+            self.cards = g["cards"]
+            self.driver = g.get("driver") or {}
+            self.policy = g.get("policy") or {}
+            self._policy_to_front()
+            self.leased = True
+            log.info("lease %s granted: %s (%s)", self.lease_id,
+                     ", ".join(f"{c['name']}={c['bytes']}" for c in self.cards), g.get("rung"))
+            return g
+        with contextlib.suppress(BerthdUnavailable, ApiError):
+            await self.client.release(self.lease_id, 0, "stopped while waiting")
+        if self.front is not None:
+            self.front.stopped("stopped while waiting for a lease")
+        return None
+
+    async def _grant_once(self) -> dict | None:
+        try:
+            g = await self.client.wait_grant(self.lease_id, _GRANT_POLL_S)
+        except BerthdUnavailable:
+            await asyncio.sleep(1.0)
+            return None
+        except ApiError as e:
+            if e.status in (404, 410):
+                return {"gone": e.message}
+            raise
+        return g if g.get("granted") else None
+
+    # -- telling berthd ------------------------------------------------------------------------
+    async def attach(self, ident: ProcessId | None) -> None:
+        """Attach the engine (its pid and start time) to the lease, if leased."""
+        if not self.lease_id or ident is None:
+            return
+        try:
+            await self.client.attach(self.lease_id, ident.pid, ident.start_time)
+        except (BerthdUnavailable, ApiError) as e:
+            log.warning("attach of pid %s failed: %s", ident.pid, e)
+
+    async def ready(self) -> None:
+        """Tell berthd the engine answers: its minimum turn starts now."""
+        if self.lease_id:
+            with contextlib.suppress(BerthdUnavailable, ApiError):
+                await self.client.ready(self.lease_id)
+
+    async def report(self, op: Op, ok: bool, detail: str, *, warn: bool = True) -> None:
+        """Report an action's outcome; a failure to reach berthd is logged (``warn``) and
+        otherwise ignored: berthd's own driver read is what counts (rule 1)."""
+        if not self.lease_id:
+            return
+        try:
+            await self.client.report(self.lease_id, op, ok, detail)
+        except (BerthdUnavailable, ApiError) as e:
+            if warn:
+                log.warning("could not report %s to berthd: %s", op, e)
+
+    async def release(self, why: str) -> None:
+        """Release the lease, waiting up to ``release_wait_s`` for the driver to confirm the
+        memory free."""
+        if not self.lease_id:
+            return
+        try:
+            r = await self.client.release(self.lease_id, self.o.release_wait_s, why)
+            if not r.get("ended"):
+                log.warning("lease %s: memory not confirmed free within %.1fs; berthd keeps "
+                            "watching it", self.lease_id, self.o.release_wait_s)
+        except (BerthdUnavailable, ApiError) as e:
+            log.warning("could not release lease %s: %s", self.lease_id, e)
+
+    # -- instructions --------------------------------------------------------------------------
+    async def follow(self, carry_out: Callable[[dict], Awaitable[None]],
+                     engine: EngineProcess) -> None:
+        """Long-poll berthd for instructions and ``carry_out`` each, one at a time. Survives
+        berthd restarts; asks for a new lease if berthd lost this one. Returns when berthd
+        ends the lease.
+
+        Polling goes on while an action runs: a drain calls off the park, wake, lend or return
+        in progress and stops the engine at once (rule 4: berthd's release grace and wake limit
+        decide when, not the run's own action timeouts, which may be longer)."""
+        queued: list[dict] = []
+        worker: asyncio.Task | None = None
+
+        async def work() -> None:
+            while queued:
+                await carry_out(queued.pop(0))
+
+        backoff = 0.5
+        try:
+            while True:
+                if not self.lease_id:
+                    await self._reconnect(engine)
+                    continue
+                try:
+                    r = await self.client.instructions(self.lease_id, self.after_seq,
+                                                       _INSTRUCTION_POLL_S)
+                    backoff = 0.5
+                except BerthdUnavailable:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                except ApiError as e:
+                    if e.status in (404, 410):
+                        log.warning("berthd no longer knows lease %s (%s); asking for a new one",
+                                    self.lease_id, e.message)
+                        self.lease_id = None
+                        continue
+                    # Any other refusal must not end the loop (the run would stop hearing
+                    # drains) nor escape into the stop sequence: say it and poll again.
+                    log.error("berthd refused the instruction poll: %s; polling again", e)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                self.pids = r.get("pids") or []
+                self.use = r.get("use") or {}
+                self.ram_available = r.get("ram_available_bytes")
+                for ins in r["instructions"]:
+                    self.after_seq = max(self.after_seq, ins["seq"])
+                    if ins["op"] == Op.DRAIN:
+                        queued.clear()
+                        if worker is not None and not worker.done():
+                            log.info("a drain calls off the action in progress")
+                            await _cancel(worker)
+                        await carry_out(ins)
+                        continue
+                    queued.append(ins)
+                    if worker is None or worker.done():
+                        worker = asyncio.create_task(work())
+                if r.get("ended"):
+                    log.info("lease %s ended (%s)", self.lease_id, r["ended"])
+                    return
+        finally:
+            if worker is not None:
+                await _cancel(worker)
+
+    async def _reconnect(self, engine: EngineProcess) -> None:
+        """berthd is back without our lease (or was down at start): lease the running engine.
+        The request adopts it (pid and start time; the run is its parent), so berthd counts the
+        memory it already holds as the waiting lease's own, not as a stowaway's that would leave
+        no room for it. A refusal leaves the run serving unleased; it asks again later."""
+        body = request_body(self.o)
+        if engine.ident is not None and engine.running():
+            body["pid"], body["start_time"] = engine.ident.pid, engine.ident.start_time
+        try:
+            r = await self.client.request_lease(body)
+        except BerthdUnavailable:
+            await asyncio.sleep(2.0)
+            return
+        except ApiError as e:
+            log.warning("berthd refused to lease the running %s: %s; still UNLEASED, asking "
+                        "again in 5 s", self.o.engine, e.message)
+            await asyncio.sleep(5.0)
+            return
+        self.lease_id = r["id"]
+        while True:
+            g = await self._grant_once()
+            if g is not None:
+                break
+        if g.get("gone"):
+            self.lease_id = None
+            return
+        self.cards = g["cards"]
+        if engine.ident is not None:
+            with contextlib.suppress(BerthdUnavailable, ApiError):
+                await self.client.attach(self.lease_id, engine.ident.pid, engine.ident.start_time)
+            await self.ready()
+        log.info("re-attached %s as lease %s", self.o.engine, self.lease_id)
+
+    # -- the front's callbacks -----------------------------------------------------------------
+    async def on_wake(self) -> None:
+        """The front holds a write for the sleeping engine: ask berthd to resume the lease.
+        Raises ``RuntimeError`` (the front answers the held writes 503) without berthd."""
+        if not self.lease_id:
+            raise RuntimeError("berthd is unavailable, so the engine cannot be woken safely")
+        try:
+            await self.client.wake(self.lease_id)
+        except BerthdUnavailable as e:
+            raise RuntimeError(f"berthd is unavailable ({e}); the engine stays parked") from None
+
+    def on_unwanted(self) -> None:
+        """The last request held for a wake gave up: withdraw the wake, unless it is under way,
+        so it does not later displace an engine in use for nobody."""
+        if not self.lease_id or self.front is None:
+            return
+
+        async def withdraw():
+            try:
+                r = await self.client.call("DELETE", f"/v1/leases/{self.lease_id}/wake")
+            except (BerthdUnavailable, ApiError):
+                return
+            if r.get("withdrawn") and self.front is not None and self.front.holding == 0:
+                with contextlib.suppress(Exception):
+                    self.front.sleep()
+                log.info("the requests that asked for the wake have gone; it stays parked")
+        asyncio.get_running_loop().create_task(withdraw())
+
+    def on_activity(self) -> None:
+        """The front forwarded a request: touch the lease (one call in flight at most)."""
+        if not self.lease_id or self._touching:
+            return
+        self._touching = True
+
+        async def touch():
+            try:
+                with contextlib.suppress(BerthdUnavailable, ApiError):
+                    await self.client.touch(self.lease_id)
+            finally:
+                self._touching = False
+        asyncio.get_running_loop().create_task(touch())
