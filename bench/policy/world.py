@@ -395,7 +395,7 @@ class World:
         if not proc.alive and proc.state != STOPPING:
             return
         self.stats.switch("crash", 0)
-        for job in list(proc.running) + list(proc.queue):
+        for job in sorted(proc.running, key=lambda j: j.id) + list(proc.queue):  # set order follows addresses: sort, so one seed gives one result
             self._fail(job)
         proc.running.clear()
         proc.queue.clear()
