@@ -15,18 +15,11 @@ For every model, in order:
    declared when every use of it ends up in a ``cmd``; otherwise its text is put in place in
    that ``cmd`` (as llama-swap would) and the declaration stays as it was. Other macros stay
    as text and llama-swap still expands them.
-3. Where requests reach the engine:
-   (a) ``proxy`` unset or using ``${PORT}``: the front listens on ``127.0.0.1:${PORT}``, so the
-   proxy, now pointing at the front, is unchanged;
-   (b) ``proxy`` a fixed address (the engine has its own fixed port): the front gets a new
-   ``${PORT}`` from llama-swap, ``proxy`` becomes ``http://127.0.0.1:${PORT}`` (its path
-   kept), and ``--upstream`` tells ``berth run`` where the engine listens;
-   (c) refused: a proxy whose host is not loopback (``127.0.0.0/8``, ``::1``, ``localhost``;
-   ``0.0.0.0`` reaches this host too): Berth leases this machine's GPU memory, so the engine
-   must run here; with ``${PORT}`` only ``127.0.0.1``/``localhost``/``0.0.0.0``, where the
-   front listens. Also refused: no ``${PORT}`` in ``cmd`` and no ``proxy`` (llama-swap refuses
-   that too), and ``${PORT}`` in ``env`` (macros expanded as llama-swap does), which would now
-   give the engine the front's port: ``{port}`` is put in place only in the command line.
+3. Where requests reach the engine (:mod:`.proxy`): through the front on ``${PORT}``, with
+   ``--upstream`` to an engine's own fixed address; refused where the proxy and ``cmd`` do
+   not agree or the engine is on another host. Also refused: ``${PORT}`` in ``env`` (macros
+   expanded as llama-swap does), which would now give the engine the front's port:
+   ``{port}`` is put in place only in the command line.
 4. The ``cmd`` becomes ``berth run --engine <engine> --front 127.0.0.1:${PORT} [--upstream
    URL] [--health PATH] [--park checkpoint] [--size SIZE[@CARD]]… -- <the engine's command>``;
    ``--health`` mirrors ``checkEndpoint`` under the proxy's path (``none`` too). A block ``cmd`` stays a block, its
@@ -47,7 +40,6 @@ the wait for a lease and ``unloadTimeout`` to cover ``berth run``'s stop sequenc
 from __future__ import annotations
 
 import copy
-import ipaddress
 import os
 import re
 import shlex
@@ -58,6 +50,7 @@ from urllib.parse import urlsplit
 
 from . import command, yamlio
 from .command import PORT
+from .proxy import FRONT_HOST, ProxyError, address, front
 from .groups import GroupError, regroup
 from .timeouts import (CONTAINER_TOOLS, MIN_HEALTH_CHECK_TIMEOUT_S, MIN_UNLOAD_TIMEOUT_S,
                        SettingError, fit_timeouts)
@@ -65,8 +58,6 @@ from .timeouts import (CONTAINER_TOOLS, MIN_HEALTH_CHECK_TIMEOUT_S, MIN_UNLOAD_T
 __all__ = ["WrapError", "WrapOptions", "Report", "wrap_text", "wrap_config", "is_wrapped",
            "sizes_from", "MIN_HEALTH_CHECK_TIMEOUT_S", "MIN_UNLOAD_TIMEOUT_S", "FRONT_HOST"]
 
-#: Where every front listens; llama-swap and the engines are on the same machine.
-FRONT_HOST = "127.0.0.1"
 _MACRO_REF = re.compile(r"\$\{([a-zA-Z0-9_-]+)\}")
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./${}~-]+$")
 #: What berthd refuses in an engine name: whitespace and control characters.
@@ -146,35 +137,6 @@ def _quote(word: str) -> str:
     """A word for a ``cmd``: bare when llama-swap's split keeps it whole (``${PORT}`` stays
     bare so the text replacement still sees it), else single-quoted."""
     return word if _SAFE_WORD.match(word) else shlex.quote(word)
-
-
-def _this_host(host: str | None) -> bool:
-    """Whether a proxy host reaches a front listening on :data:`FRONT_HOST`."""
-    return host in ("localhost", FRONT_HOST, "0.0.0.0")
-
-
-def _loopback(host: str | None) -> bool:
-    """Whether an engine at ``host`` runs on this machine: ``localhost``, ``127.0.0.0/8``,
-    ``::1`` (or IPv4-mapped loopback), or ``0.0.0.0``/``::``, which connect to this host."""
-    if not host:
-        return False
-    if host.rstrip(".").lower() == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if ip.version == 6 and ip.ipv4_mapped:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback or ip.is_unspecified
-
-
-def _address(parts) -> str:
-    """``host:port`` of a parsed URL, the names of this host as :data:`FRONT_HOST`."""
-    host = FRONT_HOST if _this_host(parts.hostname) else parts.hostname
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
 
 def _kind(value) -> str:
@@ -320,76 +282,49 @@ def _rewrite_macros(doc: dict, models: dict[str, _Model], names: set[str]) -> No
     for block in blocks:
         for name in names & set(block or {}):
             if isinstance(block[name], str):
-                block[name] = block[name].replace(PORT, "{port}")
+                block[name] = yamlio.like(block[name], block[name].replace(PORT, "{port}"))
     globals_ = list((doc.get("macros") or {}).items())
     for m in models.values():
         m.scope = command.scope(m.id, globals_, list((m.conf.get("macros") or {}).items()))
 
 
-def _engine_text(m: _Model, inline: set[str]) -> str:
+def _engine_text(m: _Model, inline: set[str]) -> tuple[str, dict[str, str | None]]:
     """The model's ``cmd`` text with port-carrying macros put in place and ``${PORT}`` ->
-    ``{port}``; anything else as written."""
+    ``{port}``; anything else as written. Also where its ``${env.…}`` come from: ``cmd`` or a
+    macro's name -> the YAML style that text was written in."""
     text = m.conf["cmd"]
     values = dict(m.scope)
+    env = {"cmd": yamlio.style_of(text)} if yamlio.ENV_REF in text else {}
     for _ in range(64):
         present = [n for n in _MACRO_REF.findall(text) if n in inline and n in values]
         if not present:
             break
         for n in present:
             text = text.replace("${%s}" % n, command.macro_text(values[n]))
+            if yamlio.ENV_REF in command.macro_text(values[n]):
+                env[f"macro {n}"] = yamlio.style_of(values[n])
     else:
         raise WrapError(f"models.{m.id}.cmd: macros {sorted(inline)} keep expanding into each "
                         f"other")
-    return text.replace(PORT, "{port}")
+    return text.replace(PORT, "{port}"), env
 
 
-def _front(m: _Model, report: Report) -> tuple[str | None, str | None, str]:
-    """Step 3: ``(upstream URL or None, new proxy or None, the proxy's path)``; records
-    ``m.fixed``."""
-    raw = m.conf.get("proxy")
-    text = "http://localhost:${PORT}" if raw is None else str(raw)
-    expanded = command.expand(text, m.scope)
-    where = f"models.{m.id}.proxy"
-    if PORT in expanded:
-        if not m.has_port:
-            raise WrapError(f"{where}: {'unset, so it is ' if raw is None else ''}{text!r}, which "
-                            f"uses ${{PORT}}, but cmd has no ${{PORT}} (llama-swap refuses this "
-                            f"too); give the engine --port ${{PORT}}, or set proxy to the fixed "
-                            f"address the engine listens on")
-        parts = urlsplit(expanded.replace(PORT, "5800"))
-        try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if port != 5800:
-            raise WrapError(f"{where}: ${{PORT}} must be the URL's port, got {text!r}")
-        if not _this_host(parts.hostname):
-            raise WrapError(f"{where}: {text!r} points at {parts.hostname}, but berth run's "
-                            f"front listens on {FRONT_HOST}; set proxy to "
-                            f"http://{FRONT_HOST}:${{PORT}} or leave it out")
-        return None, None, parts.path
-    parts = urlsplit(expanded)
-    try:
-        parts.port
-    except ValueError:                      # a port that is not a number
-        parts = parts._replace(netloc="")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise WrapError(f"{where}: expected a URL like http://127.0.0.1:8999, got {text!r}")
-    if not _loopback(parts.hostname):
-        raise WrapError(f"{where}: {text!r} points at {parts.hostname}, another host: berth run "
-                        f"leases this machine's GPU memory for the engine, so the engine must run "
-                        f"here and listen on loopback (127.0.0.1, ::1 or localhost); run this "
-                        f"model's llama-swap and berthd on {parts.hostname} instead")
-    m.fixed = _address(parts)
-    own = urlsplit(text)
-    if not (own.scheme and own.netloc):    # the whole URL comes from a macro
-        own = parts
-    upstream = f"{own.scheme}://{own.netloc}"
-    proxy = f"http://{FRONT_HOST}:${{PORT}}{own.path}" + (f"?{own.query}" if own.query else "")
-    report.notes.append(f"models.{m.id}: its engine listens on the fixed address {upstream}; "
-                        f"berth run fronts it on a port llama-swap assigns (proxy is now "
-                        f"{proxy}) and forwards there (--upstream)")
-    return upstream, proxy, own.path
+_STYLE_WORDS = {None: "plain", "'": "single-quoted", '"': "double-quoted", "|": "a block",
+                ">": "a block"}
+
+
+def _env_style(m: _Model, env: dict[str, str | None]) -> str | None:
+    """The one style the wrapped ``cmd`` must be written in so that every ``${env.…}`` it
+    holds is pasted into the context it was written for (``internal/config/macros.go``).
+    Raises :class:`WrapError` when its parts were written in different ones."""
+    words = {where: _STYLE_WORDS[style] for where, style in env.items()}
+    if len(set(words.values())) > 1:
+        shown = ", ".join(f"{where} is {word}" for where, word in words.items())
+        raise WrapError(f"models.{m.id}.cmd: wrapping puts ${{env.…}} from differently quoted "
+                        f"text into one cmd ({shown}); llama-swap pastes an environment value "
+                        f"into the YAML text before parsing it, so the quotes decide the value; "
+                        f"quote them alike")
+    return next(iter(env.values())) if env else None
 
 
 def _container(argv: list[str]) -> bool:
@@ -401,8 +336,15 @@ def _wrap_model(m: _Model, inline: set[str], opts: WrapOptions, report: Report) 
     """Steps 2–5 for one model; ``m.conf`` is changed in place."""
     # The rewritten macros give {port} where the old ones gave ${PORT}: the same argv.
     engine_argv = command.argv(m.conf["cmd"], m.scope, port="{port}")
-    upstream, proxy, path = _front(m, report)
-    body = _engine_text(m, inline)
+    try:
+        step3 = front(m.id, m.conf, m.scope, m.has_port)
+    except ProxyError as e:
+        raise WrapError(str(e)) from None
+    upstream, proxy, path, m.fixed = step3.upstream, step3.proxy, step3.path, step3.fixed
+    if step3.note:
+        report.notes.append(step3.note)
+    body, env = _engine_text(m, inline)
+    env_style = _env_style(m, env)
     container = _container(engine_argv)
     words = [opts.berth, "run", "--engine", m.engine, "--front", f"{FRONT_HOST}:{PORT}"]
     if upstream:
@@ -444,7 +386,7 @@ def _wrap_model(m: _Model, inline: set[str], opts: WrapOptions, report: Report) 
                         f"simplify its quoting")
     if PORT in command.expand(command.strip_comments(body), m.scope):
         raise WrapError(f"models.{m.id}.cmd: ${{PORT}} still reaches the engine through a macro")
-    m.conf["cmd"] = new
+    m.conf["cmd"] = yamlio.EnvText(new, env_style) if env else new
     if proxy is not None:
         m.conf["proxy"] = proxy
     _warn_cards(m, engine_argv, container, report)
@@ -534,7 +476,7 @@ def wrap_config(doc, opts: WrapOptions | None = None) -> Report:
             report.already.append(m.id)
             upstream = _run_option(m.argv, "--upstream")
             if upstream:
-                m.fixed = _address(urlsplit(command.expand(upstream, m.scope)))
+                m.fixed = address(urlsplit(command.expand(upstream, m.scope)))
             continue
         _wrap_model(m, inline, opts, report)
         report.wrapped.append(m.id)
@@ -580,8 +522,15 @@ def wrap_text(text: str, source: str = "CONFIG", opts: WrapOptions | None = None
     except WrapError as e:
         raise WrapError(f"{source}: {e}") from None
     out = yamlio.dump(doc, HEADER)
-    if yamlio.dump(yamlio.load(out, "the output")) != yamlio.dump(doc):
+    back = yamlio.load(out, "the output")
+    if yamlio.dump(back) != yamlio.dump(doc):
         raise WrapError(f"{source}: the wrapped YAML does not read back as written")
+    for (where, want), (_, got) in zip(yamlio.env_styles(doc), yamlio.env_styles(back)):
+        if want != got:     # the emitter could not write it as the source did
+            raise WrapError(f"{source}: {where.lstrip('.')}: holds ${{env.…}} and was written "
+                            f"{_STYLE_WORDS[want]}, but wrapped it can only be written "
+                            f"{_STYLE_WORDS[got]}, which would change the value llama-swap "
+                            f"pastes in; quote it (\"…\") in the source")
     return out, report
 
 

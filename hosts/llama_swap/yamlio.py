@@ -10,6 +10,14 @@ string and are kept. Two differences from PyYAML's defaults make the round trip 
 
 Output: multi-line strings as literal blocks (``|``), no anchors or aliases (each model is
 written out in full), keys in their original order.
+
+A string holding ``${env.NAME}`` keeps the style it was written in (:class:`EnvText`):
+llama-swap pastes the variable's value into the YAML *text* before parsing it, escaped for a
+double-quoted scalar (``\\`` and ``\"``; ``internal/config/macros.go``,
+``sanitizeEnvValueForYAML``). The value a model gets therefore depends on the quotes around
+the reference: written plain, ``abc #def`` is cut to ``abc`` and ``a: b`` becomes a mapping;
+double-quoted, both arrive whole. Writing ``"${env.HF_TOKEN}"`` back bare would change the
+value; so would quoting a bare one.
 """
 
 from __future__ import annotations
@@ -18,11 +26,60 @@ import re
 
 import yaml
 
-__all__ = ["YamlError", "load", "dump"]
+__all__ = ["YamlError", "EnvText", "ENV_REF", "like", "style_of", "env_styles", "load", "dump"]
+
+#: What llama-swap replaces in the text before parsing.
+ENV_REF = "${env."
 
 
 class YamlError(ValueError):
     """Text that is not valid YAML; the message names the line and column."""
+
+
+class EnvText(str):
+    """A string holding ``${env.NAME}`` and the YAML style it was read in: ``style`` is
+    ``None`` (plain), ``"'"``, ``'"'``, ``"|"`` or ``">"``."""
+
+    style: str | None
+
+    def __new__(cls, text: str, style: str | None):
+        self = super().__new__(cls, text)
+        self.style = style
+        return self
+
+    def __reduce__(self):
+        return EnvText, (str(self), self.style)
+
+
+def like(old: object, new: str) -> str:
+    """``new``, written in the style of ``old`` when ``old`` was read as :class:`EnvText` and
+    ``new`` still holds ``${env.``; plain ``new`` otherwise."""
+    if isinstance(old, EnvText) and ENV_REF in new:
+        return EnvText(new, old.style)
+    return new
+
+
+def env_styles(data: object, path: str = "") -> list[tuple[str, str | None]]:
+    """``(path, style)`` of every string holding ``${env.`` in ``data``, keys included, in
+    order; ``>`` counts as ``|``."""
+    if isinstance(data, str):
+        if ENV_REF not in data:
+            return []
+        style = style_of(data)
+        return [(path, "|" if style == ">" else style)]
+    out: list[tuple[str, str | None]] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            out += env_styles(key, f"{path}.{key}(key)") + env_styles(value, f"{path}.{key}")
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            out += env_styles(value, f"{path}[{i}]")
+    return out
+
+
+def style_of(text: object) -> str | None:
+    """The style a string holding ``${env.`` was read in (``None``: plain, or not read)."""
+    return text.style if isinstance(text, EnvText) else None
 
 
 class _Loader(yaml.SafeLoader):
@@ -73,6 +130,14 @@ def _int_1_2(loader, node):
 _Loader.add_constructor("tag:yaml.org,2002:int", _int_1_2)
 
 
+def _env_str(loader, node):
+    text = loader.construct_scalar(node)
+    return EnvText(text, node.style) if ENV_REF in text else text
+
+
+_Loader.add_constructor("tag:yaml.org,2002:str", _env_str)
+
+
 class _Dumper(yaml.SafeDumper):
     """SafeDumper without aliases. Its YAML 1.1 resolver quotes every string that a YAML 1.1
     or 1.2 reader could take for something else (``'on'``, ``'1:20'``)."""
@@ -83,10 +148,15 @@ class _Dumper(yaml.SafeDumper):
 
 def _str(dumper: yaml.SafeDumper, data: str):
     style = "|" if "\n" in data else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+    if isinstance(data, EnvText) and data.style is not None:
+        # The pasted value is read in the context it was written for: quotes kept, a block
+        # stays a block.
+        style = "|" if data.style == ">" else data.style
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(data), style=style)
 
 
 _Dumper.add_representer(str, _str)
+_Dumper.add_representer(EnvText, _str)
 
 
 def load(text: str, source: str = "CONFIG") -> object:

@@ -1,7 +1,10 @@
 """Helpers for the llama-swap host tests: the example configs, and an independent reading of a
 ``cmd`` the way llama-swap (``0bdb372``) reads it, split with Python's :func:`shlex.split`."""
 
+import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,19 @@ def example(request) -> Path:
 
 def load_yaml(text: str) -> dict:
     return yaml.safe_load(text)
+
+
+def llama_swap_env(text: str, environ: dict[str, str]) -> str:
+    """llama-swap's first step at load (``internal/config/macros.go``, ``substituteEnvMacros``):
+    every ``${env.NAME}`` in the YAML *text* is replaced by the variable's value, ``\\`` and
+    ``"`` escaped for a double-quoted scalar, before the text is parsed."""
+    def value(match):
+        return environ[match.group(1)].replace("\\", "\\\\").replace('"', '\\"')
+    return re.sub(r"\$\{env\.([a-zA-Z_][a-zA-Z0-9_]*)\}", value, text)
+
+
+def berth_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``berth ARGS…`` run as its own process, as a user runs it."""
+    exe = Path(sys.executable).with_name("berth")
+    return subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True,
+                          timeout=60)
