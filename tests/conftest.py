@@ -1,7 +1,27 @@
-"""Shared test settings. ``BERTH_HYPOTHESIS=deep`` runs the property tests much longer."""
+"""Shared test settings, and the suite's OOM check.
 
+``BERTH_HYPOTHESIS=deep`` runs the property tests much longer.
+
+The OOM check (issue 12, "zero simulated OOM across the whole suite"): Berth promises that no
+engine under it is crashed by another's memory, so no test may leave a simulated CUDA OOM behind
+unless it makes one on purpose and says so with ``@pytest.mark.expect_oom``. Every declaration
+of simulated cards, in any process the suite starts, appends its directory to the file named by
+``$BERTH_SIM_REGISTRY`` (:mod:`berth.sim.cards`); cards.json files under a test's ``tmp_path``
+are found as well. After each test's teardown the counters of every card whose state changed
+are read again: an OOM counted while a test without the marker ran fails that test (as a
+teardown error naming the card, its directory and the count); one counted after the last test
+fails the run at its end. The summary line says how many OOMs were seen and expected.
+"""
+
+from __future__ import annotations
+
+import json
 import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("ci", max_examples=150, deadline=None,
@@ -9,3 +29,117 @@ settings.register_profile("ci", max_examples=150, deadline=None,
 settings.register_profile("deep", max_examples=5000, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.load_profile(os.environ.get("BERTH_HYPOTHESIS", "ci"))
+
+EXPECT_OOM = "expect_oom"
+
+
+@dataclass
+class _Cards:
+    """One simulated cards directory: its state file's last seen mtime and OOM counters."""
+
+    mtime_ns: int = -1
+    oom: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _OomCheck:
+    registry: Path
+    offset: int = 0
+    dirs: dict[Path, _Cards] = field(default_factory=dict)
+    expected: int = 0
+    unexpected: list[str] = field(default_factory=list)
+
+    def find(self, tmp_path: Path | None) -> None:
+        """Directories declared since the last look, and state files under ``tmp_path``."""
+        try:
+            with open(self.registry) as f:
+                f.seek(self.offset)
+                text = f.read()
+        except FileNotFoundError:
+            text = ""
+        whole = text[:text.rfind("\n") + 1]         # a line still being written waits
+        self.offset += len(whole.encode())
+        for line in whole.splitlines():
+            self.dirs.setdefault(Path(line), _Cards())
+        if tmp_path is not None and tmp_path.is_dir():
+            for pattern in ("cards.json", "*/cards.json", "*/*/cards.json"):
+                for state in tmp_path.glob(pattern):
+                    self.dirs.setdefault(state.parent.resolve(), _Cards())
+
+    def counted(self) -> list[tuple[Path, str, int]]:
+        """``(directory, card name, new OOM events)`` since the last call."""
+        out = []
+        for directory, seen in self.dirs.items():
+            state = directory / "cards.json"
+            try:
+                mtime = state.stat().st_mtime_ns
+                if mtime == seen.mtime_ns:
+                    continue
+                data = json.loads(state.read_text())    # written atomically: no lock needed
+            except (OSError, ValueError):
+                continue
+            seen.mtime_ns = mtime
+            for card in data.get("cards", []):
+                name, now = card.get("name", "?"), int(card.get("oom_events", 0))
+                if now > seen.oom.get(name, 0):
+                    out.append((directory, name, now - seen.oom.get(name, 0)))
+                seen.oom[name] = now
+        return out
+
+
+_CHECK = pytest.StashKey[_OomCheck]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{EXPECT_OOM}: the test makes a simulated card run out of memory on purpose; "
+                   f"without it, any simulated OOM counted while the test runs fails it")
+    fd, path = tempfile.mkstemp(prefix="berth-sim-registry-", suffix=".txt")
+    os.close(fd)
+    os.environ["BERTH_SIM_REGISTRY"] = path
+    config.stash[_CHECK] = _OomCheck(Path(path))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem):
+    result = yield
+    check = item.config.stash.get(_CHECK, None)
+    if check is None:
+        return result
+    funcargs = getattr(item, "funcargs", {})
+    check.find(funcargs.get("tmp_path"))
+    new = check.counted()
+    if item.get_closest_marker(EXPECT_OOM) is not None:
+        check.expected += sum(n for _, _, n in new)
+    elif new:
+        lines = [f"{n} simulated OOM on card {name} ({directory})" for directory, name, n in new]
+        check.unexpected += [f"{item.nodeid}: {line}" for line in lines]
+        raise AssertionError(
+            "simulated CUDA OOM during a test that does not expect one (mark it "
+            f"@pytest.mark.{EXPECT_OOM} if it makes one on purpose): " + "; ".join(lines))
+    return result
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
+    check = session.config.stash.get(_CHECK, None)
+    if check is None:
+        return
+    check.find(None)
+    for directory, name, n in check.counted():
+        check.unexpected.append(f"after the last test: {n} simulated OOM on card {name} "
+                                f"({directory})")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    Path(check.registry).unlink(missing_ok=True)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    check = config.stash.get(_CHECK, None)
+    if check is None:
+        return
+    if check.unexpected:
+        terminalreporter.section("simulated OOM not expected by any test", red=True)
+        for line in check.unexpected:
+            terminalreporter.line(line, red=True)
+    terminalreporter.write_line(
+        f"simulated OOM: {len(check.dirs)} card directories read, {check.expected} OOM expected "
+        f"(@pytest.mark.{EXPECT_OOM}), {len(check.unexpected)} not expected")

@@ -25,6 +25,10 @@ asynchronously to the kill (0.5–1.5 s, reference "After exit"). Every locked p
 the process gone; the delay counts from that first read, and the memory is freed by the first pass
 at or after ``seen_gone + free_delay_s``. Times are ``time.monotonic()``, which is one clock for
 every process on a Linux host (``CLOCK_MONOTONIC``).
+
+``$BERTH_SIM_REGISTRY``, when set, names a file to which every declaration (:meth:`SimCards.init`,
+in any process) appends its directory, one absolute path a line: the test suite reads every
+simulated card's OOM counter through it (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -244,6 +248,10 @@ class SimCards:
             st.data["free_delay_s"] = float(free_delay_s)
             st.data["restore_bytes_per_s"] = float(restore_bytes_per_s)
             st.dirty = True
+        registry = os.environ.get("BERTH_SIM_REGISTRY")
+        if registry:    # one short O_APPEND write: lines from many processes stay whole
+            with open(registry, "a") as f:
+                f.write(f"{self.directory.resolve()}\n")
         return self
 
     # ---- reading ---------------------------------------------------------------------------------

@@ -110,6 +110,10 @@ def engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="stub", help="the model name it serves (default stub)")
     p.add_argument("--park-noop", action="store_true", help="test knob: park answers 200, frees nothing")
     p.add_argument("--wake-hang", action="store_true", help="test knob: wake never answers")
+    p.add_argument("--crash-on-term", action="store_true",
+                   help="stop as a crashed engine does: on SIGTERM/SIGINT die by that signal "
+                        "without freeing; the driver frees its memory after the exit plus the "
+                        "free delay")
     p.add_argument("--dir", help="simulated cards directory (default $BERTH_SIM_DIR)")
 
 

@@ -19,6 +19,13 @@ holds. A lend or return names one card and changes only that card.
 Every generation step goes through the card store: while ``cuda-checkpoint`` (the stand-in) has
 the process locked or checkpointed, steps wait, as CUDA calls block in a real one. Requests that
 arrive while parked load the engine again (the share becomes "unparked", seed 002).
+
+Stopping: on SIGTERM or SIGINT the engine gives its memory back to the card store at once, then
+closes its connections, as an engine whose CUDA context is torn down before it exits. With
+``--crash-on-term`` it instead dies by the signal without freeing anything, as an engine that
+crashes or has no handler: its memory stays counted until the driver frees it, ``free_delay_s``
+after a reader first sees the process gone (:mod:`berth.sim.cards`, reference/park-mechanisms.md
+"After exit"), so tests of late frees see the late free. SIGKILL does the same in either mode.
 """
 
 from __future__ import annotations
@@ -447,7 +454,17 @@ def _engine_from_args(args: argparse.Namespace) -> StubEngine:
         model=args.model, more_pcis=tuple(m.pci for m in more))
 
 
-async def _serve(eng: StubEngine, host: str, port: int, protocol: bool) -> int:
+def _die_by(sig: int) -> None:
+    """End this process by ``sig`` with its default action: no handler, no cleanup, nothing
+    freed (the exit status a supervisor sees is "killed by ``sig``")."""
+    sys.stderr.flush()
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    os._exit(128 + sig)     # not reached: the default action of SIGTERM/SIGINT ends the process
+
+
+async def _serve(eng: StubEngine, host: str, port: int, protocol: bool,
+                 crash_on_term: bool = False) -> int:
     runner = web.AppRunner(make_app(eng, protocol), handler_cancellation=True,
                            shutdown_timeout=1.0, access_log=None)
     await runner.setup()
@@ -458,9 +475,15 @@ async def _serve(eng: StubEngine, host: str, port: int, protocol: bool) -> int:
         await runner.cleanup()
         return 1
     stop = asyncio.Event()
+    received: list[int] = []
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: int) -> None:
+        received.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     print(f"berth sim engine: pid {eng.pid} serving {eng.model} on http://{host}:{port} "
           f"(card {', '.join(eng.pcis)})", file=sys.stderr, flush=True)
     rc = 0
@@ -476,6 +499,10 @@ async def _serve(eng: StubEngine, host: str, port: int, protocol: bool) -> int:
         await stopping
     loading.cancel()
     stopping.cancel()
+    if crash_on_term and received:
+        print(f"berth sim engine: pid {eng.pid} dies by signal {received[0]} without freeing "
+              f"(--crash-on-term)", file=sys.stderr, flush=True)
+        _die_by(received[0])
     eng.closing = True
     eng.store.release(eng.pid)   # everything, before the slow part of shutting down
     await runner.cleanup()
@@ -489,4 +516,5 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, SimError) as e:
         print(f"berth sim engine: {e}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve(eng, args.host, args.port, args.protocol))
+    return asyncio.run(_serve(eng, args.host, args.port, args.protocol,
+                              args.crash_on_term))

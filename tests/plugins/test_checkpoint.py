@@ -102,6 +102,7 @@ def test_unsupported_checkpoint_unlocks_and_the_engine_runs_on(kit, pm, monkeypa
     assert kit.state(eng.pid) == "running"
 
 
+@pytest.mark.expect_oom
 def test_restore_onto_a_full_card_says_the_engine_is_dead(kit, pm):
     first = kit.start(weights="14GiB")
     held = 14 * GiB + CONTEXT

@@ -59,6 +59,7 @@ def test_init_is_idempotent_and_refuses_different_cards(store, tmp_path):
                                        CardSpec.make("gpu0", GiB, pci=B)])
 
 
+@pytest.mark.expect_oom
 def test_alloc_free_and_oom_counting(store):
     st = store.read(A)
     assert st.free_bytes == 24 * GiB - 400 * MiB and st.used_bytes == 400 * MiB

@@ -24,6 +24,7 @@ from .conftest import FREE_DELAY_S, GiB, MiB, PCI, http, poll
 CONTEXT = 256 * MiB   # the stub's default --residual, allocated before the weights
 
 
+@pytest.mark.expect_oom
 def test_second_engine_fails_with_simulated_oom(kit):
     first = kit.start(weights="14GiB")
     second = kit.start(weights="14GiB", ready=False)
@@ -69,6 +70,7 @@ def test_checkpoint_round_trip_moves_bytes_out_and_back(kit):
     assert kit.checkpoint("--get-state", "--pid", str(os.getpid())).returncode != 0
 
 
+@pytest.mark.expect_oom
 def test_restore_onto_full_card_fails_and_leaves_process_checkpointed(kit):
     first = kit.start(weights="14GiB")
     assert kit.checkpoint("--toggle", "--pid", str(first.pid)).returncode == 0
@@ -262,3 +264,25 @@ def test_engine_finds_its_card_through_cuda_visible_devices_and_frees_on_sigterm
     eng.proc.send_signal(signal.SIGTERM)
     assert eng.proc.wait(timeout=10) == 0
     assert kit.driver.read(PCI).free_bytes == 24 * GiB   # freed by the engine itself, at once
+
+
+def test_crash_on_term_leaves_the_free_to_the_driver_after_the_exit_and_the_delay(kit):
+    """Issue 12: a stub that stops as a crashed engine does. Its memory is still counted after
+    it has exited, and goes only ``free_delay_s`` after a reader first sees it gone; a plain
+    stub beside it frees its own at once on SIGTERM."""
+    crash = kit.start("--crash-on-term", weights="4GiB")
+    plain = kit.start(weights="2GiB")
+    assert kit.driver.read(PCI).processes == {crash.pid: 4 * GiB + CONTEXT,
+                                              plain.pid: 2 * GiB + CONTEXT}
+    crash.proc.send_signal(signal.SIGTERM)
+    assert crash.proc.wait(timeout=10) == -signal.SIGTERM     # died by the signal
+    gone_at = time.monotonic()
+    first = kit.driver.read(PCI)          # this read sees it gone: the delay starts now
+    assert first.processes.get(crash.pid) == 4 * GiB + CONTEXT, first.processes
+    assert "without freeing (--crash-on-term)" in crash.stderr()
+    poll(lambda: crash.pid not in kit.driver.read(PCI).processes, timeout_s=5,
+         what="the driver to free the crashed engine's memory")
+    assert time.monotonic() - gone_at >= FREE_DELAY_S
+    plain.proc.send_signal(signal.SIGTERM)
+    assert plain.proc.wait(timeout=10) == 0
+    assert kit.driver.read(PCI).free_bytes == 24 * GiB     # freed by the engine itself, at once
