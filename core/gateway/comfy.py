@@ -123,6 +123,8 @@ class ComfyPort:
             return await relay(request, self._session, target)
         except Unreachable as e:
             return error(502, "engine_unreachable", f"ComfyUI cannot be reached: {e}")
+        except aiohttp.ClientError as e:
+            return error(502, "engine_failed", f"ComfyUI failed mid-request: {e!r}")
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:

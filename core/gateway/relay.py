@@ -106,7 +106,11 @@ async def relay(request: web.BaseRequest, session: aiohttp.ClientSession, base: 
     try:
         length = up.content_length
         if length is not None and 0 < length <= _WHOLE_ANSWER_BYTES and request.method != "HEAD":
-            payload = await up.read()
+            try:
+                payload = await up.read()
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+                log.warning("gateway: %s failed mid-answer: %r", base, e)
+                raise        # nothing sent to the client yet: the caller answers 502
             return web.Response(status=up.status, reason=up.reason, body=payload,
                                 headers=out_headers)
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=out_headers)

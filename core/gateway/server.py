@@ -195,6 +195,13 @@ class Gateway:
                 if not c.local:
                     self.peers.mark_down(c.ref[0], str(e))
                     down.append(c.ref[0])
+            except aiohttp.ClientError as e:
+                # Sent, then failed before an answer could start: not retried elsewhere (the
+                # engine may have acted on it).
+                log.warning("gateway: %s failed mid-request: %r", c.machine, e)
+                return error(502, "upstream_failed", f"model {model!r} on {c.machine}: the "
+                             f"answer failed: {e or type(e).__name__}",
+                             src="berth" if c.local else "peer")
         if down:
             names = ", ".join(sorted({p.machine or p.url for p in down}))
             return error(503, "peer_down", f"model {model!r} is served by {names}, which does not "
@@ -319,6 +326,8 @@ class Gateway:
             return await relay(request, self._session, target)
         except Unreachable as e:
             return error(502, "engine_unreachable", f"ComfyUI cannot be reached: {e}")
+        except aiohttp.ClientError as e:
+            return error(502, "engine_failed", f"ComfyUI failed mid-request: {e!r}")
 
 
 def _addr(value: str, flag: str) -> tuple[str, int]:

@@ -51,6 +51,8 @@ def test_three_gateways(machine):
     assert code == 200 and h["X-Berth-Machine"] == "C"
     assert lines[-1] == "[DONE]" and len(lines) >= 3, lines
     assert all(json.loads(x)["model"] == "c-only" for x in lines[:-1])
+    # Leases never cross a machine: A's berthd holds none for C's model.
+    assert a.d.lease_of("c-only") is None and b.d.lease_of("c-only") is None
     # A's own model stays on A.
     assert chat(a.port, "a-model")[2]["X-Berth-Machine"] == "A"
 
