@@ -4,7 +4,7 @@ Source: issue 14; seed 002 "Fronts" (the gateway fronts the OpenAI routes and Co
 ComfyUI port fronts ComfyUI's own surface) and "Many machines" (stage D).
 
 Modules: ``errors`` (OpenAI-shaped answers with ``src``), ``signing`` (HMAC on peer calls),
-``table`` (this machine's engines, from berth.toml and berthd), ``peers`` (other machines'
-gateways), ``relay`` (HTTP and websocket pass-through), ``server`` (the routes and the choice of
-machine), ``comfy`` (the ComfyUI port), ``cli`` (``berth gateway``).
+``table`` (this machine's engines, from berth.toml and berthd), ``choose`` (which machine serves
+soonest), ``peers`` (other machines' gateways), ``relay`` (HTTP and websocket pass-through),
+``server`` (the routes), ``comfy`` (the ComfyUI port), ``cli`` (``berth gateway``).
 """
