@@ -365,6 +365,7 @@ async def status(request: web.Request) -> web.Response:
     live = {le["id"] for le in st["leases"]}
     for lid in [k for k in aliases if k not in live]:
         del aliases[lid]
+    st["switch_costs"] = request.app[BROKER].costs.as_json()
     return web.json_response(st)
 
 

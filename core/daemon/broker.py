@@ -36,6 +36,7 @@ from typing import Callable
 from berth.config import Config
 from berth.daemon import restore, status
 from berth.daemon.channels import Channel, LeaseGone, Timeline
+from berth.daemon.costs import SwitchCosts
 from berth.daemon.reads import Reads
 from berth.decide.effects import Effect, Ended, Granted, Instruct, Note, Rejected, Until, Watch
 from berth.decide.model import Card, Lease
@@ -66,6 +67,7 @@ class Broker:
         self.lease_pids = self.reads.lease_pids
         self.channels: dict[str, Channel] = {}
         self.timeline = Timeline()
+        self.costs = SwitchCosts()              # measured park / restore / cold start (issue 14)
         self.uuids: dict[str, str] = {}
         self.started_at = clock()
         self._inbox: asyncio.Queue = asyncio.Queue()
@@ -217,6 +219,7 @@ class Broker:
                            "lease": e.lease_id, "engine": self.engines.get(e.lease_id),
                            "kind": e.kind, "text": e.text, **({"data": e.data} if e.data else {})})
         log.info("%s %s", e.kind, e.text)
+        self.costs.note(e.lease_id, self.engines.get(e.lease_id), e.kind, now)
 
     async def wait_timeline(self, after_seq: int, timeout_s: float) -> list[dict]:
         """Timeline entries with ``seq > after_seq``, waiting up to ``timeout_s`` for one."""

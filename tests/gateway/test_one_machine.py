@@ -48,3 +48,11 @@ def test_two_models_routed_to_their_fronts_and_a_parked_one_woken(machine):
     assert code == 200 and doc["model"] == "beta", doc
     assert m.d.state_of("beta") == "active"
 
+
+    # berthd measured the switches it saw, and the gateway lists them per machine.
+    costs = m.d.status()["switch_costs"]["beta"]
+    assert costs["park_s"] > 0 and costs["restore_s"] > 0 and costs["cold_start_s"] > 0, costs
+    assert costs["samples"] == {"park_s": 1, "restore_s": 1, "cold_start_s": 1}
+    wait_for(lambda: (m.models()["beta"]["berth"]["machines"][0]["switch_costs"] or {})
+             .get("restore_s"), 10, "gateway lists beta's switch costs")
+    assert m.models()["_machines"][0]["switch_costs"]["beta"]["park_s"] == costs["park_s"]
