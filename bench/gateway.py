@@ -124,7 +124,8 @@ async def run(session: aiohttp.ClientSession, url: str, case: str, concurrency: 
         while left > 0:
             left -= 1
             t0 = time.perf_counter()
-            chunks += await one(session, url, case)
+            got = await one(session, url, case)     # (not `chunks += await ...`: the read of
+            chunks += got                           # chunks would predate the await)
             lat.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
