@@ -25,11 +25,11 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
 
 
 def _gateway(tmp_path, name: str, port: int, engines: dict, peers: list[int] = (),
-             **net) -> Gateway:
-    doc = {"engines": engines, "network": {"name": name, **net}}
+             retry: str = "5s") -> Gateway:
+    doc = {"engines": engines, "network": {"name": name}}
     if peers:
         doc["network"].update(key=KEY, peers=[f"127.0.0.1:{p}" for p in peers],
-                              peer_timeout="0.5s", peer_poll="0.2s", peer_retry="5s")
+                              peer_timeout="0.5s", peer_poll="0.2s", peer_retry=retry)
     return Gateway(parse(doc), f"127.0.0.1:{port}",
                    client=Client(socket=tmp_path / f"{name}-no-berthd.sock"))
 
@@ -89,7 +89,9 @@ async def _hung_peer(tmp_path) -> None:
             {"name": "h-model", "target": "http://127.0.0.1:9", "state": "active"}]})
 
     async def chat(request):
-        await forever.wait()
+        if hung.is_set():
+            await forever.wait()
+        return web.json_response({"model": "h-model"})
 
     app = web.Application()
     app.router.add_get("/berth/v1/peer/engines", engines)
@@ -98,7 +100,7 @@ async def _hung_peer(tmp_path) -> None:
     pa = free_port()
     own, own_port = await _serve(_ok_engine())
     a = _gateway(tmp_path, "A", pa, {"mine": {"url": f"http://127.0.0.1:{own_port}"}},
-                 [fake_port])
+                 [fake_port], retry="1s")
     await a.start()
     try:
         async with aiohttp.ClientSession() as s:
@@ -115,6 +117,18 @@ async def _hung_peer(tmp_path) -> None:
             async with s.post(f"http://127.0.0.1:{pa}/v1/chat/completions",
                               json={"model": "mine"}) as r:
                 assert r.status == 200
+            # The peer answers again: it is asked again after peer_retry, and serves.
+            hung.clear()
+            end = time.monotonic() + 5
+            while True:
+                async with s.get(f"http://127.0.0.1:{pa}/berth/v1/gateway") as r:
+                    if (await r.json())["machines"][1]["up"]:
+                        break
+                assert time.monotonic() < end, "the peer was not asked again"
+                await asyncio.sleep(0.05)
+            async with s.post(f"http://127.0.0.1:{pa}/v1/chat/completions",
+                              json={"model": "h-model"}) as r:
+                assert r.status == 200 and (await r.json())["model"] == "h-model"
     finally:
         forever.set()
         await a.stop()
