@@ -82,3 +82,18 @@ def test_states_and_addresses():
     assert address_url("127.0.0.1:80") == "http://127.0.0.1:80"
     assert address_url("http://h:1/") == "http://h:1"
     assert address_url("comfyui-port") is None and address_url(None) is None
+
+
+def test_network_config_is_off_by_default_and_checks_peers_and_key():
+    from berth.config import ConfigError, parse
+    assert parse({}).network.peers == []
+    net = parse({"network": {"peers": ["10.0.0.2:7880", "http://b:7880/"],
+                             "key": "x" * 16, "peer_timeout": "500ms"}}).network
+    assert net.peers == ["http://10.0.0.2:7880", "http://b:7880"] and net.peer_timeout == 0.5
+    for doc, words in (({"peers": ["b:7880"]}, "network.key"),
+                       ({"peers": ["no port"], "key": "x" * 16}, "HOST:PORT"),
+                       ({"key": "short"}, "key"),
+                       ({"peer_timeout": "0s"}, "peer_timeout")):
+        with pytest.raises(ConfigError) as e:
+            parse({"network": doc})
+        assert words in str(e.value), str(e.value)
