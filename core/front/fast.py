@@ -3,7 +3,7 @@
 When a request's body is complete, the front is open with a slot free, nothing else is being
 answered on the client's connection, and a kept-alive engine connection is idle, the front writes
 the request to the engine at once, in the same turn of the event loop that read it, and finishes
-the exchange in a callback on the engine connection's ``done``. Everything else (holding, a new
+the exchange in the engine connection's ``on_settled`` callback. Everything else (holding, a new
 engine connection, a streamed body, a stale connection's retry, pipelined requests behind it)
 takes :meth:`RequestPath._forward` in the connection's task. Both count the request in flight the
 moment it is forwarded, so a drain that starts later waits for it.
@@ -11,7 +11,6 @@ moment it is forwarded, so a drain that starts later waits for it.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from typing import TYPE_CHECKING
@@ -42,30 +41,30 @@ class FastPath(RequestPath):
             return False
         self._forwarding()
         body = b"".join(req.parts)   # kept in req.parts: a stale connection's retry sends it
-        engine.begin(client, req.method == b"HEAD", req.version == "1.0")
-        assert engine.done is not None
-        engine.write(_payload(req, _head(req, addr), body))
+        engine.begin(client, req.method == b"HEAD", req.version == "1.0",
+                     functools.partial(self._fast_done, req, client, engine, addr))
         client.exchange = engine
-        engine.done.add_done_callback(functools.partial(self._fast_done, req, client, engine,
-                                                        addr))
+        engine.write(_payload(req, _head(req, addr), body))
         return True
 
     def _fast_done(self, req: "Request", client: "ClientConnection", engine: EngineConnection,
-                   addr: Address, done: asyncio.Future[bool]) -> None:
-        """The exchange ended: answered, failed, or cancelled because the client went."""
+                   addr: Address, outcome: bool | EngineFailed | None) -> None:
+        """The exchange ended: answered (``outcome`` True: the engine connection is reusable),
+        failed (an :class:`EngineFailed`), or None: the client went."""
         client.exchange = None
         keep = req.version != "1.0"
         reusable = False
         retry = False
-        if done.cancelled():   # the client went (ClientConnection.connection_lost)
+        exc = outcome if isinstance(outcome, EngineFailed) else None
+        if outcome is None:   # the client went (ClientConnection.connection_lost)
             self.client_gone += 1
             keep = False
-        elif (exc := done.exception()) is None:
-            reusable = done.result()
+        elif exc is None:
+            reusable = bool(outcome)
         elif isinstance(exc, StaleConnection):
             retry = True   # the engine closed it while idle: the task sends the request again
             self.forwarded -= 1
-        elif isinstance(exc, EngineFailed):
+        else:
             self.errors += 1
             if exc.started:
                 log.warning("front %s: engine cut the answer mid-stream: %s", self.name, exc)

@@ -144,8 +144,8 @@ class ClientConnection(asyncio.Protocol):
         self.front._conns.discard(self)
         if self.task is not None:
             self.task.cancel()
-        if self.exchange is not None and self.exchange.done is not None:
-            self.exchange.done.cancel()   # FastPath._fast_done counts the client gone
+        if self.exchange is not None:
+            self.exchange.abandon()   # FastPath._fast_done counts the client gone
         if self.current is not None:
             self.current._wake()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import httptools
 from yarl import URL
@@ -65,8 +65,10 @@ class Address:
 
 class EngineConnection(asyncio.Protocol):
     """One connection to the engine. :meth:`begin` ties it to the client connection that gets
-    the next answer; :attr:`done` resolves with True (answer complete, connection reusable) or
-    False (answer complete, connection spent), or fails with :class:`EngineFailed`."""
+    the next answer. The exchange's outcome is True (answer complete, connection reusable),
+    False (answer complete, connection spent) or an :class:`EngineFailed`; it resolves
+    :attr:`done` (a future, for a task to await) or, given ``on_settled``, is passed to that
+    callback right after the read that settled it has gone to the client (no loop turn)."""
 
     def __init__(self, pool: "Pool"):
         self.pool = pool
@@ -81,6 +83,9 @@ class EngineConnection(asyncio.Protocol):
         self.idle_since = 0.0
         self.client: ClientConnection | None = None
         self.done: asyncio.Future[bool] | None = None
+        self.active = False   # an exchange is under way and not settled
+        self.on_settled: Callable[[bool | EngineFailed | None], None] | None = None
+        self._outcome: bool | EngineFailed | None = None
         self._drain: asyncio.Future[None] | None = None
         self._paused = False
         self._reset()
@@ -94,14 +99,47 @@ class EngineConnection(asyncio.Protocol):
         self.out: list[bytes] = []
         self.body.clear()
 
-    def begin(self, client: "ClientConnection", head_only: bool, http10: bool) -> None:
+    def begin(self, client: "ClientConnection", head_only: bool, http10: bool,
+              on_settled: Callable[[bool | EngineFailed | None], None] | None = None) -> None:
+        """Tie the connection to ``client`` for one answer. ``head_only``: the request was a
+        HEAD. ``http10``: the client speaks HTTP/1.0 (no chunks). ``on_settled``: see the class;
+        None makes :attr:`done` a new future."""
         self._reset()
+        self.active = True
         self.head_only, self.http10 = head_only, http10
         self.client = client
         client.feeding = self.transport
         if client.writing_paused and self.transport is not None:
             self.transport.pause_reading()   # the client still has not taken the last answer
-        self.done = asyncio.get_running_loop().create_future()
+        self.on_settled = on_settled
+        self.done = None if on_settled else asyncio.get_running_loop().create_future()
+
+    def abandon(self) -> None:
+        """The client went: settle with None now (the caller closes the connection)."""
+        if self.active:
+            self._outcome = None
+            self.active = False
+            self._deliver()
+
+    def _settle(self, outcome: bool | EngineFailed) -> None:
+        if not self.active:
+            return
+        self.active = False
+        d = self.done
+        if d is None:
+            self._outcome = outcome   # delivered by _deliver() once the read is flushed
+        elif d.done():
+            pass   # cancelled with the task that awaited it (its client went)
+        elif isinstance(outcome, EngineFailed):
+            d.set_exception(outcome)
+        else:
+            d.set_result(outcome)
+
+    def _deliver(self) -> None:
+        cb = self.on_settled
+        if cb is not None and not self.active:
+            self.on_settled = None
+            cb(self._outcome)
 
     def end(self) -> None:
         """The exchange is over: untie the client, and read again if a slow client paused us."""
@@ -127,8 +165,10 @@ class EngineConnection(asyncio.Protocol):
                 self._drain = None
 
     def close(self) -> None:
-        """Close the connection: the engine sees it go (and stops generating)."""
+        """Close the connection: the engine sees it go (and stops generating). An exchange
+        under way is dropped unsettled: the caller has ended it."""
         self.closed = True
+        self.active = False
         self.end()
         if self.transport is not None:
             self.transport.close()
@@ -143,19 +183,19 @@ class EngineConnection(asyncio.Protocol):
         self.pool._forget(self)
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
-        d = self.done
-        if d is None or d.done():
+        if not self.active:
             return
         if self.until_close:   # an answer without a length ends when the engine closes
             self.ended = True
             self._flush()
-            d.set_result(False)
+            self._settle(False)
         elif self.reused and not self.got_bytes:
-            d.set_exception(StaleConnection("the engine closed an idle connection", False))
+            self._settle(StaleConnection("the engine closed an idle connection", False))
         else:
-            d.set_exception(EngineFailed(
+            self._settle(EngineFailed(
                 f"the engine closed the connection mid-answer{f': {exc}' if exc else ''}",
                 self.started))
+        self._deliver()
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -166,8 +206,7 @@ class EngineConnection(asyncio.Protocol):
             self._drain.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        d = self.done
-        if d is None or d.done():
+        if not self.active:
             self.close()   # bytes outside an exchange: the engine misbehaves; do not reuse
             return
         self.got_bytes = True
@@ -175,12 +214,13 @@ class EngineConnection(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._flush()
-            if not d.done():
-                d.set_exception(EngineFailed(f"the engine's answer is not HTTP: {exc}",
-                                             self.started))
+            self._settle(EngineFailed(f"the engine's answer is not HTTP: {exc}", self.started))
             self.close()
+            self._deliver()
             return
         self._flush()
+        if not self.active:
+            self._deliver()
 
     def _flush(self) -> None:
         """Write what one read parsed to the client at once: the head, if it came, then the
@@ -242,9 +282,7 @@ class EngineConnection(asyncio.Protocol):
         self._finish(self.parser.should_keep_alive())
 
     def _finish(self, reusable: bool) -> None:
-        d = self.done
-        if d is not None and not d.done():
-            d.set_result(reusable and not self.closed)
+        self._settle(reusable and not self.closed)
 
 
 class Pool:
@@ -291,7 +329,7 @@ class Pool:
         conn.end()
         if conn.closed:
             return
-        conn.done = None
+        conn.done = conn.on_settled = None
         conn.idle_since = time.monotonic()
         self._idle.setdefault(addr.key, []).append(conn)
 
