@@ -123,3 +123,82 @@ def test_berthd_down_comfyui_keeps_working(world):
     assert code == 200, ans
     st = wait_for(lambda: c.done(ans["prompt_id"]), 10, "the prompt to run unleased")
     assert st["status_str"] == "success"
+
+
+def test_a_prompt_that_does_not_fit_beside_the_llm_parks_the_llm_first(world):
+    """Legacy loading (it allocates every model whole, as ComfyUI before dynamic VRAM does): a
+    9 GiB model beside a 14 GiB LLM on a 24 GiB card would be an out-of-memory error. The node
+    asks berthd for the room first; berthd parks the LLM; only then does the prompt pass."""
+    from tests.berthd import BERTH, berth_run
+    from .conftest import free_port
+    d = world.berthd()
+    front = free_port()
+    llm = berth_run(d, "llm", "--front", f"127.0.0.1:{front}", "--size", "14GiB", "--park",
+                    "checkpoint", "--checkpoint-path", str(BERTH) + "-sim-cuda-checkpoint",
+                    weights="13GiB", extra_engine=("--kv-per-token", "1MiB"))
+    world.procs.append(llm)
+    wait_for(lambda: d.lease_of("llm") and d.lease_of("llm")["ready"], 20, "the LLM serving")
+    c = world.comfyui("--disable-dynamic-vram")
+    wait_for(lambda: d.state_of("comfyui") == "active" and c.berth()["gate"]["state"] == "open",
+             10, "ComfyUI leased")
+    code, ans = c.post("/prompt", prompt(FLUX, ("VAELoader", "vae_name", "ae.safetensors")))
+    assert code == 200, ans
+    st = wait_for(lambda: c.done(ans["prompt_id"]), 30, "the image prompt to run")
+    assert st["status_str"] == "success", st
+    assert d.sim_oom() == 0
+    assert d.state_of("llm") == "parked"
+    kinds = [(e["kind"], e["text"]) for e in d.timeline()]
+    parked = next(i for i, (k, t) in enumerate(kinds) if k == "parked" and t.startswith("llm"))
+    extended = next(i for i, (k, t) in enumerate(kinds) if k == "extend")
+    assert parked < extended, kinds        # the LLM left the card before ComfyUI's room grew
+    assert d.lease_of("comfyui")["shares"][0]["reserved_bytes"] >= 9 << 30
+    # And back: a chat to the LLM parks ComfyUI (its models unloaded by its worker) first.
+    from .conftest import http
+    code, _ = http("POST", f"http://127.0.0.1:{front}/v1/chat/completions",
+                   {"model": "llm", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "hi"}]})
+    assert code == 200
+    assert d.state_of("comfyui") == "parked" and d.state_of("llm") == "active"
+    assert d.sim_oom() == 0
+
+
+def test_dynamic_vram_keeps_comfyuis_budget_inside_its_lease(world):
+    """Dynamic VRAM (comfy-aimdo, ComfyUI's default since 0.24) takes what the card has free
+    (Comfy-Org/ComfyUI #14396); the node sets its headroom so the budget is the reservation,
+    at the grant, the extension, the park and the wake."""
+    d = world.berthd()
+    c = world.comfyui()                                     # dynamic VRAM on, as by default
+    total = 24 << 30
+    reserved = lambda: d.lease_of("comfyui")["shares"][0]["reserved_bytes"]   # noqa: E731
+    wait_for(lambda: c.berth()["dynamic_vram_headroom_bytes"] == total - (1 << 30), 10,
+             "the headroom set from the 1 GiB reservation")
+    code, ans = c.post("/prompt", prompt(FLUX))
+    assert code == 200, ans
+    assert wait_for(lambda: c.done(ans["prompt_id"]), 20)["status_str"] == "success"
+    assert reserved() >= 10 << 30                           # extended before the prompt ran
+    assert c.berth()["dynamic_vram_headroom_bytes"] == total - reserved()
+    use = d.lease_of("comfyui")["shares"][0]["used_bytes"]
+    assert use <= reserved()
+    _parked(d, c)
+    assert c.berth()["dynamic_vram_headroom_bytes"] == total   # parked: no budget at all
+    held = c.post_in_thread("/prompt", prompt(FLUX))
+    held["thread"].join(20)
+    assert held.get("status") == 200, held
+    assert c.berth()["dynamic_vram_headroom_bytes"] == total - reserved()
+
+
+def test_the_engine_protocol_routes_park_and_wake_on_comfyuis_port(world):
+    """``/berth/v1/park`` (and ``/api/berth/v1/park``) run the same steps as berthd's
+    instruction: the worker unloads the models; ``/berth/v1/wake`` opens the gate."""
+    world.no_berthd()
+    c = world.comfyui("--disable-dynamic-vram")
+    code, ans = c.post("/prompt", prompt(SD15))
+    assert wait_for(lambda: c.done(ans["prompt_id"]), 10)["status_str"] == "success"
+    from berth.sim.cards import SimCards
+    held = lambda: SimCards(world.tmp / "sim").bytes_of(c.proc.pid)     # noqa: E731
+    assert held() >= 2 << 30
+    assert c.post("/api/berth/v1/park", {}) == (200, {"state": "parked"})
+    assert c.get("/berth/v1/state")[1]["state"] == "parked"
+    assert held() <= 300 << 20                              # the context only
+    assert c.post("/berth/v1/wake", {}) == (200, {"state": "active"})
+    assert c.get("/berth/v1/state")[1]["state"] == "active"
