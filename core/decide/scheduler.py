@@ -274,6 +274,25 @@ class Scheduler(Deadlines):
                                              f"{', '.join(sorted(st.value for st in sts))}); "
                                              f"nothing to wake")]
 
+    def extend(self, lease_id: str, pci: str, n_bytes: int, now: float) -> list[Effect]:
+        """The holder asks for ``n_bytes`` more on ``pci`` *before* it grows (issue 13: ComfyUI
+        before a prompt whose model files pass its reservation). Queued as seed 000's extension
+        event, so the ladder makes room first; at most the share's size. Raises ``KeyError``
+        for a card the lease has no share on, ``ValueError`` unless that share is active."""
+        lease = self.ledger.leases[lease_id]
+        sh = lease.shares.get(pci)
+        if sh is None:
+            raise KeyError(f"lease {lease_id!r} has no share on {pci}")
+        if sh.state is not S.ACTIVE:
+            raise ValueError(f"{lease.engine}'s share on {self._name(pci)} is {sh.state.value}; "
+                             f"only an active share extends")
+        n = min(int(n_bytes), sh.size_bytes - sh.reserved_bytes)
+        if n <= 0 or lease_id in self.queue:
+            return []
+        self.queue.push(Waiter(lease_id, WaitKind.EXTEND, lease.priority, now, {pci: n}))
+        return [Note(lease_id, "extend.asked", f"{lease.engine} asks for {format_size(n)} more "
+                     f"on {self._name(pci)} before it grows")] + self._pass(now)
+
     def unwake(self, lease_id: str, now: float) -> list[Effect]:
         """Every request that asked for this wake has gone (answered 503 at its deadline): take
         the wake out of the queue, so it does not later displace an engine in use for nobody.

@@ -1,0 +1,55 @@
+"""An extension asked for before the growth (issue 13: ComfyUI before a prompt whose model
+files pass its reservation): the ladder makes room first, then the reservation grows."""
+
+from __future__ import annotations
+
+import pytest
+
+from berth.decide.effects import Note
+from berth.decide.model import Bound, ParkMechanism, ShareState
+from tests.decide.world import GiB, World, pci_of
+
+G0 = pci_of(0)
+S = ShareState
+
+
+def _world() -> World:
+    w = World([24 * GiB], reserve=1 * GiB)
+    w.request("llm", "LLM", {G0: 14 * GiB}, park=ParkMechanism.CHECKPOINT)
+    w.request("c", "comfyui", {G0: 20 * GiB}, bound=Bound.GROWTH, need={G0: 0}, growth=1 * GiB,
+              park=ParkMechanism.HOOK)
+    assert w.s.ledger.leases["c"].shares[G0].reserved_bytes == 1 * GiB
+    return w
+
+
+def test_an_extension_that_does_not_fit_parks_the_holder_beside_it_first():
+    w = _world()
+    w.apply(w.s.extend("c", G0, 10 * GiB, w.now))
+    sh = w.s.ledger.leases["c"].shares[G0]
+    assert sh.reserved_bytes == 1 * GiB                       # not yet: no room
+    assert [p.op for p in w.pending] == ["park"] and w.pending[0].lease_id == "llm"
+    w.do_all()
+    assert w.s.ledger.leases["llm"].shares[G0].state is S.PARKED
+    assert sh.reserved_bytes == 11 * GiB
+    kinds = [e.kind for e in w.effects if isinstance(e, Note)]
+    assert kinds.index("parked") < kinds.index("extend")
+    w.used[("c", G0)] = 11 * GiB                              # the prompt loads: no OOM
+    w.read()
+    w.check()
+
+
+def test_an_extension_that_fits_is_granted_at_once_and_never_past_the_size():
+    w = World([24 * GiB], reserve=1 * GiB)
+    w.request("c", "comfyui", {G0: 20 * GiB}, bound=Bound.GROWTH, need={G0: 0}, growth=1 * GiB)
+    w.apply(w.s.extend("c", G0, 30 * GiB, w.now))
+    assert w.s.ledger.leases["c"].shares[G0].reserved_bytes == 20 * GiB
+    assert w.s.extend("c", G0, 1 * GiB, w.now) == []          # at its size: nothing to ask
+
+
+def test_only_an_active_share_extends():
+    w = _world()
+    w.apply(w.s.operator("park", "c", w.now))
+    with pytest.raises(ValueError, match="only an active share extends"):
+        w.s.extend("c", G0, 1 * GiB, w.now)
+    with pytest.raises(KeyError):
+        w.s.extend("c", pci_of(3), 1 * GiB, w.now)
