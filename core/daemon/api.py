@@ -18,6 +18,9 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 ``GET  /v1/leases/{id}/instructions``      long-poll ``?after=SEQ&timeout=S`` → instructions
 ``POST /v1/leases/{id}/wake``              a front holds a write for this lease
 ``DELETE /v1/leases/{id}/wake``            the writes that asked for it have all gone
+``POST /v1/leases/{id}/extend``            ``{"bytes", "card"?}``: room to grow, asked before
+                                           the growth (202; the reservation grows once the
+                                           ladder made room: ``GET /v1/leases/{id}``)
 ``POST /v1/leases/{id}/touch``             the engine served a request
 ``POST /v1/leases/{id}/ready``             the engine answers: its minimum turn starts
 ``POST /v1/leases/{id}/release``           the run is done (``?wait=S``: until the driver
@@ -51,7 +54,7 @@ from pathlib import Path
 import psutil
 from aiohttp import web
 
-from berth.daemon.api_bodies import (AttachBody, LeaseBody, OperatorBody, ReleaseBody, ReportBody,
+from berth.daemon.api_bodies import (AttachBody, ExtendBody, LeaseBody, OperatorBody, ReleaseBody, ReportBody,
                                      ShareBody, error, errors, parse_body, query_number)
 from berth.daemon.api_claims import auth, claim, is_self_or_descendant, may_release, peer_of
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
@@ -276,6 +279,22 @@ async def wake(request: web.Request) -> web.Response:
     return web.json_response({"id": lid, "states": {p: s.state.value for p, s in lease.shares.items()}})
 
 
+async def extend(request: web.Request) -> web.Response:
+    """Room to grow, asked for before the growth (issue 13, seed 000's extension event)."""
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    body: ExtendBody = await parse_body(request, ExtendBody)
+    lease = _lease(broker, lid)
+    try:
+        pci = broker.sched.ledger.card(body.card).pci if body.card else next(iter(lease.shares))
+    except (KeyError, StopIteration) as e:
+        raise web.HTTPBadRequest(reason=f"card: {e.args[0] if e.args else body.card!r}")
+    await broker.submit(lambda now: broker.sched.extend(lid, pci, body.bytes, now))
+    sh = lease.shares[pci]
+    return web.json_response({"id": lid, "card": pci, "reserved_bytes": sh.reserved_bytes,
+                              "waiting": lid in broker.sched.queue}, status=202)
+
+
 def _lease_event(event: str):
     """A handler that passes one bodiless lease event (``touch``, ``ready``) to the scheduler."""
     async def handler(request: web.Request) -> web.Response:
@@ -396,6 +415,7 @@ def make_app(broker: Broker, key: str | None = None) -> web.Application:
     r.add_get("/v1/leases/{id}/instructions", instructions)
     r.add_post("/v1/leases/{id}/wake", wake)
     r.add_delete("/v1/leases/{id}/wake", unwake)
+    r.add_post("/v1/leases/{id}/extend", extend)
     r.add_post("/v1/leases/{id}/touch", touch)
     r.add_post("/v1/leases/{id}/ready", ready)
     r.add_post("/v1/leases/{id}/release", release)

@@ -76,6 +76,13 @@ class ReportBody(_Body):
     detail: str = Field("", max_length=2000)
 
 
+class ExtendBody(_Body):
+    """``POST /v1/leases/{id}/extend``: ``bytes`` more, asked for before the growth."""
+
+    bytes: Annotated[int, BeforeValidator(_size)] = Field(gt=0)
+    card: str | None = None
+
+
 class OperatorBody(_Body):
     target: str = Field(min_length=1, max_length=300)
 

@@ -104,7 +104,7 @@ class World:
         self.env: dict = {}
         models = tmp / "models"
         for folder, name, size in (("checkpoints", "sd15.safetensors", 2 * GiB),
-                                   ("diffusion_models", "flux-dev.safetensors", 9 * GiB),
+                                   ("diffusion_models", "flux-dev.safetensors", 10 * GiB),
                                    ("vae", "ae.safetensors", 300 << 20)):
             (models / folder).mkdir(parents=True, exist_ok=True)
             with open(models / folder / name, "wb") as f:

@@ -127,11 +127,11 @@ def test_berthd_down_comfyui_keeps_working(world):
 
 def test_a_prompt_that_does_not_fit_beside_the_llm_parks_the_llm_first(world):
     """Legacy loading (it allocates every model whole, as ComfyUI before dynamic VRAM does): a
-    9 GiB model beside a 14 GiB LLM on a 24 GiB card would be an out-of-memory error. The node
+    10 GiB model beside a 14 GiB LLM on a 24 GiB card would be an out-of-memory error. The node
     asks berthd for the room first; berthd parks the LLM; only then does the prompt pass."""
     from tests.berthd import BERTH, berth_run
     from .conftest import free_port
-    d = world.berthd()
+    d = world.berthd(policy={"ram_budget": "64GiB"})     # simulated host RAM for the park
     front = free_port()
     llm = berth_run(d, "llm", "--front", f"127.0.0.1:{front}", "--size", "14GiB", "--park",
                     "checkpoint", "--checkpoint-path", str(BERTH) + "-sim-cuda-checkpoint",
@@ -146,7 +146,7 @@ def test_a_prompt_that_does_not_fit_beside_the_llm_parks_the_llm_first(world):
     st = wait_for(lambda: c.done(ans["prompt_id"]), 30, "the image prompt to run")
     assert st["status_str"] == "success", st
     assert d.sim_oom() == 0
-    assert d.state_of("llm") == "parked"
+    assert d.state_of("llm") == "parked", d.timeline()
     kinds = [(e["kind"], e["text"]) for e in d.timeline()]
     parked = next(i for i, (k, t) in enumerate(kinds) if k == "parked" and t.startswith("llm"))
     extended = next(i for i, (k, t) in enumerate(kinds) if k == "extend")
