@@ -1,11 +1,14 @@
 """``berth demo``: the main job on the embedded default, with no GPU.
 
-Source: issue 5 "berth demo". It starts a temporary berthd on one simulated 24 GiB card (1 GiB
-reserve), runs two stub engines of 14 GiB each under ``berth run --park checkpoint`` (two 14 GiB
-engines cannot share a 24 GiB card, so one is always parked in simulated host RAM), sends a
-scripted client's streamed chats to A, B, A, B through their fronts, and prints a timeline (who
-parked and woke, how long each request waited and why) and the final board. It exits 0 when
-every chat was answered in full and the simulated card recorded no out-of-memory event.
+Source: issue 5 "berth demo", issue 13 (the case users care most about: an LLM and ComfyUI on
+one card). It starts a temporary berthd on one simulated 24 GiB card (1 GiB reserve), runs a stub
+LLM engine of 14 GiB under ``berth run --park checkpoint`` and the ComfyUI stand-in with Berth's
+real custom node (its own process, leased from inside, growth bound), sends a scripted client's
+streamed chats to the LLM and image prompts to ComfyUI, interleaved (a 10 GiB diffusion model does
+not fit beside the LLM, so each switch parks one of them), and prints a timeline (who parked and
+woke, how long each request waited and why) and the final board. It exits 0 when every chat was
+answered in full, every image prompt succeeded, and the simulated card recorded no out-of-memory
+event.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from berth.client import Client
 
 __all__ = ["register", "run_demo"]
 
-_KINDS = {"grant": "grant", "plan": "plan", "park": "park", "parked": "parked",
+_KINDS = {"grant": "grant", "plan": "plan", "park": "park", "parked": "parked", "extend": "extend",
           "resume": "wake", "wake": "wake", "drain": "drain", "freed": "freed",
           "fallback": "fallback", "lease.unparked": "unparked", "ready": "ready"}
 
@@ -57,7 +60,31 @@ min_turn = "0s"                 # the script alternates at once; a real box keep
 juggle_window = "0s"
 ram_budget = "64GiB"            # simulated host RAM for parked engines
 read_interval = "0.25s"
+
+[engines.comfyui]               # ComfyUI's lease: its custom node registers it from inside
+size = "20GiB"
+growth_allowance = "1GiB"       # activations on top of the model files a prompt names
 """
+
+#: The demo's model files (sparse: only their size matters): a FLUX-sized diffusion model.
+MODELS = (("diffusion_models", "flux1-dev.safetensors", 10 << 30),
+          ("vae", "ae.safetensors", 320 << 20))
+IMAGE = {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "flux1-dev.safetensors"}},
+         "2": {"class_type": "VAELoader", "inputs": {"vae_name": "ae.safetensors"}},
+         "3": {"class_type": "EmptyLatentImage", "inputs": {"width": 1024, "height": 1024}},
+         "4": {"class_type": "KSampler", "inputs": {"steps": 8}},
+         "5": {"class_type": "VAEDecode", "inputs": {}},
+         "6": {"class_type": "SaveImage", "inputs": {}}}
+
+
+def _node_dir() -> Path:
+    """Berth's ComfyUI node folder (``berth_hosts.comfyui``), found without importing it:
+    the stand-in loads it from its file path, as ComfyUI does."""
+    import importlib.util
+    spec = importlib.util.find_spec("berth_hosts.comfyui")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("berth demo: the ComfyUI node (berth_hosts.comfyui) is not installed")
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def _port() -> int:
@@ -78,7 +105,7 @@ class Demo:
                     "BERTH_SOCKET": str(tmp / "state" / "berthd.sock"),
                     "BERTH_SIM_DIR": str(tmp / "sim"), "BERTH_CONFIG": str(tmp / "berth.toml"),
                     "PYTHONUNBUFFERED": "1"}
-        self.ports = {"A": _port(), "B": _port()}
+        self.ports = {"A": _port(), "comfyui": _port()}
 
     def say(self, text: str) -> None:
         self.events.append((time.monotonic() - self.t0, text))
@@ -96,27 +123,75 @@ class Demo:
         self.client = Client(self.env["BERTH_SOCKET"])
         await self._until(self._berthd_up, 20, "berthd to start")
         self.say("berthd up: gpu0, 24.0GiB simulated, 1.0GiB reserve")
-        for name in ("A", "B"):
-            self._spawn([berth, "run", "--engine", name, "--front", f"127.0.0.1:{self.ports[name]}",
-                         "--size", "14GiB", "--park", "checkpoint", "--checkpoint-path",
-                         str(self.bin / "berth-sim-cuda-checkpoint"), "--",
-                         berth, "sim", "engine", "--port", "{port}", "--weights", "13GiB",
-                         "--load-s", "1", "--kv-per-token", "1MiB"], f"run-{name}.log")
-            self.say(f"berth run {name}: 14GiB lease, park by checkpoint, front "
-                     f"127.0.0.1:{self.ports[name]}")
-            await self._until(lambda n=name: self._lease_of(n), 20, f"{name}'s lease")
-        await self._until(self._settled, 40, "one engine serving and the other parked")
-        self.say("the card has settled: one engine serves, the other is parked in host RAM")
+        self._spawn([berth, "run", "--engine", "A", "--front", f"127.0.0.1:{self.ports['A']}",
+                     "--size", "14GiB", "--park", "checkpoint", "--checkpoint-path",
+                     str(self.bin / "berth-sim-cuda-checkpoint"), "--",
+                     berth, "sim", "engine", "--port", "{port}", "--weights", "13GiB",
+                     "--load-s", "1", "--kv-per-token", "1MiB"], "run-A.log")
+        self.say(f"berth run A: a 14GiB LLM, park by checkpoint, front 127.0.0.1:{self.ports['A']}")
+        await self._until(lambda: self._lease_of("A"), 20, "A's lease")
+        self._spawn([berth, "sim", "comfyui", "--port", str(self.ports["comfyui"]),
+                     "--models", str(self._models()), "--custom-node", str(_node_dir()),
+                     "--disable-dynamic-vram"], "comfyui.log")
+        self.say(f"ComfyUI (the stand-in, legacy loading) with Berth's node, "
+                 f"127.0.0.1:{self.ports['comfyui']}: it leases its own process")
+        await self._until(lambda: self._lease_of("comfyui"), 20, "ComfyUI's lease")
+        await self._until(self._settled, 40, "the LLM serving and ComfyUI leased")
+        self.say("the card has settled: the LLM serves, ComfyUI holds its context only")
         ok = True
         async with aiohttp.ClientSession() as http:
-            for name in ("A", "B", "A", "B"):
-                ok &= await self._chat(http, name)
+            for step in ("A", "image", "A", "image", "A"):
+                ok &= await (self._image(http) if step == "image" else self._chat(http, step))
         st = await self.client.status()
         oom = self._oom()
         timeline = (await self.client.timeline())["entries"]
         await self.client.close()
         self._print(timeline, st, oom)
         return 0 if ok and oom == 0 else 1
+
+    def _models(self) -> Path:
+        models = self.tmp / "models"
+        for folder, name, size in MODELS:
+            (models / folder).mkdir(parents=True, exist_ok=True)
+            with open(models / folder / name, "wb") as f:
+                f.truncate(size)
+        return models
+
+    async def _state(self, name: str) -> str:
+        st = await self.client.status()
+        lease = next((le for le in st["leases"] if le["engine"] == name), None)
+        state = lease["shares"][0]["state"] if lease else "?"
+        return "loading" if state == "active" and not lease["ready"] else state
+
+    async def _image(self, http: aiohttp.ClientSession) -> bool:
+        state = await self._state("comfyui")
+        url = f"http://127.0.0.1:{self.ports['comfyui']}"
+        t = time.monotonic()
+        async with http.post(url + "/prompt", json={"prompt": IMAGE},
+                             timeout=aiohttp.ClientTimeout(total=60)) as r:
+            ans = await r.json(content_type=None)
+            if r.status != 200:
+                self.say(f"image → ComfyUI: HTTP {r.status} {ans}")
+                return False
+        queued = time.monotonic() - t
+        pid = ans["prompt_id"]
+        status = None
+        while time.monotonic() - t < 60:
+            async with http.get(f"{url}/history/{pid}") as r:
+                h = (await r.json()).get(pid)
+            if h:
+                status = h["status"]
+                break
+            await asyncio.sleep(0.1)
+        why = {"parked": "it was parked: woken by the prompt, the LLM parked for it",
+               "active": "it was leased; its 10.3GiB of model files asked for room first"
+               }.get(state, f"it was {state}")
+        ok = bool(status and status["status_str"] == "success")
+        self.events.append((t - self.t0, f"image → ComfyUI: queued after {queued:.2f}s, "
+                                         f"{'done' if ok else 'FAILED'} after "
+                                         f"{time.monotonic() - t:.2f}s ({why})"
+                                         + ("" if ok else f": {status}")))
+        return ok
 
     async def _berthd_up(self) -> bool:
         try:
@@ -131,10 +206,9 @@ class Demo:
 
     async def _settled(self) -> bool:
         st = await self.client.status()
-        states = sorted(sh["state"] for le in st["leases"] for sh in le["shares"])
-        serving = [le for le in st["leases"] if le["ready"]
-                   and all(sh["state"] == "active" for sh in le["shares"])]
-        return states == ["active", "parked"] and len(serving) == 1
+        by = {le["engine"]: le for le in st["leases"]}
+        return all(e in by and by[e]["ready"] and by[e]["shares"][0]["state"] == "active"
+                   for e in ("A", "comfyui"))
 
     async def _until(self, pred, timeout_s: float, what: str) -> None:
         end = time.monotonic() + timeout_s
@@ -145,11 +219,7 @@ class Demo:
         raise RuntimeError(f"berth demo: timed out waiting for {what}; logs in {self.tmp}")
 
     async def _chat(self, http: aiohttp.ClientSession, name: str) -> bool:
-        st = await self.client.status()
-        lease = next((le for le in st["leases"] if le["engine"] == name), None)
-        state = lease["shares"][0]["state"] if lease else "?"
-        if state == "active" and not lease["ready"]:
-            state = "loading"
+        state = await self._state(name)
         url = f"http://127.0.0.1:{self.ports[name]}/v1/chat/completions"
         body = {"model": name, "stream": True, "max_tokens": 24,
                 "messages": [{"role": "user", "content": f"hello {name}"}]}
@@ -172,7 +242,8 @@ class Demo:
                 delta = json.loads(line[6:])["choices"][0].get("delta", {})
                 text += delta.get("content") or ""
         total = time.monotonic() - t
-        why = {"active": "it was serving", "parked": "it was parked: woken on the first write",
+        why = {"active": "it was serving",
+               "parked": "it was parked: woken on the first write, ComfyUI parked for it",
                "waiting": "it was waiting for its lease",
                "loading": "it was loading"}.get(state, f"it was {state}")
         self.events.append((t - self.t0, f"chat → {name}: first byte after {first:.2f}s, "
@@ -191,15 +262,17 @@ class Demo:
                 rows.append((e["at"] - self.t0, f"  berthd {kind:<8} {e['text']}"))
         rows.sort(key=lambda r: r[0])
         w = self.out.write
-        w("Berth demo: two 14 GiB engines share one simulated 24 GiB card\n\n")
+        w("Berth demo: a 14 GiB LLM and ComfyUI share one simulated 24 GiB card\n\n")
         for t, text in rows:
             w(f"{t:7.2f}s  {text}\n")
         w("\nThe board at the end:\n")
         w(render(st) + "\n")
         k = st["counters"]
-        w(f"\nparks by checkpoint: {k['checkpoints']}, wakes: {k['wakes']}, drains: {k['drains']}, "
-          f"out-of-memory events on the card: {oom}\n")
-        w("OK: every chat answered, no OOM.\n" if oom == 0 else "FAILED: the card saw an OOM.\n")
+        w(f"\nparks by checkpoint (the LLM): {k['checkpoints']}, parks by hook (ComfyUI): "
+          f"{k['parks']}, wakes: {k['wakes']}, extensions: {k.get('extensions', 0)}, drains: "
+          f"{k['drains']}, out-of-memory events on the card: {oom}\n")
+        w("OK: every chat answered, every image made, no OOM.\n" if oom == 0
+          else "FAILED: the card saw an OOM.\n")
 
     def cleanup(self) -> None:
         for p in reversed(self.procs):
@@ -232,7 +305,7 @@ def run_demo(keep: bool = False) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="the main job on a simulated card: two engines, one card, "
-                                    "parks and wakes")
+    p = sub.add_parser("demo", help="the main job on a simulated card: an LLM and ComfyUI on one "
+                                    "card, parks and wakes both ways")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory and logs")
     p.set_defaults(func=lambda a: run_demo(a.keep))

@@ -54,17 +54,22 @@ def _run(argv: list[str], env: dict, timeout_s: float) -> tuple[int, str, float]
     return p.returncode, out, time.monotonic() - t0
 
 
-def test_berth_demo_exits_0_within_60s_with_a_park_and_a_wake_per_engine_and_no_oom(isolated):
+def test_berth_demo_exits_0_within_60s_parks_and_wakes_both_ways_with_no_oom(isolated):
+    """An LLM and ComfyUI (the stand-in with Berth's node) on one card (issue 13): each parks for
+    the other and wakes again; the image prompts ask for room before they load."""
     rc, out, elapsed = _run([BERTH, "demo"], isolated, 60)
     assert rc == 0, out
     assert elapsed < 60
-    for engine in ("A", "B"):
-        assert re.search(rf"berthd park\s+{engine} parks by checkpoint", out), out
+    assert re.search(r"berthd park\s+A parks by checkpoint \(room for comfyui\)", out), out
+    assert re.search(r"berthd park\s+comfyui parks by hook \(room for A\)", out), out
+    for engine in ("A", "comfyui"):
         assert re.search(rf"berthd parked\s+{engine} parked", out), out
         assert re.search(rf"berthd wake\s+{engine} woke", out), out
-    assert len(re.findall(r"chat → [AB]: first byte after", out)) == 4, out
+    assert re.search(r"berthd extend\s+comfyui reservation extended", out), out
+    assert len(re.findall(r"chat → A: first byte after", out)) == 3, out
+    assert len(re.findall(r"image → ComfyUI: queued after [\d.]+s, done", out)) == 2, out
     assert "out-of-memory events on the card: 0" in out
-    assert "OK: every chat answered, no OOM." in out
+    assert "OK: every chat answered, every image made, no OOM." in out
 
 
 def test_bench_switch_prints_its_figures_as_json(isolated):
