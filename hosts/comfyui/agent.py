@@ -15,8 +15,8 @@ long polls, a park waiting for the queue) runs on ComfyUI's loop. It:
 2. carries out berthd's instructions: **park** (close the gate, wait until no prompt is queued,
    running or being posted, set the worker's ``unload_models`` and ``free_memory`` flags, wait
    until the worker took them, answer; berthd confirms with a driver read and falls back as
-   usual), **wake** (open the gate), **drain** (as a park, then the gate stays shut: Berth
-   does not stop what it did not start);
+   usual), **wake** (open the gate), **drain** (as a park, then the gate refuses prompts until
+   ComfyUI restarts: Berth does not stop what it did not start);
 3. before a prompt passes, asks berthd to extend the reservation when the model files the
    prompt names, plus the allowance, pass it (:meth:`Agent.before_prompt`);
 4. with dynamic VRAM, keeps ComfyUI's own budget inside the lease: the loader's headroom is
@@ -257,8 +257,17 @@ class Agent:
         ok, detail = True, ""
         if op == "park" or op == "drain":
             ok, detail = await self.park()
-            if op == "drain" and ok:
-                self.gate.fail_held(f"drained by Berth: {ins.get('reason', '')}")
+            if op == "drain":
+                # Berth never stops what it did not start: the models are unloaded and the
+                # gate refuses prompts until ComfyUI restarts (and leases again).
+                why = (f"drained by Berth ({ins.get('reason', '')}); restart ComfyUI to lease "
+                       f"again")
+                log.warning("Berth: %s", why)
+                self.gate.stop_reason = why
+                self.gate.set("stopped", "drained")
+                self.gate.fail_held(why)
+                self.health = why
+                ok, detail = True, "models unloaded; ComfyUI keeps running, its gate refuses prompts"
         elif op == "wake":
             await self.wake()
         else:

@@ -11,7 +11,8 @@ ComfyUI (monitors poll ``/queue`` and ``/system_stats``), and ``/free``, ``/inte
 ``/queue`` do not load models.
 
 States (the seed's four, plus ``starting`` while the lease waits and ``off`` when the gate
-passes everything: berthd down, or no lease)::
+passes everything: berthd down, or no lease; ``stopped`` after a drain, which answers every
+gated write with a 503 at once)::
 
     off ──▶ starting ──▶ open ──▶ closing ──▶ asleep ──▶ waking ──▶ open
                           ▲          │
@@ -47,7 +48,7 @@ log = logging.getLogger("berth.comfyui")
 
 #: The requests the gate holds (method, path): the writes that use the card.
 GATED = frozenset({("POST", "/prompt"), ("POST", "/api/prompt")})
-STATES = ("off", "starting", "open", "closing", "asleep", "waking")
+STATES = ("off", "starting", "open", "closing", "asleep", "waking", "stopped")
 _HOLDING = frozenset({"starting", "closing", "asleep", "waking"})
 
 
@@ -79,6 +80,7 @@ class Gate:
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._fail_epoch, self._fail_reason = 0, ""
         self._wake_asked = False
+        self.stop_reason = ""
         self.in_flight = 0          # gated writes being handled by ComfyUI now
         self.holding = 0
         self.passed = self.held = self.refused = self.wakes = 0
@@ -161,6 +163,9 @@ class Gate:
                     self.refused += 1
                     return unavailable(self._fail_reason, f"ComfyUI is unavailable: "
                                                           f"{self._fail_reason}")
+                if st == "stopped":
+                    self.refused += 1
+                    return unavailable("stopped", f"ComfyUI is not leased: {self.stop_reason}")
                 if st in ("off", "open"):
                     why = await self._check(request) if st == "open" else None
                     if why is None:

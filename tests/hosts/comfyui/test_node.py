@@ -202,3 +202,17 @@ def test_the_engine_protocol_routes_park_and_wake_on_comfyuis_port(world):
     assert held() <= 300 << 20                              # the context only
     assert c.post("/berth/v1/wake", {}) == (200, {"state": "active"})
     assert c.get("/berth/v1/state")[1]["state"] == "active"
+
+
+def test_a_drain_unloads_and_refuses_prompts_at_once_instead_of_holding_them(world):
+    """Berth cannot stop ComfyUI (rule 6); after a drain its prompts get a 503 naming the
+    drain at once, never a hang until the wait limit."""
+    d = world.berthd()
+    c = world.comfyui()
+    wait_for(lambda: d.state_of("comfyui") == "active", 10, "ComfyUI leased")
+    assert d.call("POST", "/v1/operator/drain", {"target": "comfyui"})[0] == 200
+    wait_for(lambda: c.berth()["gate"]["state"] == "stopped", 10, "the gate to stop")
+    code, ans = c.post("/prompt", prompt())
+    assert code == 503
+    assert ans["error"]["details"] == "stopped" and "drained by Berth" in ans["error"]["message"]
+    assert ans["node_errors"] == {}
