@@ -43,8 +43,8 @@ from berth.client import ApiError, BerthdUnavailable, Client
 from berth.process import identify
 
 from . import comfy
-from .estimate import need_bytes
 from .gate import Gate
+from .reservation import Reservation
 
 __all__ = ["Agent", "ENGINE", "DEFAULT_ALLOWANCE_BYTES"]
 
@@ -66,7 +66,7 @@ def _entry(engine: str):
         return None
 
 
-class Agent:
+class Agent(Reservation):
     """ComfyUI's side of its lease. ``server`` is ``PromptServer.instance``; ``args`` ComfyUI's
     parsed command line. Times in seconds, sizes in bytes."""
 
@@ -196,27 +196,6 @@ class Agent:
         with contextlib.suppress(BerthdUnavailable, ApiError):
             await self._client.ready(self.lease_id)
 
-    async def _sync_reservation(self) -> None:
-        """Read the reservation back from berthd and keep dynamic VRAM's budget inside it."""
-        try:
-            le = await self._client.call("GET", f"/v1/leases/{self.lease_id}")
-        except (BerthdUnavailable, ApiError):
-            return
-        shares = le.get("shares") or []
-        if shares:
-            self.card = shares[0]["card"]
-            self.reserved_bytes = int(shares[0].get("reserved_bytes") or 0)
-            self.size_bytes = shares[0].get("size_bytes")
-            self._budget(self.reserved_bytes)
-
-    def _budget(self, allowed_bytes: int) -> None:
-        control = comfy.aimdo_control()
-        total = comfy.card_total_bytes()
-        if control is None or not total:
-            return
-        if comfy.set_headroom(control, total - max(0, allowed_bytes)):
-            self.headroom_bytes = total - max(0, allowed_bytes)
-
     # -- instructions ------------------------------------------------------------------------
     async def _instructions(self) -> None:
         backoff = 0.5
@@ -322,43 +301,6 @@ class Agent:
                 log.warning("Berth: the wake could not be asked (%s); the gate opens", e)
                 self.gate.set("off", "berthd is not reachable")
         self.call(ask())
-
-    # -- growth ------------------------------------------------------------------------------
-    async def before_prompt(self, prompt: object) -> str | None:
-        """Called by the gate (ComfyUI's loop) before a prompt passes. Returns None to let it
-        through, or why berthd could not make room."""
-        return await asyncio.wrap_future(self.call(self._grow(prompt)))
-
-    async def _grow(self, prompt: object) -> str | None:
-        need, files = need_bytes(prompt, comfy.resolver(), self.allowance_bytes)
-        async with self._grow_lock:
-            if self.size_bytes:
-                need = min(need, self.size_bytes)     # the lease's size is the most it may hold
-            if not self.lease_id or need <= self.reserved_bytes:
-                return None
-            more = need - self.reserved_bytes
-            log.info("Berth: this prompt names %d model file(s); it needs about %d MiB, the lease "
-                     "reserves %d MiB: asking berthd for %d MiB more", len(files), need >> 20,
-                     self.reserved_bytes >> 20, more >> 20)
-            body = {"bytes": more}
-            if self.card:
-                body["card"] = self.card
-            try:
-                await self._client.call("POST", f"/v1/leases/{self.lease_id}/extend", body)
-            except BerthdUnavailable:
-                return None                       # fail open
-            except ApiError as e:
-                if e.status == 404 and "extend" not in e.message:
-                    return None                   # an older berthd: no extension requests
-                return f"berthd refused the extension: {e.message}"
-            end = time.monotonic() + self.gate.wait_limit_s
-            while time.monotonic() < end:
-                await self._sync_reservation()
-                if self.reserved_bytes >= need:
-                    return None
-                await asyncio.sleep(0.1)
-            return (f"berthd did not grant {more >> 20} MiB more within the wait limit "
-                    f"({self.gate.wait_limit_s:g} s)")
 
     def status(self) -> dict:
         """What the "Berth status" node and the protocol's state route show."""
