@@ -54,8 +54,9 @@ from pathlib import Path
 import psutil
 from aiohttp import web
 
-from berth.daemon.api_bodies import (AttachBody, ExtendBody, LeaseBody, OperatorBody, ReleaseBody, ReportBody,
-                                     ShareBody, error, errors, parse_body, query_number)
+from berth.daemon.api_bodies import (AttachBody, ExtendBody, LeaseBody, OperatorBody, ReleaseBody,
+                                     ReportBody, ShareBody, error, errors, parse_body,
+                                     query_number)
 from berth.daemon.api_claims import auth, claim, is_self_or_descendant, may_release, peer_of
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
