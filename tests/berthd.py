@@ -11,8 +11,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.helpers import wait_for  # noqa: F401  (re-exported: berthd tests wait through it)
 
 BIN = Path(sys.executable).parent
 BERTH = str(BIN / "berth")
@@ -45,18 +46,6 @@ def api(sock: str | Path, method: str, path: str, body=None, raw: bytes | None =
             return r.status, {"raw": text.decode(errors="replace")}
     finally:
         conn.close()
-
-
-def wait_for(pred, timeout: float = 20.0, what: str = "condition", interval: float = 0.02):
-    """Poll ``pred()`` until it returns something truthy; return it. Raises on timeout."""
-    end = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < end:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def sim_config(tmp: Path, cards: list[tuple[str, str]], *, reserve: str = "1GiB",

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tests.berthd import BERTH, Berthd, GiB, berth_run, stop_proc, wait_for
+from tests.berthd import BERTH, Berthd, GiB, berth_run, stop_proc
+from tests.helpers import wait_for
 
 
 def lease(d: Berthd, engine: str, size: str, card: str | None = None, **extra) -> str:

@@ -13,7 +13,8 @@ import urllib.request
 
 import pytest
 
-from tests.berthd import BERTH, Berthd, api, berth_run, sim_config, wait_for
+from tests.berthd import BERTH, Berthd, api, berth_run, sim_config
+from tests.helpers import wait_for
 
 CKPT = str(BERTH) + "-sim-cuda-checkpoint"
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import psutil
 
-from tests.berthd import BERTH, BIN, Berthd, GiB, api, sim_config, wait_for
+from tests.berthd import BERTH, BIN, Berthd, GiB, api, sim_config
+from tests.helpers import sweep, wait_for
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")
 MiB = 1 << 20
@@ -159,32 +160,11 @@ class Live:
     def operator(self, op: str, target: str) -> tuple[int, dict]:
         return api(self.d.sock, "POST", f"/v1/operator/{op}", {"target": target})
 
-    # -- cleanup -------------------------------------------------------------------------------
-    def ours(self) -> list[psutil.Process]:
-        """Every process started for this test: its environment names this test's state dir."""
-        state = str(self.tmp / "state")
-        found = []
-        for p in psutil.process_iter(["pid"]):
-            if p.pid == os.getpid():
-                continue
-            try:
-                if p.environ().get("BERTH_STATE_DIR") == state:
-                    found.append(p)
-            except (psutil.Error, OSError):
-                continue
-        return found
-
     def close(self) -> None:
         for r in self.runs:
             r.kill()
         self.d.stop()
-        left = self.ours()
-        for p in left:
-            try:
-                p.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=5)
+        sweep(self.tmp)
 
 
 def gone(pid: int) -> bool:
@@ -195,5 +175,4 @@ def gone(pid: int) -> bool:
         return True
 
 
-__all__ = ["CHECKPOINT", "GiB", "MiB", "Live", "Run", "chat", "served", "free_port", "gone",
-           "wait_for"]
+__all__ = ["CHECKPOINT", "GiB", "MiB", "Live", "Run", "chat", "served", "free_port", "gone"]

@@ -101,16 +101,6 @@ def declare_sim(tmp: Path, cards=(("gpu0", 24 * GiB),)) -> None:
     SimCards.init(tmp / "sim", specs, free_delay_s=0.5)
 
 
-def poll(pred, timeout: float, interval: float = 0.02):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    return None
-
-
 # -- berth run lines and chats ---------------------------------------------------------------------
 import json as _json
 import socket as _socket

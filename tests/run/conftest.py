@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.run.world import World, sweep
+from tests.helpers import sweep
+from tests.run.world import World
 
 
 @pytest.fixture

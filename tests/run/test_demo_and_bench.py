@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.berthd import BERTH
-from tests.run.world import sweep
+from tests.helpers import sweep
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "switch.py"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
-from tests.berthd import BERTH, wait_for
+from tests.berthd import BERTH
+from tests.helpers import wait_for
 from tests.run.llamaswap import UNLOAD_TIMEOUT_S
 from tests.run.world import chat, run_cmd
 

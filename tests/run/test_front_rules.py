@@ -12,7 +12,7 @@ import time
 import openai
 import pytest
 
-from tests.berthd import wait_for
+from tests.helpers import wait_for
 from tests.run.llamaswap import UNLOAD_TIMEOUT_S
 from tests.run.world import chat, run_cmd
 

@@ -13,9 +13,10 @@ import threading
 
 import psutil
 
-from tests.berthd import wait_for
+from tests.helpers import wait_for
 from tests.run.llamaswap import UNLOAD_TIMEOUT_S
-from tests.run.world import GiB, chat, ours, run_cmd
+from tests.helpers import ours
+from tests.run.world import GiB, chat, run_cmd
 
 MAX_TOKENS = 8
 

@@ -1,22 +1,20 @@
 """Helpers for the ``berth run`` acceptance tests (issue 5): a real berthd on one simulated 24 GiB
 card, ``berth run`` lines started by :class:`tests.run.llamaswap.LlamaSwapModel` as llama-swap
-starts them, a streamed chat through a real OpenAI client, and a sweep that finds every process a
-test started (so a fixture can kill them even when the test fails)."""
+starts them, and a streamed chat through a real OpenAI client (``tests.helpers.sweep`` kills
+every process a test started, even when the test fails)."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import openai
-import psutil
 
-from tests.berthd import BERTH, BIN, Berthd, api, wait_for
+from tests.berthd import BERTH, BIN, Berthd, api
+from tests.helpers import wait_for
 from tests.run.llamaswap import LlamaSwapModel
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")
@@ -96,32 +94,6 @@ class World:
 
     def log(self, name: str) -> str:
         return (self.tmp / f"run-{name}.log").read_text(errors="replace")
-
-
-def ours(tmp: Path) -> list[psutil.Process]:
-    """Every process started for this test: its environment names a state dir under ``tmp``
-    (``berth demo`` and the bench make theirs under ``$TMPDIR``, which the tests set to ``tmp``)."""
-    under = str(tmp) + os.sep
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        if p.pid == os.getpid():
-            continue
-        try:
-            if p.environ().get("BERTH_STATE_DIR", "").startswith(under):
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def sweep(tmp: Path) -> None:
-    left = ours(tmp)
-    for p in left:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(left, timeout=5)
 
 
 @dataclass

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import pytest
 
 from berth.driver.sim import SimDriver
 from berth.sim.cards import CardSpec, SimCards
+from tests.helpers import wait_for
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -30,18 +30,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def poll(check, timeout_s: float = 10.0, what: str = "condition", every_s: float = 0.02):
-    """Call ``check`` until it returns a truthy value; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(every_s)
 
 
 def http(method: str, url: str, body: dict | bytes | None = None, timeout_s: float = 10.0
@@ -103,7 +91,7 @@ class SimKit:
         eng = Engine(proc, port, log)
         self.engines.append(eng)
         if ready:
-            poll(eng.healthy, what=f"engine on port {port} to load")
+            wait_for(eng.healthy, what=f"engine on port {port} to load")
         return eng
 
     def checkpoint(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

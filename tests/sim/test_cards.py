@@ -16,7 +16,8 @@ from berth.driver.sim import SimDriver
 from berth.sim.cards import CardSpec, SimBusy, SimCards, SimError, SimOOM, sim_uuid
 from berth.driver.cuda import cuda_error_of
 
-from .conftest import GiB, MiB, poll
+from .conftest import GiB, MiB
+from tests.helpers import wait_for
 
 A, B = "0000:01:00.0", "0000:41:00.0"
 
@@ -92,7 +93,7 @@ def test_gone_process_frees_after_the_delay_from_the_first_read_that_saw_it(stor
     seen = time.monotonic()
     first = store.read(B)
     assert first.processes == {child.pid: 8 * GiB}   # gone, but not freed yet
-    freed = poll(lambda: store.read(B).processes == {} and time.monotonic(), what="the free")
+    freed = wait_for(lambda: store.read(B).processes == {} and time.monotonic(), what="the free")
     assert freed - seen >= 0.2
 
 

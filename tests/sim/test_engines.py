@@ -19,7 +19,8 @@ from openai import OpenAI
 from berth.driver import PidsGone, UseAtMost, confirm
 from berth.sim.cards import sim_uuid
 
-from .conftest import FREE_DELAY_S, GiB, MiB, PCI, http, poll
+from .conftest import FREE_DELAY_S, GiB, MiB, PCI, http
+from tests.helpers import wait_for
 
 CONTEXT = 256 * MiB   # the stub's default --residual, allocated before the weights
 
@@ -228,7 +229,7 @@ def test_protocol_test_knobs_park_noop_and_wake_hang(kit):
     assert kit.driver.read(PCI).processes[eng.pid] == held   # acknowledged, nothing freed
     with pytest.raises(TimeoutError):   # --wake-hang: the wake never answers
         http("POST", eng.url + "/berth/v1/wake", b"", timeout_s=0.5)
-    poll(lambda: eng.proc.poll() is None and eng.healthy(), what="engine still serving")
+    wait_for(lambda: eng.proc.poll() is None and eng.healthy(), what="engine still serving")
 
 
 def test_checkpoint_test_knobs_hang_and_not_supported(kit):
@@ -259,7 +260,7 @@ def test_engine_finds_its_card_through_cuda_visible_devices_and_frees_on_sigterm
     assert resp.status == 200 and resp.readline().startswith(b"data: ")
     assert http("GET", eng.url + "/berth/v1/state")[1]["in_flight"] == 1
     conn.close()
-    poll(lambda: http("GET", eng.url + "/berth/v1/state")[1]["in_flight"] == 0,
+    wait_for(lambda: http("GET", eng.url + "/berth/v1/state")[1]["in_flight"] == 0,
          timeout_s=5, what="the abandoned generation to stop")
     eng.proc.send_signal(signal.SIGTERM)
     assert eng.proc.wait(timeout=10) == 0

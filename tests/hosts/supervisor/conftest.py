@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from berth.config import load
 from berth.daemon.main import open_driver
 from berth_hosts.supervisor.rpc import Endpoint, ProcessInfo, Supervisor, SupervisorError
+from tests.helpers import wait_for
 
 PY = sys.executable
 SUPERVISORD = str(Path(PY).parent / "supervisord")
@@ -34,24 +34,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-#: Deadlines are generous (a cold first start imports everything); they bound failures only.
-SLACK = 2.0
-
-
-def wait_for(check, timeout_s: float = 20.0, what: str = "condition", every_s: float = 0.05):
-    """Call ``check`` until it returns something truthy and return it; fail after
-    ``timeout_s`` × :data:`SLACK` seconds naming ``what`` and the last value."""
-    timeout_s *= SLACK
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
 
 
 def engine_cmd(port: int, weights: str) -> str:
@@ -159,7 +141,7 @@ class Stack:
         self.proc = subprocess.Popen([SUPERVISORD, "-n", "-c", str(self.conf)], env=self.env,
                                      stdout=open(self.logs / "supervisord.out", "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(self._up, 20, "supervisord and berthd to answer")
+        wait_for(self._up, 40, "supervisord and berthd to answer")
         return self
 
     def _up(self) -> bool:

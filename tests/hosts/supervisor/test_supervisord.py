@@ -10,7 +10,9 @@ import psutil
 
 from berth_hosts.supervisor.plugin import START_TOLERANCE_S
 
-from .conftest import Prog, engine_cmd, free_port, wait_for
+from tests.helpers import wait_for
+
+from .conftest import Prog, engine_cmd, free_port
 
 
 def _same_process(lease: dict, info) -> bool:
@@ -30,32 +32,32 @@ def test_observe_drain_gate_restart_over_budget(stack_factory):
 
     # Observe: the programs supervisord started are leased with its PIDs and start times.
     for name in ("vllm-a", "vllm-b"):
-        lease = wait_for(lambda n=name: s.active(n), 20, f"an active lease for {name}")
+        lease = wait_for(lambda n=name: s.active(n), 40, f"an active lease for {name}")
         info = s.info(name)
         assert _same_process(lease, info), (lease, info)
         assert abs(lease["start_time"] - psutil.Process(info.pid).create_time()) < 0.05
 
     # Gate: vllm-c does not fit beside them (11 + 11 + 11 GiB > 23.5 GiB); it stays stopped.
-    wait_for(lambda: s.waiting("vllm-c"), 15, "vllm-c's lease to wait")
+    wait_for(lambda: s.waiting("vllm-c"), 30, "vllm-c's lease to wait")
     assert s.info("vllm-c").statename == "STOPPED"
     assert "running" not in s.waiting("vllm-c")        # nothing runs for it yet
     a_lease = s.active("vllm-a")["id"]
 
     # A drain stops the program through supervisord; the lease ends once the driver confirms.
     s.berth("drain", "vllm-a")
-    wait_for(lambda: "STOPPED" in s.ctl("status", "vllm-a"), 15, "supervisorctl: vllm-a STOPPED")
-    wait_for(lambda: not s.leases("vllm-a"), 15, "vllm-a's lease to end")
+    wait_for(lambda: "STOPPED" in s.ctl("status", "vllm-a"), 30, "supervisorctl: vllm-a STOPPED")
+    wait_for(lambda: not s.leases("vllm-a"), 30, "vllm-a's lease to end")
     kinds = [e["kind"] for e in s.berth_timeline(a_lease)]
     assert "drain" in kinds and "freed" in kinds, kinds
     assert kinds.index("freed") > kinds.index("drain")
 
     # ... which makes room: Berth starts vllm-c through supervisord, and leases it.
-    wait_for(lambda: s.info("vllm-c").statename == "RUNNING", 20, "vllm-c started by Berth")
+    wait_for(lambda: s.info("vllm-c").statename == "RUNNING", 40, "vllm-c started by Berth")
     c_info = s.info("vllm-c")
-    c_lease = wait_for(lambda: s.active("vllm-c", c_info.pid), 15, "vllm-c's lease on its pid")
+    c_lease = wait_for(lambda: s.active("vllm-c", c_info.pid), 30, "vllm-c's lease on its pid")
     assert _same_process(c_lease, c_info)
     wait_for(lambda: "vllm-c: lease" in (t := s.log("listener.log"))
-             and "started through supervisord" in t, 10,
+             and "started through supervisord" in t, 20,
              "the listener's log (supervisord copies it) to tell of the start")
     assert s.info("vllm-a").statename == "STOPPED"      # operator drain: it stays down
 
@@ -64,8 +66,8 @@ def test_observe_drain_gate_restart_over_budget(stack_factory):
     old = s.info("berth").pid
     os.kill(old, signal.SIGKILL)
     new = wait_for(lambda: (i := s.info("berth")).statename == "RUNNING" and i.pid != old
-                   and i.pid, 20, "supervisord to restart the listener")
-    wait_for(lambda: s.mapping().get("listener_pid") == new and s.mapping()["syncs"] >= 1, 20,
+                   and i.pid, 40, "supervisord to restart the listener")
+    wait_for(lambda: s.mapping().get("listener_pid") == new and s.mapping()["syncs"] >= 1, 40,
              "the restarted listener's first sync")
     for engine, lid in before.items():
         assert [le["id"] for le in s.leases(engine)] == [lid], s.leases(engine)
@@ -74,7 +76,7 @@ def test_observe_drain_gate_restart_over_budget(stack_factory):
     # Over budget: a program started by hand that does not fit runs with a waiting lease.
     assert "started" in s.ctl("start", "small-d")
     d_pid = s.info("small-d").pid
-    w = wait_for(lambda: (x := s.waiting("small-d")) and x.get("running") and x, 15,
+    w = wait_for(lambda: (x := s.waiting("small-d")) and x.get("running") and x, 30,
                  "small-d waiting while it runs")
     assert w["pid"] == d_pid and "over budget" in w["note"]
     board = s.berth("status").stdout
@@ -83,8 +85,8 @@ def test_observe_drain_gate_restart_over_budget(stack_factory):
     assert s.info("small-d").statename == "RUNNING"     # Berth never signals it (rule 6)
     # The operator drains it while it waits: supervisord stops it, nothing leases it again.
     s.berth("drain", "small-d")
-    wait_for(lambda: "STOPPED" in s.ctl("status", "small-d"), 15, "small-d stopped")
-    wait_for(lambda: not s.leases("small-d") and not s.waiting("small-d"), 15,
+    wait_for(lambda: "STOPPED" in s.ctl("status", "small-d"), 30, "small-d stopped")
+    wait_for(lambda: not s.leases("small-d") and not s.waiting("small-d"), 30,
              "small-d's lease to be gone")
 
 
@@ -96,23 +98,23 @@ def test_gate_program_drained_for_room_is_started_again_when_room_frees(stack_fa
                   autostart=False, priority=100)]
     s = stack_factory(progs, policy={"min_turn": "0s"})
     first = wait_for(lambda: s.info("gated").statename == "RUNNING" and s.info("gated").pid,
-                     20, "Berth to start the gated program")
-    wait_for(lambda: s.active("gated", first), 15, "the gated program's lease")
+                     40, "Berth to start the gated program")
+    wait_for(lambda: s.active("gated", first), 30, "the gated program's lease")
 
     # A program of higher priority is started by hand and does not fit: Berth makes room by
     # draining the gated program through supervisord; the urgent one is then granted.
     s.ctl("start", "urgent")
-    wait_for(lambda: s.active("urgent"), 20, "the urgent program's lease to be granted")
+    wait_for(lambda: s.active("urgent"), 40, "the urgent program's lease to be granted")
     assert s.info("gated").statename == "STOPPED"
     assert s.info("filler").statename == "RUNNING"     # priority 50 > 0: the gated one went
     # The gated program wants its card back: its new lease waits, the program stays stopped.
-    w = wait_for(lambda: s.waiting("gated"), 15, "the gated program to ask again")
+    w = wait_for(lambda: s.waiting("gated"), 30, "the gated program to ask again")
     assert "running" not in w
     assert s.mapping()["programs"]["gated"]["down"] is False
 
     # Room frees (the operator stops the urgent one): Berth starts the gated program again.
     s.ctl("stop", "urgent")
     again = wait_for(lambda: (i := s.info("gated")).statename == "RUNNING" and i.pid != first
-                     and i.pid, 20, "Berth to start the gated program again")
-    lease = wait_for(lambda: s.active("gated", again), 15, "its new lease on the new pid")
+                     and i.pid, 40, "Berth to start the gated program again")
+    lease = wait_for(lambda: s.active("gated", again), 30, "its new lease on the new pid")
     assert lease["id"] == w["id"]
