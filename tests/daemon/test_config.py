@@ -276,3 +276,33 @@ def test_an_engine_naming_what_no_plugin_carries_out_is_named_with_its_key():
     probs = dict(plugin_problems(cfg, {"checkpoint"}))
     assert set(probs) == {"engines.a.adapter", "engines.b.lend", "engines.c.supervisor"}, probs
     assert all("checkpoint" in m for m in probs.values())
+
+
+# -- checks on the typed models (issue 11): nothing hidden, nothing invented ------------------
+def test_a_tables_own_rule_is_reported_even_beside_a_bad_value_of_that_table():
+    probs = _problems({"engines": {"e": {"priority": True, "lend": True}}})
+    assert set(probs) == {"engines.e.priority", "engines.e"} and "front" in probs["engines.e"]
+
+
+def test_a_tables_own_rule_hides_no_check_between_values():
+    probs = _problems({"engines": {"e": {"lend": True, "size": "8GiB", "need": "9GiB"}}})
+    assert set(probs) == {"engines.e", "engines.e.need"}, probs
+
+
+def test_a_refused_sim_card_keeps_the_others_at_their_own_index():
+    probs = _problems({"driver": {"kind": "sim", "cards": [5, {"name": "g", "total": "256MiB"}]}})
+    assert set(probs) == {"driver.cards.0", "driver.cards.1.total"}, probs
+
+
+def test_a_sim_card_without_total_is_named_and_the_rest_still_checked():
+    # This raised a TypeError out of the old raw-document cross-checks.
+    probs = _problems({"driver": {"kind": "sim", "cards": [{"pci": "0000:03:00.0", "name": "g"}]},
+                       "engines": {"e": {"size": "600MiB", "need": "24GiB"}}})
+    assert probs["driver.cards.0.total"] == "Field required", probs
+    assert "'24GiB'" in probs["engines.e.need"] and "'600MiB'" in probs["engines.e.need"]
+
+
+def test_a_pci_given_by_default_counts_for_duplicates():
+    _one({"driver": {"kind": "sim", "cards": [{"name": "a", "total": "8GiB"},
+                                              {"pci": "01:00.0", "name": "b", "total": "8GiB"}]}},
+         "driver.cards.1.pci", "'0000:01:00.0'", "driver.cards.0")

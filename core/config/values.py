@@ -1,0 +1,152 @@
+"""berth.toml's values on their own: sizes, durations, addresses (pydantic annotated types).
+
+Source: DESIGN.md "Config"; issue 4. Sizes are strings with binary units (``"24GiB"``) or the
+word ``card``; durations are strings like ``"20s"``. Inside, every size is bytes and every
+duration seconds. Each validator raises ``ValueError`` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator
+
+from berth.decide.model import normalize_pci
+from berth.decide.units import parse_duration, parse_size
+
+#: No card has more memory than this: a larger size is a typo (a unit slipped).
+MAX_CARD_BYTES = 1 << 50
+#: The shortest ``read_interval``: berthd reads the driver that often when idle.
+MIN_READ_INTERVAL_S = 0.05
+
+
+def _not_absurd(n: int | None, v: Any, field: str) -> None:
+    if n is not None and n > MAX_CARD_BYTES:
+        raise ValueError(f"{field}: {v!r} is more than 1 PiB: no card has that much memory "
+                         f"(a unit typo?)")
+
+
+def _size(v: Any) -> int:
+    return parse_size(v, field="size")
+
+
+def _mem(v: Any) -> int:
+    """A size on a card: bytes, at most 1 PiB."""
+    n = parse_size(v, field="size")
+    _not_absurd(n, v, "size")
+    return n
+
+
+def _opt_mem(v: Any) -> int | None:
+    return None if v is None else _mem(v)
+
+
+def _total(v: Any) -> int:
+    n = parse_size(v, field="total")
+    if n == 0:
+        raise ValueError(f"total: a card needs some memory, got {v!r}")
+    _not_absurd(n, v, "total")
+    return n
+
+
+def _engine_size(v: Any) -> int | None:
+    if v is None:
+        return None
+    n = parse_size(v, field="size", allow_card=True)
+    if n == 0:
+        raise ValueError(f"size: an engine's size must be more than 0, got {v!r} "
+                         f"(size = 'card' asks for the whole card)")
+    _not_absurd(n, v, "size")
+    return n
+
+
+def _rate(v: Any) -> int:
+    n = parse_size(v, field="checkpoint_rate")
+    if n == 0:
+        raise ValueError(f"checkpoint_rate: must be more than 0 bytes per second, got {v!r}")
+    return n
+
+
+def _ram(v: Any) -> int | str:
+    return "auto" if v == "auto" else parse_size(v, field="ram_budget")
+
+
+def _parse_dur(v: Any, field: str) -> float:
+    if isinstance(v, str) and v.strip().startswith("-"):
+        raise ValueError(f"{field}: a duration cannot be negative, got {v!r}")
+    return parse_duration(v, field=field)
+
+
+def _dur(v: Any) -> float:
+    return _parse_dur(v, "duration")
+
+
+def _positive_dur(v: Any) -> float:
+    s = _parse_dur(v, "duration")
+    if s <= 0:
+        raise ValueError(f"duration: must be more than 0, got {v!r}")
+    return s
+
+
+def _read_interval(v: Any) -> float:
+    s = _parse_dur(v, "read_interval")
+    if s < MIN_READ_INTERVAL_S:
+        raise ValueError(f"read_interval: must be at least 50ms, got {v!r}: berthd reads the "
+                         f"driver this often when idle (and at once after every event anyway), "
+                         f"so a shorter interval only keeps a CPU core busy (0 spins it at 100%)")
+    return s
+
+
+def _whole(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"expected a whole number like 10, got {v!r}")
+    return v
+
+
+def _pci(v: Any) -> str:
+    return normalize_pci(v) if isinstance(v, (str, bytes)) else normalize_pci(repr(v))
+
+
+def _card_key(v: Any) -> str | None:
+    """An engine's ``card``: a short name, or a PCI address (normalised, as berthd keys it)."""
+    if v is None:
+        return None
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError(f"card: expected a card's name or PCI address like 'gpu0' or "
+                         f"'0000:01:00.0', got {v!r}")
+    try:
+        return normalize_pci(v)
+    except ValueError:
+        return v
+
+
+def _tcp(v: Any) -> str | None:
+    if v is None:
+        return None
+    ok = isinstance(v, str)
+    if ok:
+        host, sep, port = v.strip().rpartition(":")
+        ok = (bool(sep) and port.isdigit() and 1 <= int(port) <= 65535
+              and not any(c.isspace() for c in host))
+    if not ok:
+        raise ValueError(f"expected HOST:PORT like '127.0.0.1:7878', with a port from 1 to 65535, "
+                         f"got {v!r}")
+    return v.strip()
+
+
+Size = Annotated[int, BeforeValidator(_size)]
+CardBytes = Annotated[int, BeforeValidator(_mem)]
+OptCardBytes = Annotated[int | None, BeforeValidator(_opt_mem)]
+Total = Annotated[int, BeforeValidator(_total)]
+EngineSize = Annotated[int | None, BeforeValidator(_engine_size)]
+Rate = Annotated[int, BeforeValidator(_rate)]
+RamBudget = Annotated[int | Literal["auto"], BeforeValidator(_ram)]
+Duration = Annotated[float, BeforeValidator(_dur)]
+PositiveDuration = Annotated[float, BeforeValidator(_positive_dur)]
+ReadInterval = Annotated[float, BeforeValidator(_read_interval)]
+Whole = Annotated[int, BeforeValidator(_whole)]
+Pci = Annotated[str, BeforeValidator(_pci)]
+CardKey = Annotated[str | None, BeforeValidator(_card_key)]
+TcpAddress = Annotated[str | None, BeforeValidator(_tcp)]
+
+

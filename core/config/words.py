@@ -1,0 +1,91 @@
+"""Validation errors in words: key paths as berth.toml writes them, unknown keys with the keys
+their table allows, names TOML split at their dots."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import types
+import typing
+from typing import Annotated, Any
+
+from pydantic import BaseModel
+
+__all__ = ["key_str", "loc_str", "unknown_key"]
+
+_BARE = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def key_str(k: Any) -> str:
+    return str(k) if not isinstance(k, str) or _BARE.match(k) else json.dumps(k)
+
+
+def loc_str(loc: tuple) -> str:
+    return ".".join(key_str(x) for x in loc)
+
+
+def _unwrap(t: Any) -> Any:
+    while True:
+        origin = typing.get_origin(t)
+        if origin is Annotated:
+            t = typing.get_args(t)[0]
+        elif origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(t) if a is not type(None)]
+            if len(args) != 1:
+                return t
+            t = args[0]
+        else:
+            return t
+
+
+def _model_at(path: tuple) -> type[BaseModel] | None:
+    """The model of the table at ``path`` (``("engines", "x")`` -> :class:`EngineConfig`)."""
+    from .models import Config
+    t: Any = Config
+    for part in path:
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            f = t.model_fields.get(part) if isinstance(part, str) else None
+            if f is None:
+                return None
+            t = _unwrap(f.annotation)
+        elif typing.get_origin(t) in (dict, list):
+            t = _unwrap(typing.get_args(t)[-1])
+        else:
+            return None
+    return t if isinstance(t, type) and issubclass(t, BaseModel) else None
+
+
+def unknown_key(loc: tuple, value: Any) -> tuple[tuple, str]:
+    """An "extra inputs" error, in words: which keys the table allows, or, for a name TOML split
+    at its dots (``[engines.qwen2.5-coder]``), how to quote it."""
+    *parent, key = loc
+    parent = tuple(parent)
+    model = _model_at(parent)
+    if (len(parent) == 2 and parent[0] in ("engines", "cards") and isinstance(value, dict)
+            and model is not None):
+        parts, v = [str(parent[1]), str(key)], value
+        while isinstance(v, dict) and len(v) == 1:
+            (k, sub), = v.items()
+            if k in model.model_fields or not isinstance(sub, dict):
+                break
+            parts.append(k)
+            v = sub
+        name = ".".join(parts)
+        return ((parent[0], name),
+                f"TOML reads the dots in [{parent[0]}.{name}] as nested tables ({parent[0]} entry "
+                f"{parent[1]!r} holding a table {key!r}): quote the name in the table header, "
+                f"e.g. [{parent[0]}.{json.dumps(name)}]")
+    msg = "unknown key"
+    if model is not None:
+        allowed = list(model.model_fields)
+        close = difflib.get_close_matches(str(key), allowed, 1)
+        if close:
+            msg += f" (did you mean {close[0]!r}?)"
+        where = f"[{loc_str(parent)}]" if parent else "the top level"
+        msg += f"; {where} allows: {', '.join(allowed)}"
+    if not isinstance(value, dict):
+        msg += f" (got {value!r})"
+    return loc, msg
+
+
