@@ -26,22 +26,21 @@ from berthd), the program is re-read with ``getProcessInfo`` and made true again
 
 A ``drain`` instruction (an operator's ``berth drain``, or room for another engine) is
 ``stopProcess`` through supervisord (rule 6: Berth signals nothing itself), then the drain is
-reported and the lease released, waiting for the driver to confirm. A gated program drained to
-make room asks for its card again at once (it waits in the queue, and ``startProcess`` is its
-wake); one drained by the operator stays down until someone starts it.
+reported and the lease released, waiting for the driver to confirm (:mod:`.orders`). A gated
+program drained to make room asks for its card again at once (it waits in the queue, and
+``startProcess`` is its wake); one drained by the operator stays down until someone starts it.
 
 Every ``TICK_5`` re-syncs every program (a dropped event is repaired) and rewrites the mapping
-file (``<state dir>/supervisor-listener.json``), which keeps the "held down" marks across
-restarts of the listener. Leases themselves are found again in berthd's status by PID.
+file (``<state dir>/supervisor-listener.json``, :mod:`.mapping`), which keeps the "held down"
+marks across restarts of the listener. Leases themselves are found again in berthd's status by
+PID.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +49,8 @@ from berth.process import identify
 from berth_plugins.hookspecs import ActionContext, MechanismError
 from berth_plugins.manager import run_action
 
+from . import mapping
+from .orders import RETRY_MAX_S, Orders
 from .plugin import MECHANISM
 from .protocol import Event
 from .rpc import STOPPED_STATES, ProcessInfo, Supervisor, SupervisorError, SupervisorUnavailable
@@ -57,7 +58,6 @@ from .rpc import STOPPED_STATES, ProcessInfo, Supervisor, SupervisorError, Super
 __all__ = ["Program", "Host", "programs_from"]
 
 log = logging.getLogger("berth.hosts.supervisor")
-_RETRY_MAX_S = 5.0
 
 
 @dataclass
@@ -115,6 +115,7 @@ class Host:
         self.syncs = 0
         self._tasks: set[asyncio.Task] = set()
         self._full = asyncio.Lock()
+        self.orders = Orders(self)
 
     # -- entry points --------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -170,7 +171,7 @@ class Host:
             log.log(logging.WARNING if prog.retry_s == 0.2 else logging.DEBUG,
                     "%s: %s; trying again in %.1fs", prog.engine, e, prog.retry_s)
             asyncio.get_running_loop().call_later(prog.retry_s, prog.kick.set)
-            prog.retry_s = min(prog.retry_s * 2, _RETRY_MAX_S)
+            prog.retry_s = min(prog.retry_s * 2, RETRY_MAX_S)
         except SupervisorError as e:
             log.error("%s: %s", prog.engine, e)
         except Exception:
@@ -193,14 +194,14 @@ class Host:
         prog.state, prog.seen_pid = info.statename, info.pid
         # (5)
         if prog.drain is not None:
-            await self._drain(prog)
+            await self.orders.drain(prog)
             return
         # (1)
         if prog.lease is not None and prog.pid is not None and info.pid != prog.pid:
             log.info("%s: pid %s is gone (%s)", prog.engine, prog.pid, info.statename)
             if prog.mode == "gate" and not prog.stopping:
                 prog.down = True       # stopped or crashed outside Berth: not restarted by it
-            self._forget(prog, release=True)
+            self.forget(prog, release=True)
         if info.running:
             # (2)
             if prog.lease is not None and prog.pid is None:
@@ -292,15 +293,15 @@ class Host:
         prog.version += 1
         if not granted or pid is None:   # a gated program starts on the grant, even at once
             self._spawn(self._until_granted(prog, lease_id))
-        self._spawn(self._instructions(prog, lease_id))
+        self._spawn(self.orders.follow(prog, lease_id))
         self._save()
 
-    def _forget(self, prog: Program, release: bool) -> None:
+    def forget(self, prog: Program, release: bool) -> None:
         lease, prog.lease, prog.pid = prog.lease, None, None
         prog.granted = prog.ready = False
         prog.version += 1
         if release and lease is not None:
-            self._spawn(self._release(prog, lease))
+            self._spawn(self.orders.release(prog, lease))
         self._save()
 
     # -- the grant: a gated program starts, a running one is ready ---------------------------
@@ -315,9 +316,9 @@ class Host:
                 continue
             except ApiError as e:
                 async with prog.lock:
-                    # A running (adopted) program's lease that ended is _ended's to handle.
+                    # A running (adopted) program's lease that ended is Orders' to handle.
                     if prog.lease == lease_id and prog.pid is None:
-                        self._forget(prog, release=False)
+                        self.forget(prog, release=False)
                         prog.down = e.status == 410      # ended (drained, rejected): stay down
                         log.info("%s: lease %s is gone while waiting (%s)", prog.engine,
                                  lease_id, e.message)
@@ -333,7 +334,7 @@ class Host:
                 with contextlib.suppress(SupervisorError, SupervisorUnavailable):
                     await self._ready(prog, await asyncio.to_thread(self.sup.info, prog.name))
                 return
-            ctx = self._ctx(prog)
+            ctx = self.action_context(prog)
             try:
                 await run_action(self.pm, "berth_start", ctx)
                 info = await asyncio.to_thread(self.sup.info, prog.name)
@@ -341,130 +342,13 @@ class Host:
                 log.error("%s: could not start it: %s; releasing lease %s", prog.engine, e,
                           lease_id)
                 prog.down = True
-                self._forget(prog, release=True)
+                self.forget(prog, release=True)
                 return
             log.info("%s: lease %s granted; started through supervisord as pid %s",
                      prog.engine, lease_id, info.pid)
             if info.running:
                 await self._attach(prog, info)
                 await self._ready(prog, info)
-
-    # -- instructions from berthd --------------------------------------------------------------
-    async def _instructions(self, prog: Program, lease_id: str) -> None:
-        after, backoff = 0, 0.2
-        while True:
-            try:
-                r = await self.client.instructions(lease_id, after, 20.0)
-                backoff = 0.2
-            except BerthdUnavailable:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _RETRY_MAX_S)
-                continue
-            except ApiError as e:
-                if e.status in (404, 410):
-                    async with prog.lock:
-                        if prog.lease == lease_id:
-                            log.warning("%s: berthd no longer knows lease %s", prog.engine,
-                                        lease_id)
-                            self._forget(prog, release=False)
-                            prog.kick.set()
-                    return
-                raise
-            for ins in r["instructions"]:
-                after = max(after, ins["seq"])
-                await self._instruction(prog, lease_id, ins)
-            if r.get("ended"):
-                await self._ended(prog, lease_id, r["ended"])
-                return
-
-    async def _instruction(self, prog: Program, lease_id: str, ins: dict) -> None:
-        if ins["op"] != "drain":
-            detail = (f"{ins['op']}: a supervisord program has no park or lend of its own; wrap "
-                      "its command in `berth run --front` (hosts/supervisor/README.md)")
-            with contextlib.suppress(BerthdUnavailable, ApiError):
-                await self.client.report(lease_id, ins["op"], False, detail)
-            return
-        async with prog.lock:
-            if prog.lease != lease_id:
-                return
-            prog.drain = ins
-            await self._drain(prog)
-
-    async def _drain(self, prog: Program) -> None:
-        """stopProcess through supervisord, report the drain, release the lease (under lock)."""
-        ins, lease = prog.drain, prog.lease
-        reason = ins.get("reason", "")
-        if lease is None:
-            prog.drain = None
-            return
-        log.info("%s: drain (%s): stopping %s through supervisord", prog.engine, reason,
-                 prog.name)
-        prog.stopping = True
-        try:
-            await run_action(self.pm, "berth_drain", self._ctx(prog, self.stop_timeout_s))
-        except MechanismError as e:
-            prog.stopping = False
-            log.error("%s: %s; trying again at the next tick", prog.engine, e)
-            return
-        with contextlib.suppress(BerthdUnavailable, ApiError):
-            await self.client.report(lease, "drain", True, f"stopped through supervisord "
-                                                           f"({reason})")
-        prog.drain = None
-        if prog.mode == "gate":
-            prog.down = not reason.startswith("room for")
-        self._forget(prog, release=True)
-        prog.stopping = False
-        prog.kick.set()                # a gated program drained for room asks again
-
-    async def _ended(self, prog: Program, lease_id: str, reason: str) -> None:
-        async with prog.lock:
-            if prog.lease != lease_id:
-                return
-            pid = prog.pid
-            log.info("%s: lease %s ended (%s)", prog.engine, lease_id, reason)
-            self._forget(prog, release=False)
-            if pid is None:
-                prog.down = prog.down or prog.mode == "gate"
-                return
-            try:
-                info = await asyncio.to_thread(self.sup.info, prog.name)
-            except (SupervisorError, SupervisorUnavailable) as e:
-                log.warning("%s: %s", prog.engine, e)
-                prog.kick.set()
-                return
-            if info.pid != pid:        # its process is gone, and Berth did not stop it
-                prog.down = prog.down or prog.mode == "gate"
-                prog.kick.set()
-                return
-            if "drain" in reason:      # the operator drained it while it waited over budget
-                prog.drain, prog.lease = {"op": "drain", "reason": reason}, lease_id
-                await self._drain(prog)
-                prog.down = True
-            else:
-                log.error("%s: pid %s runs without a lease (%s); Berth will not ask again for "
-                          "this process", prog.engine, pid, reason)
-                prog.skip_pid = pid
-
-    async def _release(self, prog: Program, lease_id: str) -> None:
-        """Release once the driver confirms the memory free (up to the release grace)."""
-        try:
-            r = await self.client.release(lease_id, self.release_wait_s,
-                                          f"{prog.name} stopped in supervisord")
-        except ApiError as e:
-            if e.status not in (404, 410):
-                log.warning("%s: releasing %s failed: %s", prog.engine, lease_id, e.message)
-            return
-        except BerthdUnavailable as e:
-            log.warning("%s: cannot release %s: %s", prog.engine, lease_id, e)
-            return
-        if r.get("ended"):
-            log.info("%s: lease %s released; the driver confirmed its memory free",
-                     prog.engine, lease_id)
-        else:
-            log.warning("%s: %s stopped, but its memory is not free %.0fs later: processes it "
-                        "started may still hold it (see `berth status`; set stopasgroup=true "
-                        "and killasgroup=true in [program:%s]). berthd keeps watching.",
-                        prog.engine, prog.name, self.release_wait_s, prog.name)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     async def _audit(self) -> None:
@@ -476,10 +360,10 @@ class Host:
             if prog.lease is not None and prog.lease not in known \
                     and prog.version == before[prog.engine]:
                 log.warning("%s: lease %s is gone from berthd", prog.engine, prog.lease)
-                self._forget(prog, release=False)
+                self.forget(prog, release=False)
                 prog.kick.set()
 
-    def _ctx(self, prog: Program, timeout_s: float = 30.0) -> ActionContext:
+    def action_context(self, prog: Program, timeout_s: float = 30.0) -> ActionContext:
         return ActionContext(engine=prog.engine, mechanism=MECHANISM, pid=prog.pid,
                              timeout_s=timeout_s, options={"supervisor_program": prog.name})
 
@@ -494,27 +378,9 @@ class Host:
             log.error("a listener task failed", exc_info=t.exception())
 
     def _load(self) -> None:
-        try:
-            data = json.loads(self.state_path.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as e:
-            log.warning("ignoring the mapping file %s: %s", self.state_path, e)
-            return
-        for name, rec in (data.get("programs") or {}).items():
-            if name in self.programs and isinstance(rec, dict):
-                self.programs[name].down = bool(rec.get("down"))
+        for name, down in mapping.read_down(self.state_path).items():
+            if name in self.programs:
+                self.programs[name].down = down
 
     def _save(self) -> None:
-        """Write the mapping file atomically: this listener, its syncs, each program's lease."""
-        data = {"listener_pid": os.getpid(), "syncs": self.syncs,
-                "programs": {p.engine: {"program": p.name, "mode": p.mode, "lease": p.lease,
-                                        "pid": p.pid, "down": p.down}
-                             for p in self.programs.values()}}
-        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
-        try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False))
-            os.replace(tmp, self.state_path)
-        except OSError as e:
-            log.warning("cannot write the mapping file %s: %s", self.state_path, e)
+        mapping.write(self.state_path, self.syncs, self.programs.values())

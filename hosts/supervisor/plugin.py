@@ -4,9 +4,10 @@ Source: issue 7; reference/hosts.md "XML-RPC", "Orphans"; seed 002 rule 6; berth
 hookspecs ``berth_configure``, ``berth_vouch``, ``berth_drain``, ``berth_start``.
 
 Registered through berth-gpu's entry point (``[project.entry-points.berth] supervisor``), so
-berthd, ``berth run`` and the listener all load it; it carries out the mechanism
-``supervisor`` (``berth_mechanisms``, checked against engine entries at startup); it does nothing until :func:`berth_configure` hands it a config, and it
-imports supervisor's package only when it makes a call.
+berthd, ``berth run`` and the listener all load it. It carries out the mechanism ``supervisor``
+(``berth_mechanisms``, checked against engine entries at startup), does nothing until
+:func:`berth_configure` hands it a config, and imports supervisor's package only when it makes
+a call.
 
 - ``berth_vouch``: berthd asks it when the listener, which is neither a program's process nor
   its parent, adopts or attaches a supervisord program's PID. It vouches only when
