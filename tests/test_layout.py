@@ -1,0 +1,138 @@
+"""The folders are the architecture (issue 11): imports go one way.
+
+Import direction, read from the source with :mod:`ast` (imports inside functions count too):
+
+- ``berth.decide`` imports nothing else of Berth, and of the standard library only modules that
+  do no I/O and read no clock (:data:`PURE_STDLIB`); nothing from outside it;
+- ``berth.driver`` imports only ``berth.decide`` of Berth (the simulated cards' driver also
+  reads the simulated cards, ``berth.sim.cards``: they are its hardware);
+- ``berth.daemon`` (berthd) and ``berth.run`` (``berth run``) do not import each other;
+- ``berth_plugins`` imports no host (a host's plugin comes through the entry-point group);
+- a host (``berth_hosts.X``) imports ``berth`` and ``berth_plugins`` and itself, no other host,
+  and not berthd's own room ``berth.daemon``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"berth": ROOT / "core", "berth_plugins": ROOT / "berth_plugins",
+            "berth_hosts": ROOT / "hosts"}
+#: The standard library berth.decide may use: no I/O, no clock, no logging, no randomness.
+PURE_STDLIB = {"__future__", "abc", "bisect", "collections", "dataclasses", "enum", "functools",
+               "heapq", "itertools", "math", "operator", "re", "statistics", "string", "typing",
+               "types"}
+#: Named exceptions to the driver's rule, each with its reason in the module docstring above.
+DRIVER_MAY_IMPORT = {"berth.driver.sim": {"berth.sim.cards"}}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the three packages, by its dotted name."""
+    out = {}
+    for top, folder in PACKAGES.items():
+        for path in sorted(folder.rglob("*.py")):
+            rel = path.relative_to(folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([top, *parts])] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The absolute names ``name`` imports (``from a import b`` counts as ``a`` and ``a.b``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names if a.name != "*")
+    return out
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _ours(name: str) -> bool:
+    return any(_under(name, top) for top in PACKAGES)
+
+
+def _breaches(rule) -> list[str]:
+    """``module -> import`` for every import ``rule(module, import)`` refuses."""
+    return [f"{m} -> {i}" for m, path in MODULES.items() for i in sorted(_imports(m, path))
+            if not rule(m, i)]
+
+
+def test_the_module_list_is_the_tree():
+    assert "berth.decide.ledger" in MODULES and "berth.daemon.broker" in MODULES
+    assert "berth_plugins.manager" in MODULES and "berth_hosts.supervisor.plugin" in MODULES
+    # A relative import resolves within its package.
+    assert "berth_plugins.hookspecs" in _imports("berth_plugins.manager",
+                                                 MODULES["berth_plugins.manager"])
+
+
+def test_decide_imports_nothing_else_of_berth_and_nothing_that_does_io():
+    def rule(m, i):
+        if not _under(m, "berth.decide"):
+            return True
+        return _under(i, "berth.decide") or i.split(".")[0] in PURE_STDLIB
+    assert _breaches(rule) == []
+
+
+def test_the_driver_imports_only_decide_of_berth():
+    def rule(m, i):
+        if not _under(m, "berth.driver") or not _ours(i):
+            return True
+        return (_under(i, "berth.decide") or _under(i, "berth.driver")
+                or any(_under(i, a) for a in DRIVER_MAY_IMPORT.get(m, ())) or i == "berth")
+    assert _breaches(rule) == []
+
+
+def test_the_daemon_and_the_run_do_not_import_each_other():
+    def rule(m, i):
+        if _under(m, "berth.daemon"):
+            return not _under(i, "berth.run")
+        if _under(m, "berth.run"):
+            return not _under(i, "berth.daemon")
+        return True
+    assert _breaches(rule) == []
+
+
+def test_plugins_import_no_host():
+    assert _breaches(lambda m, i: not (_under(m, "berth_plugins")
+                                       and _under(i, "berth_hosts"))) == []
+    from berth_plugins.manager import BUILTINS          # imported by name, not by statement
+    assert not [b for b in BUILTINS if not _under(b, "berth_plugins")]
+
+
+def test_hosts_import_berth_and_berth_plugins_only():
+    def rule(m, i):
+        if not _under(m, "berth_hosts") or not _ours(i) or m == "berth_hosts":
+            return True
+        own = ".".join(m.split(".")[:2])
+        if _under(i, "berth_hosts"):
+            return _under(i, own) or i == "berth_hosts"
+        return not _under(i, "berth.daemon")
+    assert _breaches(rule) == []
+
+
+def test_imports_are_read_wherever_they_are(tmp_path):
+    """The reading is not vacuous: absolute, relative and function-level imports are all seen."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from berth.run.main import x\nimport berth.decide.ledger\n"
+                     "def f():\n    from ..run import y\n")
+    found = _imports("berth.daemon.probe", probe)
+    assert {"berth.run.main", "berth.decide.ledger", "berth.run", "berth.run.y"} <= found
+
