@@ -19,6 +19,7 @@ from berth.decide.model import Bound, normalize_pci
 from . import cross
 from .values import (CardBytes, CardKey, Duration, EngineSize, OptCardBytes, Pci,
                      PositiveDuration, RamBudget, Rate, ReadInterval, Size, TcpAddress, Total,
+                     Listen,
                      Whole)
 
 #: The error type of a problem between values (its message needs no "(got ...)").
@@ -169,6 +170,16 @@ class ApiConfig(_Strict):
         return self
 
 
+class BoardConfig(_Strict):
+    """``[board]``: the web board (issue 15). ``listen``: where berthd serves it over HTTP
+    (default ``127.0.0.1:7088``, loopback only; ``"off"`` for none; a port already taken is
+    logged and berthd runs on without the board). The board is read-only; ``key`` (at least 16
+    characters) lets an operator who gives it park, wake, drain and hold from the page."""
+
+    listen: Listen = "127.0.0.1:7088"
+    key: str | None = Field(None, min_length=16)
+
+
 class SupervisorHostConfig(_Strict):
     """``[hosts.supervisor]``: how berthd reaches supervisord's XML-RPC (``unix:///path.sock``
     or ``http://host:port``)."""
@@ -224,6 +235,7 @@ class Config(_Strict):
     """The whole of ``berth.toml``."""
 
     driver: DriverConfig = Field(default_factory=DriverConfig)
+    board: BoardConfig = Field(default_factory=BoardConfig)
     cards: dict[str, CardConfig] = Field(default_factory=dict)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     engines: dict[str, EngineConfig] = Field(default_factory=dict)

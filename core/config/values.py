@@ -150,3 +150,13 @@ CardKey = Annotated[str | None, BeforeValidator(_card_key)]
 TcpAddress = Annotated[str | None, BeforeValidator(_tcp)]
 
 
+def _listen(v: Any) -> str | None:
+    """``[board] listen``: ``HOST:PORT``, or ``"off"`` (``None``): no board listener."""
+    if v is None or (isinstance(v, str) and v.strip().lower() in ("off", "")):
+        return None
+    return _tcp(v)
+
+
+Listen = Annotated[str | None, BeforeValidator(_listen)]
+
+

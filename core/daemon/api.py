@@ -402,10 +402,10 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "pid": os.getpid()})
 
 
-def make_app(broker: Broker, key: str | None = None) -> web.Application:
+def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Application:
     app = web.Application(middlewares=[errors, auth(key)], client_max_size=1 << 20)
     app[BROKER] = broker
-    app[REGISTRY] = registry(broker)
+    app[REGISTRY] = registry(broker, waits)
     app[ALIASES] = {}
     r = app.router
     r.add_post("/v1/leases", request_lease)
@@ -442,9 +442,10 @@ def _live(path: Path) -> bool:
 
 
 async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
-                key: str | None = None) -> web.AppRunner:
-    """Start the API on ``socket_path`` (mode 0660) and optionally ``tcp`` (``host:port``)."""
-    app = make_app(broker, key)
+                key: str | None = None, waits=None) -> web.AppRunner:
+    """Start the API on ``socket_path`` (mode 0660) and optionally ``tcp`` (``host:port``).
+    ``waits``: the board's :class:`~berth.daemon.web.WaitTimes`, for the wait-time histogram."""
+    app = make_app(broker, key, waits)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     socket_path = Path(socket_path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from berth.daemon.broker import Broker
 
@@ -54,6 +54,35 @@ class _BoardCollector:
                 c = CounterMetricFamily(f"berth_{k}", f"Count of {k.replace('_', ' ')}")
                 c.add_metric([], v)
                 yield c
+        costs = st.get("switch_costs") or {}
+        if costs:                   # issue 14's measured switch costs, when berthd keeps them
+            g = GaugeMetricFamily("berth_switch_seconds", "Measured switch time per engine "
+                                  "(median of the last samples), seconds", labels=["engine", "switch"])
+            for engine, c in sorted(costs.items()):
+                for k, v in c.items():
+                    if k.endswith("_s") and v is not None:
+                        g.add_metric([engine, k[:-2]], v)
+            yield g
+
+
+class _WaitCollector:
+    """The wait-time histogram (``berth_wait_seconds``, by what was waited for: ``grant`` or
+    ``resume``), from the board's :class:`~berth.daemon.web.WaitTimes` (issue 15)."""
+
+    def __init__(self, waits):
+        self.waits = waits
+
+    def collect(self):
+        h = HistogramMetricFamily("berth_wait_seconds", "Time from a request (or a wake) to its "
+                                  "grant (or resume), seconds", labels=["kind"])
+        w = self.waits
+        for kind, counts in w.counts.items():
+            acc, buckets = 0, []
+            for b, n in zip((*w.buckets, float("inf")), counts):
+                acc += n
+                buckets.append(("+Inf" if b == float("inf") else repr(float(b)), acc))
+            h.add_metric([kind], buckets, round(w.sums[kind], 6))
+        yield h
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -63,8 +92,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 
-def registry(broker: Broker) -> CollectorRegistry:
-    """A registry whose one collector reads ``broker``'s board at each scrape."""
+def registry(broker: Broker, waits=None) -> CollectorRegistry:
+    """A registry whose collector reads ``broker``'s board at each scrape, and with ``waits``
+    (the board's :class:`~berth.daemon.web.WaitTimes`) the wait-time histogram."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_BoardCollector(broker))
+    if waits is not None:
+        reg.register(_WaitCollector(waits))
     return reg

@@ -13,7 +13,9 @@ reverse and a failed start leaves nothing behind (and says why in one line):
 4. hold ``<state dir>/berthd.lock`` (one berthd per state directory) - exit 4;
 5. open the driver (NVML, or the simulated cards declared in the config) - exit 3;
 6. start the broker: restore the state file, re-attach live leases, measure baselines;
-7. serve the control API on the Unix socket (mode 0660) - exit 4 if it cannot be bound.
+7. serve the control API on the Unix socket (mode 0660) - exit 4 if it cannot be bound;
+8. serve the web board on ``[board] listen`` (default ``127.0.0.1:7088``; a port already taken
+   is logged and berthd runs on without the board).
 
 SIGTERM or SIGINT stops it in reverse: the long polls end, the API closes, the broker writes the
 state file, the driver closes, the lock is released. Leases survive: their runs keep serving
@@ -118,12 +120,20 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
         raise StartRefused(str(e), 3) from None
     stack.push_async_callback(broker.stop)
     await broker.resume_restored()
+    from berth.daemon import web as board
+    hub = board.Hub(board.BrokerSource(broker))
     try:
-        runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key)
+        runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key, waits=hub.waits)
     except OSError as e:
         raise StartRefused(f"the control API cannot listen: {e}", 4) from None
     stack.push_async_callback(runner.cleanup)
     stack.callback(broker.begin_shutdown)         # long polls end before the API closes
+    await hub.start()
+    if cfg.board.listen:                          # the web board (issue 15); a busy port is logged
+        board_runner = await board.serve(hub, cfg.board.listen, cfg.board.key)
+        if board_runner is not None:
+            stack.push_async_callback(board_runner.cleanup)
+    stack.push_async_callback(hub.stop)           # its streams end before the board closes
     cards = ", ".join(f"{c.name}={c.pci}" for c in broker.sched.ledger.cards.values())
     log.info("berthd ready on %s (driver %s: %s); restored %d lease(s), dropped %d",
              sock, driver.kind, cards, len(broker.restored), len(broker.dropped))

@@ -42,7 +42,8 @@ def board(broker: "Broker") -> dict:
                       "available_bytes": v.available_bytes, "counted_bytes": v.counted_bytes,
                       "earmarked_bytes": v.earmarked_bytes,
                       "suggested_reserve_bytes": sugg[pci]["suggested_bytes"],
-                      "reserve_below_suggested": sugg[pci]["below"], "shares": shares})
+                      "reserve_below_suggested": sugg[pci]["below"], "shares": shares,
+                      "stowaways": _stowaways(broker, pci)})
     leases = []
     for le in led.leases.values():
         extra = _orphans(broker, le)
@@ -112,6 +113,26 @@ def _running_unleased(lease: Lease, kind: str) -> dict:
     return {"pid": lease.pid, "running": True, "held_bytes": held,
             "note": f"over budget: pid {lease.pid} already runs and holds {held} bytes without a "
                     f"grant; they count as stowaways until room is made"}
+
+
+def _stowaways(broker: "Broker", pci: str) -> list[dict]:
+    """The processes counted as stowaways on ``pci`` at the last driver read (held memory, no
+    lease of theirs granted, not the baseline): ``[{"pid", "bytes"}]``, largest first (issue 15:
+    the board names them). Empty when the driver does not list processes."""
+    reads = broker.reads
+    r = reads.last_reads.get(pci)
+    if r is None or not getattr(r, "processes_known", True):
+        return []
+    led = broker.sched.ledger
+    owned: set[int] = set()
+    for lid, per in reads.lease_pids.items():
+        le = led.leases.get(lid)
+        if le is not None and not le.is_waiting():
+            owned |= per.get(pci, set())
+    base = reads.baseline_pids.get(pci, set())
+    out = [{"pid": pid, "bytes": b or 0} for pid, b in r.processes.items()
+           if pid not in owned and pid not in base]
+    return sorted(out, key=lambda x: -x["bytes"])
 
 
 def _counted(sh: Share) -> int:

@@ -1,0 +1,43 @@
+"""The web board (issue 15): who holds what on which card, what is parked in host RAM, who waits
+and why, the last events, and an hour of history, live in a browser over server-sent events.
+
+Plain HTML, CSS and JavaScript shipped in ``static/`` (no build step, nothing fetched from
+elsewhere: the page works offline). berthd serves it on ``[board] listen`` (default
+``127.0.0.1:7088``) with :func:`serve`; the gateway mounts it from its own process with::
+
+    from berth.daemon.web import Hub, SocketSource, board_app
+    hub = Hub(SocketSource(socket_path)); await hub.start()
+    app.add_subapp("/board/", board_app(hub, cfg.board.key))      # and await hub.stop() at the end
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from berth.daemon.web.app import CSP, OPS, board_app, operator_of
+from berth.daemon.web.hub import BrokerSource, Hub, SocketSource, WaitTimes
+
+__all__ = ["Hub", "BrokerSource", "SocketSource", "WaitTimes", "board_app", "operator_of",
+           "serve", "CSP", "OPS"]
+
+log = logging.getLogger("berth.daemon.web")
+
+
+async def serve(hub: Hub, listen: str, key: str | None) -> web.AppRunner | None:
+    """Serve the board on ``listen`` (``HOST:PORT``). A port already taken is logged and the
+    board is left out (``None``): berthd's job does not depend on its page."""
+    runner = web.AppRunner(board_app(hub, key), access_log=None, handle_signals=False)
+    await runner.setup()
+    host, _, port = listen.rpartition(":")
+    try:
+        await web.TCPSite(runner, host or "127.0.0.1", int(port), shutdown_timeout=1.0).start()
+    except OSError as e:
+        log.warning("the board cannot listen on %s (%s); berthd runs on without it "
+                    "(set [board] listen to another HOST:PORT, or \"off\")", listen, e)
+        await runner.cleanup()
+        return None
+    log.info("board on http://%s/ (%s)", listen,
+             "operator actions with the key" if key else "read-only: no [board] key")
+    return runner

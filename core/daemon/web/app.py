@@ -1,0 +1,221 @@
+"""The web board's HTTP side: the page, its files, the event stream and the operator actions.
+
+Source: issue 15. Routes, relative to where the app is mounted (berthd serves it at ``/`` on its
+board listener; the gateway may mount it with ``app.add_subapp("/board/", board_app(hub, key))``,
+the page's URLs are relative so either works):
+
+========================  =========================================================================
+``GET  /``                the page (``index.html``)
+``GET  /static/{name}``   ``board.js``, ``board.css``
+``GET  /state``           ``{"operator", "who", "board", "history"}`` once (JSON)
+``GET  /events``          server-sent events: ``hello`` (operator flag and the hour of history),
+                          then ``board`` at each change; ``retry: 1000`` so a page reconnects
+                          within a second of berthd coming back
+``POST /login``           ``{"name", "key"}``: with the right key, sets the operator cookie (an
+                          HMAC of the name under the key; 403 otherwise)
+``POST /logout``          forgets the cookie
+``POST /operator/{op}``   ``{"target"}``: park, wake, drain, hold, release-hold. Needs the operator
+                          cookie and the ``X-Berth-Board`` header (a cross-site form cannot set
+                          it), or ``Authorization: Bearer <key>``; 403 without. Logged with who.
+========================  =========================================================================
+
+Every answer carries a strict Content-Security-Policy (no inline script or style, scripts only
+from the board itself). Engine names reach the page only as data; the page sets them with
+``textContent``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import re
+from importlib import resources
+
+from aiohttp import web
+
+from berth.daemon.web.hub import Hub
+
+__all__ = ["board_app", "CSP", "OPS"]
+
+log = logging.getLogger("berth.daemon.web")
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+OPS = ("park", "wake", "drain", "hold", "release-hold")
+COOKIE = "berth_operator"
+_NAME = re.compile(r"^[A-Za-z0-9._@-]{1,40}$")
+_FILES = {"board.js": "application/javascript", "board.css": "text/css"}
+HUB = web.AppKey("board_hub", Hub)
+KEY = web.AppKey("board_key", str)
+
+
+@web.middleware
+async def _headers(request: web.Request, handler):
+    try:
+        resp = await handler(request)
+    except web.HTTPException as e:
+        resp = e
+    resp.headers["Content-Security-Policy"] = CSP
+    resp.headers["X-Content-Type-Options"] = "nosniff"
+    resp.headers["Referrer-Policy"] = "no-referrer"
+    resp.headers.setdefault("Cache-Control", "no-store")
+    if isinstance(resp, web.HTTPException):
+        raise resp
+    return resp
+
+
+def _sign(key: str, name: str) -> str:
+    return hmac.new(key.encode(), f"berth-board:{name}".encode(), hashlib.sha256).hexdigest()
+
+
+def operator_of(request: web.Request) -> str | None:
+    """Who the caller is as an operator (the name they logged in with, or ``"bearer key"``),
+    or ``None``: no key configured, no valid cookie or bearer key."""
+    key = request.app[KEY]
+    if not key:
+        return None
+    bearer = request.headers.get("Authorization", "")
+    if bearer.startswith("Bearer ") and hmac.compare_digest(bearer[7:], key):
+        return "bearer key"
+    name, _, sig = request.cookies.get(COOKIE, "").partition(":")
+    if name and sig and hmac.compare_digest(sig, _sign(key, name)):
+        return name
+    return None
+
+
+def _file(name: str) -> bytes:
+    return resources.files("berth.daemon.web").joinpath("static", name).read_bytes()
+
+
+async def index(request: web.Request) -> web.Response:
+    return web.Response(body=_file("index.html"), content_type="text/html", charset="utf-8")
+
+
+async def static(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in _FILES:
+        raise web.HTTPNotFound(reason=f"no board file {name!r}")
+    return web.Response(body=_file(name), content_type=_FILES[name], charset="utf-8")
+
+
+def _hello(request: web.Request) -> dict:
+    hub = request.app[HUB]
+    who = operator_of(request)
+    return {"operator": who is not None, "who": who, "up": hub.up,
+            "history": hub.full_history(), "window_s": hub.window_s}
+
+
+async def state(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    return web.json_response({**_hello(request), "board": hub.snapshot})
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    hub = request.app[HUB]
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+
+    async def send(kind: str, doc) -> None:
+        await resp.write(f"event: {kind}\ndata: {json.dumps(doc, default=str)}\n\n".encode())
+
+    await resp.write(b"retry: 1000\n\n")
+    await send("hello", _hello(request))
+    seen = -1
+    try:
+        while not hub.closing:
+            if hub.version > seen and hub.snapshot is not None:
+                seen = hub.version
+                await send("board", {**hub.snapshot, "up": hub.up})
+            else:
+                await resp.write(b": keep-alive\n\n")     # notices a page gone
+            await hub.changed(seen, 15.0)
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    return resp
+
+
+async def _body(request: web.Request) -> dict:
+    try:
+        doc = await request.json()
+    except (ValueError, UnicodeDecodeError):
+        raise web.HTTPBadRequest(reason="the body must be a JSON object") from None
+    if not isinstance(doc, dict):
+        raise web.HTTPBadRequest(reason="the body must be a JSON object")
+    return doc
+
+
+def _err(status: int, msg: str) -> web.Response:
+    return web.json_response({"error": msg}, status=status)
+
+
+async def login(request: web.Request) -> web.Response:
+    key = request.app[KEY]
+    doc = await _body(request)
+    name = doc.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        return _err(400, f"name: 1 to 40 letters, digits or ._@- , got {name!r}")
+    if not key:
+        return _err(403, "this board has no operator key ([board] key in berth.toml)")
+    given = doc.get("key")
+    if not isinstance(given, str) or not hmac.compare_digest(given, key):
+        log.warning("board: operator login as %s from %s refused (wrong key)", name,
+                    request.remote)
+        return _err(403, "wrong key")
+    log.info("board: operator %s logged in from %s", name, request.remote)
+    resp = web.json_response({"operator": True, "who": name})
+    resp.set_cookie(COOKIE, f"{name}:{_sign(key, name)}", httponly=True, samesite="Strict",
+                    path="/")
+    return resp
+
+
+async def logout(request: web.Request) -> web.Response:
+    resp = web.json_response({"operator": False})
+    resp.del_cookie(COOKIE, path="/")
+    return resp
+
+
+async def operator(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    op = request.match_info["op"]
+    who = operator_of(request)
+    if who is None or (who != "bearer key" and request.headers.get("X-Berth-Board") != "1"):
+        log.warning("board: operator %s from %s refused (no key)", op, request.remote)
+        return _err(403, "operator actions need the board's key ([board] key in berth.toml)")
+    if op not in OPS:
+        return _err(404, f"operator action {op!r}: expected one of {', '.join(OPS)}")
+    doc = await _body(request)
+    target = doc.get("target")
+    if not isinstance(target, str) or not target:
+        return _err(400, f"target: a lease id or engine name, got {target!r}")
+    try:
+        answer = await hub.source.operator(op, target)
+    except KeyError as e:
+        return _err(404, str(e).strip("'\""))
+    except ValueError as e:
+        return _err(409, str(e))
+    said = "; ".join(answer.get("notes") or []) or "done"
+    log.info("board: operator %s from %s: %s %s (%s)", who, request.remote, op, target, said)
+    hub.note_operator(who, request.remote or "?", op, target, said)
+    asyncio.get_running_loop().create_task(hub.refresh())
+    return web.json_response({**answer, "by": who})
+
+
+def board_app(hub: Hub, key: str | None = None) -> web.Application:
+    """The board as an aiohttp application reading ``hub``; operator actions need ``key``
+    (none: the board is read-only for everyone). Its ``on_shutdown`` ends the streams."""
+    app = web.Application(middlewares=[_headers], client_max_size=64 << 10)
+    app[HUB] = hub
+    app[KEY] = key or ""
+    r = app.router
+    r.add_get("/", index)
+    r.add_get("/static/{name}", static)
+    r.add_get("/state", state)
+    r.add_get("/events", events)
+    r.add_post("/login", login)
+    r.add_post("/logout", logout)
+    r.add_post("/operator/{op}", operator)
+    return app
