@@ -54,8 +54,9 @@ class _BoardCollector:
                 c = CounterMetricFamily(f"berth_{k}", f"Count of {k.replace('_', ' ')}")
                 c.add_metric([], v)
                 yield c
-        costs = st.get("switch_costs") or {}
-        if costs:                   # issue 14's measured switch costs, when berthd keeps them
+        kept = getattr(self.broker, "costs", None)      # issue 14's measured switch costs
+        costs = st.get("switch_costs") or (kept.as_json() if kept is not None else {})
+        if costs:
             g = GaugeMetricFamily("berth_switch_seconds", "Measured switch time per engine "
                                   "(median of the last samples), seconds", labels=["engine", "switch"])
             for engine, c in sorted(costs.items()):

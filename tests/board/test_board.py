@@ -225,8 +225,9 @@ def test_metrics_have_the_wait_time_histogram(world):
               if ln.startswith('berth_wait_seconds_count{kind="grant"}')]
     assert grants and float(grants[0].split()[-1]) >= 3, grants   # alpha, beta and the name test
     assert 'berth_wait_seconds_bucket{kind="grant",le="+Inf"}' in text
-    if world.d.status().get("switch_costs"):                       # when berthd measures them
-        assert "berth_switch_seconds{" in text
+    costs = world.d.status().get("switch_costs") or {}
+    if costs.get("alpha", {}).get("park_s") is not None:         # berthd measures them (issue 14)
+        assert 'berth_switch_seconds{engine="alpha",switch="park"}' in text
 
 
 def test_the_stream_survives_a_berthd_restart(world, browser):

@@ -55,7 +55,11 @@ class BrokerSource:
         self.broker = broker
 
     async def status(self) -> dict:
-        return self.broker.status()
+        st = self.broker.status()
+        kept = getattr(self.broker, "costs", None)      # issue 14's measured switch costs
+        if kept is not None and "switch_costs" not in st:
+            st["switch_costs"] = kept.as_json()
+        return st
 
     async def timeline(self, after: int, timeout_s: float) -> list[dict]:
         return await self.broker.wait_timeline(after, timeout_s)
