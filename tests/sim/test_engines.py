@@ -281,7 +281,7 @@ def test_crash_on_term_leaves_the_free_to_the_driver_after_the_exit_and_the_dela
     first = kit.driver.read(PCI)          # this read sees it gone: the delay starts now
     assert first.processes.get(crash.pid) == 4 * GiB + CONTEXT, first.processes
     assert "without freeing (--crash-on-term)" in crash.stderr()
-    poll(lambda: crash.pid not in kit.driver.read(PCI).processes, timeout_s=5,
+    wait_for(lambda: crash.pid not in kit.driver.read(PCI).processes, timeout_s=5,
          what="the driver to free the crashed engine's memory")
     assert time.monotonic() - gone_at >= FREE_DELAY_S
     plain.proc.send_signal(signal.SIGTERM)
