@@ -1,4 +1,5 @@
-"""The folders are the architecture (issue 11): imports go one way.
+"""The folders are the architecture (issue 11): imports go one way, and no module or class grows
+past what a reader takes in at once (600 and 300 lines: split along its jobs).
 
 Import direction, read from the source with :mod:`ast` (imports inside functions count too):
 
@@ -26,6 +27,8 @@ PURE_STDLIB = {"__future__", "abc", "bisect", "collections", "dataclasses", "enu
                "types"}
 #: Named exceptions to the driver's rule, each with its reason in the module docstring above.
 DRIVER_MAY_IMPORT = {"berth.driver.sim": {"berth.sim.cards"}}
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 300
 
 
 def _modules() -> dict[str, Path]:
@@ -136,3 +139,22 @@ def test_imports_are_read_wherever_they_are(tmp_path):
     found = _imports("berth.daemon.probe", probe)
     assert {"berth.run.main", "berth.decide.ledger", "berth.run", "berth.run.y"} <= found
 
+
+
+def _sizes() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(lines, module) and (lines, module:Class), largest first."""
+    mods, classes = [], []
+    for name, path in MODULES.items():
+        text = path.read_text(encoding="utf-8")
+        mods.append((len(text.splitlines()), name))
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, ast.ClassDef):
+                classes.append((node.end_lineno - node.lineno + 1, f"{name}:{node.name}"))
+    return sorted(mods, reverse=True), sorted(classes, reverse=True)
+
+
+def test_no_module_over_600_lines_and_no_class_over_300():
+    mods, classes = _sizes()
+    over = ([f"module {n} ({lines} lines)" for lines, n in mods if lines > MAX_MODULE_LINES]
+            + [f"class {n} ({lines} lines)" for lines, n in classes if lines > MAX_CLASS_LINES])
+    assert over == [], "split along its jobs: " + "; ".join(over)

@@ -5,8 +5,8 @@ reference/park-mechanisms.md ("After exit", "cuda-checkpoint") for the behaviour
 
 One directory (default :func:`berth.paths.sim_dir`) holds ``cards.json``, the whole state, and
 ``cards.lock``, an ``fcntl.flock`` lock every writer takes. Writes are atomic (temp file, fsync,
-``os.replace``), so a reader that only needs a consistent snapshot may read without the lock
-(:meth:`SimCards.state_of`, which a stub engine polls on every step).
+``os.replace``; :mod:`berth.sim.store`), so a reader that only needs a consistent snapshot may
+read without the lock (:meth:`SimCards.state_of`, which a stub engine polls on every step).
 
 The state, in bytes and seconds:
 
@@ -33,45 +33,28 @@ simulated card's OOM counter through it (tests/conftest.py).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
-
-import psutil
+from typing import Any
 
 from berth import paths
 from berth.decide.model import normalize_pci
 
+from . import store
+from .store import _VERSION, SimError
+from .store import start_time as _start_time
+
 __all__ = ["CardSpec", "CardState", "ProcState", "Snapshot", "SimCards", "SimError", "SimOOM",
            "SimBusy", "sim_uuid", "RUNNING", "LOCKED", "CHECKPOINTED"]
 
-STATE_FILE = "cards.json"
-LOCK_FILE = "cards.lock"
-_VERSION = 1
 
 #: Checkpoint states of a process (``CUprocessState`` RUNNING 0, LOCKED 1, CHECKPOINTED 2; the
 #: simulation has no uncorrectable errors, so it never enters FAILED 3).
 RUNNING, LOCKED, CHECKPOINTED = "running", "locked", "checkpointed"
 
 _GIB = float(1 << 30)
-_NOT_DECLARED = ("no simulated cards in {dir}: run `berth sim init --card gpu0=24GiB`, or declare "
-                 "[[driver.cards]] under [driver] kind = \"sim\" in berth.toml")
-
-
-class SimError(RuntimeError):
-    """The store refused: not initialised, unknown card, unknown process, corrupt state file, or a
-    state-machine edge that does not exist. ``cuda_error`` is the CUDA error number a stand-in
-    ``cuda-checkpoint`` exits with (reference "Exit codes"), or 1 (invalid value) by default."""
-
-    def __init__(self, message: str, cuda_error: int = 1):
-        super().__init__(message)
-        self.cuda_error = cuda_error
 
 
 class SimOOM(MemoryError):
@@ -174,23 +157,6 @@ class Snapshot:
     restore_bytes_per_s: float
 
 
-def _start_time(pid: int) -> float | None:
-    """The process's start time (``psutil`` create time, seconds since the epoch), or ``None`` when
-    it is gone or a zombie (a zombie has released its memory already)."""
-    try:
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return p.create_time()
-    except (psutil.NoSuchProcess, ValueError):
-        return None
-    except psutil.AccessDenied:   # another user's process: it exists, its status is private
-        try:
-            return psutil.Process(pid).create_time()
-        except psutil.Error:
-            return None
-
-
 def _key(pid: int, start_time: float) -> str:
     return f"{pid}@{start_time:.2f}"
 
@@ -228,7 +194,7 @@ class SimCards:
             raise ValueError(f"restore_bytes_per_s: must be > 0, got {restore_bytes_per_s!r}")
         self = cls(directory)
         wanted = [s.as_dict() for s in specs]
-        with self._txn(create=True) as st:
+        with store.transaction(self.directory, create=True) as st:
             if st.data is not None:
                 have = [{k: c[k] for k in wanted[0]} for c in st.data["cards"]]
                 if have != wanted:
@@ -258,7 +224,7 @@ class SimCards:
 
     def snapshot(self) -> Snapshot:
         """Every card and process, after a GC pass."""
-        with self._txn() as st:
+        with store.transaction(self.directory) as st:
             now = time.monotonic()
             cards = [self._card_state(st.data, i) for i in range(len(st.data["cards"]))]
             procs = [ProcState(pid=p["pid"], start_time=p["start_time"], state=p["state"],
@@ -272,13 +238,13 @@ class SimCards:
     def read(self, pci: str) -> CardState:
         """One card's free bytes and processes, after a GC pass. Raises :class:`SimError` for a
         card that is not declared."""
-        with self._txn() as st:
+        with store.transaction(self.directory) as st:
             return self._card_state(st.data, self._index(st.data, pci))
 
     def resolve(self, key: str) -> CardSpec:
         """The card named by ``key``: a PCI address, a sim name, a UUID, or an index (``"0"``),
         as ``CUDA_VISIBLE_DEVICES`` may give it. Raises :class:`SimError` naming the key."""
-        data = self._load_unlocked()
+        data = store.load(self.directory)
         cards = [CardSpec(**{k: c[k] for k in CardSpec.__dataclass_fields__}) for c in data["cards"]]
         key = key.strip()
         for c in cards:
@@ -302,12 +268,12 @@ class SimCards:
         start = _start_time(pid)
         if start is None:
             return None
-        p = self._load_unlocked()["procs"].get(_key(pid, start))
+        p = store.load(self.directory)["procs"].get(_key(pid, start))
         return None if p is None else p["state"]
 
     def bytes_of(self, pid: int) -> int:
         """Bytes ``pid`` holds, on cards and in the host area together."""
-        with self._txn() as st:
+        with store.transaction(self.directory) as st:
             p = self._proc(st.data, pid)
             return sum(p["card"].values()) + sum(p["host"].values())
 
@@ -336,7 +302,7 @@ class SimCards:
         whatever its checkpoint state: the process is exiting. Returns the bytes released."""
         pid = os.getpid() if pid is None else pid
         start = _start_time(pid)
-        with self._txn() as st:
+        with store.transaction(self.directory) as st:
             p = st.data["procs"].pop(_key(pid, start), None) if start is not None else None
             if p is None:
                 return 0
@@ -352,7 +318,7 @@ class SimCards:
         if start is None:
             raise SimError(f"pid {pid}: no such process")
         while True:
-            with self._txn() as st:
+            with store.transaction(self.directory) as st:
                 i = self._index(st.data, pci)
                 card = st.data["cards"][i]
                 key = _key(pid, start)
@@ -399,7 +365,7 @@ class SimCards:
     def checkpoint(self, pid: int) -> int:
         """locked → checkpointed: every card byte moves to the host area and leaves the card.
         Returns the bytes moved. Raises :class:`SimError` 401 from any other state."""
-        with self._txn() as st:
+        with store.transaction(self.directory) as st:
             p = self._edge(st.data, pid, LOCKED, "checkpoint")
             moved = 0
             for pci, n in p["card"].items():
@@ -415,7 +381,7 @@ class SimCards:
         moved. A card without room raises :class:`SimOOM` (CUDA error 2), counts an OOM event and
         leaves the process checkpointed and stuck; a stuck process's later restores raise
         :class:`SimError` 304 (reference "Failure classes")."""
-        with self._txn() as st:
+        with store.transaction(self.directory) as st:
             p = self._edge(st.data, pid, CHECKPOINTED, "restore")
             if p["stuck"]:
                 raise SimError(f"pid {pid}: an earlier restore failed; the process is stuck "
@@ -437,7 +403,7 @@ class SimCards:
             return moved
 
     def _move(self, pid: int, want: str, to: str, action: str) -> None:
-        with self._txn() as st:
+        with store.transaction(self.directory) as st:
             p = self._edge(st.data, pid, want, action)
             p["state"] = to
             st.dirty = True
@@ -484,87 +450,6 @@ class SimCards:
                 return i
         raise SimError(f"pci: no simulated card at {norm} in {self.directory} (have "
                        f"{', '.join(c['pci'] for c in data['cards'])})")
-
-    def _gc(self, st: "_Txn") -> None:
-        """Free the memory of processes gone for ``free_delay_s`` since a reader first saw it."""
-        now = time.monotonic()
-        delay = st.data["free_delay_s"]
-        for key, p in list(st.data["procs"].items()):
-            seen = p["gone_seen_at"]
-            if seen is None:
-                start = _start_time(p["pid"])
-                if start is not None and abs(start - p["start_time"]) < 0.01:
-                    continue
-                p["gone_seen_at"] = seen = now
-                st.dirty = True
-            elif seen > now:   # a stale state file from before a reboot
-                p["gone_seen_at"] = seen = now
-                st.dirty = True
-            if now - seen >= delay:
-                del st.data["procs"][key]
-                st.dirty = True
-
-    def _load_unlocked(self) -> dict:
-        path = self.directory / STATE_FILE
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise SimError(_NOT_DECLARED.format(dir=self.directory)) from None
-        try:
-            data = json.loads(text)
-            if data.get("version") != _VERSION:
-                raise ValueError(f"version {data.get('version')!r}")
-            if not isinstance(data.get("cards"), list) or not isinstance(data.get("procs"), dict):
-                raise ValueError("no cards list or procs table")
-        except (ValueError, KeyError, AttributeError) as e:
-            raise SimError(f"{path}: the simulated card state is corrupt ({e}); remove the file "
-                           "and declare the cards again") from None
-        return data
-
-    @contextlib.contextmanager
-    def _txn(self, create: bool = False) -> Iterator["_Txn"]:
-        if create:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        except FileNotFoundError:
-            raise SimError(_NOT_DECLARED.format(dir=self.directory)) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            st = _Txn()
-            if create and not (self.directory / STATE_FILE).exists():
-                st.data = None
-            else:
-                st.data = self._load_unlocked()
-                self._gc(st)
-            try:
-                yield st
-            finally:
-                if st.dirty and st.data is not None:
-                    self._write(st.data)
-        finally:
-            os.close(fd)
-
-    def _write(self, data: dict) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".cards.", suffix=".tmp", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.directory / STATE_FILE)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-
-
-class _Txn:
-    __slots__ = ("data", "dirty")
-
-    def __init__(self) -> None:
-        self.data: dict | None = None
-        self.dirty = False
 
 
 def _describe(cards: list[dict]) -> str:

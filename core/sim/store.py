@@ -1,0 +1,144 @@
+"""The simulated cards' state file, shared by every process: a locked transaction over it.
+
+Source: issue 3 "simulated cards". ``cards.json`` is the whole state, ``cards.lock`` the
+``fcntl.flock`` lock every writer takes; writes are atomic (temp file, fsync, ``os.replace``).
+Each transaction first runs the GC step of :mod:`berth.sim.cards` (its docstring: "Exit and the
+free delay"): a process gone for ``free_delay_s`` since a reader first saw it gone has its memory
+freed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+
+__all__ = ["STATE_FILE", "LOCK_FILE", "SimError", "Txn", "load", "transaction", "start_time"]
+
+STATE_FILE = "cards.json"
+LOCK_FILE = "cards.lock"
+_VERSION = 1
+_NOT_DECLARED = ("no simulated cards in {dir}: run `berth sim init --card gpu0=24GiB`, or declare "
+                 "[[driver.cards]] under [driver] kind = \"sim\" in berth.toml")
+
+
+class SimError(RuntimeError):
+    """The store refused: not initialised, unknown card, unknown process, corrupt state file, or a
+    state-machine edge that does not exist. ``cuda_error`` is the CUDA error number a stand-in
+    ``cuda-checkpoint`` exits with (reference "Exit codes"), or 1 (invalid value) by default."""
+
+    def __init__(self, message: str, cuda_error: int = 1):
+        super().__init__(message)
+        self.cuda_error = cuda_error
+
+
+class Txn:
+    """One locked pass over the state: ``data`` (``None`` before the first declaration) and
+    whether it changed (``dirty``: written back at the end)."""
+
+    __slots__ = ("data", "dirty")
+
+    def __init__(self) -> None:
+        self.data: dict | None = None
+        self.dirty = False
+
+
+def start_time(pid: int) -> float | None:
+    """The process's start time (``psutil`` create time, seconds since the epoch), or ``None`` when
+    it is gone or a zombie (a zombie has released its memory already)."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p.create_time()
+    except (psutil.NoSuchProcess, ValueError):
+        return None
+    except psutil.AccessDenied:   # another user's process: it exists, its status is private
+        try:
+            return psutil.Process(pid).create_time()
+        except psutil.Error:
+            return None
+
+
+def _gc(st: "Txn") -> None:
+    """Free the memory of processes gone for ``free_delay_s`` since a reader first saw it."""
+    now = time.monotonic()
+    delay = st.data["free_delay_s"]
+    for key, p in list(st.data["procs"].items()):
+        seen = p["gone_seen_at"]
+        if seen is None:
+            start = start_time(p["pid"])
+            if start is not None and abs(start - p["start_time"]) < 0.01:
+                continue
+            p["gone_seen_at"] = seen = now
+            st.dirty = True
+        elif seen > now:   # a stale state file from before a reboot
+            p["gone_seen_at"] = seen = now
+            st.dirty = True
+        if now - seen >= delay:
+            del st.data["procs"][key]
+            st.dirty = True
+
+
+def load(directory: Path) -> dict:
+    path = directory / STATE_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SimError(_NOT_DECLARED.format(dir=directory)) from None
+    try:
+        data = json.loads(text)
+        if data.get("version") != _VERSION:
+            raise ValueError(f"version {data.get('version')!r}")
+        if not isinstance(data.get("cards"), list) or not isinstance(data.get("procs"), dict):
+            raise ValueError("no cards list or procs table")
+    except (ValueError, KeyError, AttributeError) as e:
+        raise SimError(f"{path}: the simulated card state is corrupt ({e}); remove the file "
+                       "and declare the cards again") from None
+    return data
+
+
+@contextlib.contextmanager
+def transaction(directory: Path, create: bool = False) -> Iterator["Txn"]:
+    if create:
+        directory.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:
+        raise SimError(_NOT_DECLARED.format(dir=directory)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        st = Txn()
+        if create and not (directory / STATE_FILE).exists():
+            st.data = None
+        else:
+            st.data = load(directory)
+            _gc(st)
+        try:
+            yield st
+        finally:
+            if st.dirty and st.data is not None:
+                _write(directory, st.data)
+    finally:
+        os.close(fd)
+
+
+def _write(directory: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".cards.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / STATE_FILE)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
