@@ -373,6 +373,9 @@ async def operator(request: web.Request) -> web.Response:
     body: OperatorBody = await parse_body(request, OperatorBody)
     lease = broker.sched.find(body.target)
     fx = await broker.submit(lambda now: broker.sched.operator(op, lease.id, now))
+    peer = peer_of(request)         # every operator action is logged with who did it (issue 15)
+    log.info("operator %s %s by %s", op, lease.engine,
+             f"pid {peer[0]} uid {peer[1]}" if peer else f"{request.remote} with the TCP key")
     return web.json_response({"lease": lease.id, "engine": lease.engine, "op": op,
                               "notes": [e.text for e in fx if hasattr(e, "text")]})
 

@@ -56,7 +56,8 @@ def board(broker: "Broker") -> dict:
                         "size_bytes": sh.size_bytes, "state": sh.state.value,
                         "reserved_bytes": sh.reserved_bytes, "used_bytes": sh.used_bytes,
                         "lent_bytes": sh.lent_bytes, "residual_bytes": sh.residual_bytes,
-                        "lent_to": sh.lent_to, "borrowed_from": sh.borrowed_from}
+                        "lent_to": sh.lent_to, "borrowed_from": sh.borrowed_from,
+                        "in_ram_bytes": _in_ram(sh)}
                        for sh in le.shares.values()]})
     now = broker.clock()
     waiting = [{"id": w.lease_id, "engine": led.leases[w.lease_id].engine, "kind": w.kind.value,
@@ -133,6 +134,14 @@ def _stowaways(broker: "Broker", pci: str) -> list[dict]:
     out = [{"pid": pid, "bytes": b or 0} for pid, b in r.processes.items()
            if pid not in owned and pid not in base]
     return sorted(out, key=lambda x: -x["bytes"])
+
+
+def _in_ram(sh: Share) -> int:
+    """Host-RAM bytes a parked (parking, resuming) share holds, as the ledger counts them
+    against the RAM budget (``Ledger.parked_in_ram_bytes``); 0 otherwise."""
+    if sh.state not in (S.PARKED, S.PARKING, S.RESUMING):
+        return 0
+    return max(0, max(sh.reserved_bytes, sh.parked_bytes) - sh.residual_bytes)
 
 
 def _counted(sh: Share) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import urllib.error
@@ -132,6 +133,7 @@ def test_bars_names_live_park_waiter_and_screenshot(world, browser, tmp_path):
         assert page.evaluate("window.__sameDocument") == 42       # no reload happened
         ram = page.eval_on_selector_all("#ram .seg", "ss => ss.map(s => s.dataset.engine)")
         assert "alpha" in ram                       # parked: shown against the host-RAM budget
+        assert f"operator park alpha by pid {os.getpid()}" in world.d.log.read_text()
         why = page.text_content("#waiting li[data-engine='gamma']")
         reason = world.d.status()["waiting"][0]["why"]
         assert reason and reason in why, (reason, why)
@@ -226,8 +228,21 @@ def test_metrics_have_the_wait_time_histogram(world):
     assert grants and float(grants[0].split()[-1]) >= 3, grants   # alpha, beta and the name test
     assert 'berth_wait_seconds_bucket{kind="grant",le="+Inf"}' in text
     costs = world.d.status().get("switch_costs") or {}
-    if costs.get("alpha", {}).get("park_s") is not None:         # berthd measures them (issue 14)
+    measured = costs.get("alpha", {}).get("park_s") is not None   # berthd measures them (issue 14)
+    if measured:
         assert 'berth_switch_seconds{engine="alpha",switch="park"}' in text
+    # The Grafana dashboard uses only metrics /metrics gives.
+    exposed = {ln.split("{")[0].split()[0] for ln in text.splitlines()
+               if ln and not ln.startswith("#")}
+    dash = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-berth.json")
+                      .read_text())
+    used = {m for p in dash["panels"] for t in p["targets"]
+            for m in re.findall(r"\bberth_[a-z_]+", t["expr"])}
+    used |= {m for v in dash["templating"]["list"] for m in re.findall(r"\bberth_[a-z_]+",
+                                                                        v.get("query", ""))}
+    if not measured:
+        used -= {"berth_switch_seconds"}
+    assert used and used <= exposed, sorted(used - exposed)
 
 
 def test_the_stream_survives_a_berthd_restart(world, browser):

@@ -115,7 +115,7 @@
     const h = st.host_ram || {};
     const parked = [];
     for (const le of st.leases) for (const sh of le.shares) {
-      if (sh.state === "parked" || sh.state === "parking") parked.push([le.engine, sh]);
+      if (sh.in_ram_bytes) parked.push([le.engine, sh]);
     }
     const box = el("div", "card");
     box.dataset.card = "host RAM";
@@ -126,8 +126,9 @@
     const bar = el("div", "bar");
     const T = h.budget_bytes || 1;
     for (const [engine, sh] of parked) {
-      const b = sh.used_bytes || sh.size_bytes || sh.reserved_bytes || 0;
-      const s = seg("share " + stateClass(sh.state), b, T, engine, sh.state + " · " + size(b));
+      const b = sh.in_ram_bytes;
+      const s = seg("share " + stateClass(sh.state), b, T, engine,
+                    sh.state + " · " + size(b) + " from " + sh.card_name);
       s.dataset.engine = engine;
       bar.appendChild(s);
     }
