@@ -16,6 +16,7 @@ Import direction, read from the source with :mod:`ast` (imports inside functions
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,8 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(name: str, path: Path) -> set[str]:
+@functools.cache
+def _imports(name: str, path: Path) -> frozenset[str]:
     """The absolute names ``name`` imports (``from a import b`` counts as ``a`` and ``a.b``)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
@@ -61,7 +63,7 @@ def _imports(name: str, path: Path) -> set[str]:
                 mod = node.module or ""
             out.add(mod)
             out.update(f"{mod}.{a.name}" for a in node.names if a.name != "*")
-    return out
+    return frozenset(out)
 
 
 def _under(name: str, prefix: str) -> bool:
