@@ -2,7 +2,7 @@
 
     python bench/policy/gen.py [--seed N] [--out DIR]
 
-Three workloads (the issue's a, b, c); every figure below is a parameter of the generator, written
+Four workloads (the issue's a, b, c and d); every figure below is a parameter of the generator, written
 into each file's ``generator`` section:
 
 - ``a-one-card``: one 24 GiB card; two chat models (14 GiB and 8 GiB declared) and a
@@ -16,6 +16,9 @@ into each file's ``generator`` section:
 - ``c-length-shift``: one 24 GiB card, two chat models; short chats for the first half hour,
   then batches of long documents (seed 000: "a system that switches from short chat responses
   to long document generations changes the distribution without changing any configuration").
+- ``d-home-box``: one 24 GiB card at home, four engines: a chat model, a coder, a ComfyUI-like
+  engine, and an always-on embedder (1.5 GiB, an editor's or a notes app's index: small batches
+  all hour long) that its user marks ``priority = 1`` with ``keep_warm = "5m"``.
 
 Request growth is KV cache (bytes per token × context tokens) or activations. Chat turns carry
 their session's history, so a session's later turns hold more KV. Arrivals are open-loop: a
@@ -44,7 +47,7 @@ __all__ = ["build_all", "main", "WORKLOADS"]
 KiB = 1 << 10
 CARD_BYTES = 24 * GiB
 RESERVE_BYTES = 1 * GiB
-WORKLOADS = ("a-one-card", "b-four-cards", "c-length-shift")
+WORKLOADS = ("a-one-card", "b-four-cards", "c-length-shift", "d-home-box")
 
 
 def _pci(i: int) -> str:
@@ -252,9 +255,37 @@ def workload_c(seed: int) -> Workload:
                    _cards(1), engines, reqs, params)
 
 
+def workload_d(seed: int) -> Workload:
+    rng = random.Random(seed)
+    engines = (
+        _engine("chat-14", [0], 14, 10.5, slots=4, note="KV 160 KiB/token"),
+        _engine("coder-8", [0], 8, 6.5, slots=4, note="KV 64 KiB/token"),
+        _engine("comfy", [0], 18, 11, slots=1, retain_growth=True, note="ComfyUI-like"),
+        _engine("embed", [0], 1.5, 1.25, slots=8, priority=1, keep_warm_s=300.0,
+                note="always-on embedder: priority 1, keep_warm 5 min"),
+    )
+    reqs: list[RequestSpec] = []
+    T = 3600.0
+    emb = dict(jobs=(1, 6), gap_s=(0.5, 3), service_s=(0.2, 1.0),
+               growth_bytes=(16 * MiB, 64 * MiB), ramp_s=0.2, kind="embed")
+    chat_sessions(rng, reqs, "chat-14", t0=0, t1=T, every_s=240, turns_mean=5,
+                  max_growth_bytes=int(3.5 * GiB), **CHAT14)
+    chat_sessions(rng, reqs, "coder-8", t0=0, t1=T, every_s=200, turns_mean=6,
+                  max_growth_bytes=int(1.5 * GiB), **CHAT8)
+    job_sessions(rng, reqs, "comfy", t0=0, t1=T, every_s=600, **IMAGES)
+    job_sessions(rng, reqs, "embed", t0=0, t1=T, every_s=20, **emb)
+    params = {"chat-14": {"sessions_every_s": 240, "turns_mean": 5, **CHAT14},
+              "coder-8": {"sessions_every_s": 200, "turns_mean": 6, **CHAT8},
+              "comfy": {"sessions_every_s": 600, **IMAGES},
+              "embed": {"sessions_every_s": 20, **emb}}
+    return _finish("d-home-box", "One 24 GiB card at home: a chat model, a coder, a "
+                   "ComfyUI-like engine and an always-on embedder (priority 1, keep_warm 5 min).",
+                   seed, T, 64, _cards(1), engines, reqs, params)
+
+
 def build_all(seed: int) -> dict[str, Workload]:
     """Every workload from ``seed`` (each gets ``seed * 1000 + its index``)."""
-    makers = (workload_a, workload_b, workload_c)
+    makers = (workload_a, workload_b, workload_c, workload_d)
     return {name: make(seed * 1000 + i) for i, (name, make) in enumerate(zip(WORKLOADS, makers))}
 
 

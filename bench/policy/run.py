@@ -32,7 +32,8 @@ import berth  # noqa: E402
 
 from .gen import WORKLOADS  # noqa: E402
 from .metrics import table  # noqa: E402
-from .policies import KNOBS, POLICIES, make  # noqa: E402
+from .policies import DEFAULT, KNOBS, POLICIES, make  # noqa: E402
+from .verdict import lines, verdict  # noqa: E402
 from .workload import Workload  # noqa: E402
 from .world import World  # noqa: E402
 
@@ -124,9 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         workloads = [load_workload(n) for n in (args.workload or WORKLOADS)]
     policies = args.policy or list(POLICIES)
     rev = commit()
-    knobs = {**KNOBS, **dict(args.knob)}
+    knobs = dict(args.knob)
     print(f"commit: {rev}")
-    print("berth knobs: " + ", ".join(f"{k}={v:g}" for k, v in knobs.items()))
+    print("berth knobs: " + ", ".join(f"{k}={v:g}" for k, v in {**KNOBS, **knobs}.items()))
+    from .policies.berth import DEFAULT_KNOBS, DEFAULT_RESERVE_BYTES
+    print(f"{DEFAULT} knobs (a new install's): "
+          + ", ".join(f"{k}={v:g}" for k, v in {**DEFAULT_KNOBS, **knobs}.items())
+          + f", reserve {DEFAULT_RESERVE_BYTES / 2**20:.0f} MiB per card, front forwards all")
     t0 = time.perf_counter()
     runs: dict[str, dict] = {}
     recorders = {}
@@ -136,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             rec = run_one(wl, pol, args.check, knobs)
             recorders[(wl.name, pol)] = rec
             runs[f"{wl.name}/{pol}"] = rec.summary
-            rows.append((wl.name, pol, rec.summary))
+            rows.append((wl.name, f"**{pol}** (default)" if pol == DEFAULT else pol,
+                         rec.summary))
         if not args.no_ideal:
             rec = run_one(ideal(wl), "current-need", args.check)
             rec.policy = "ideal"
@@ -144,6 +150,13 @@ def main(argv: list[str] | None = None) -> int:
             runs[f"{wl.name}/ideal"] = rec.summary
             rows.append((wl.name, "ideal (no memory limit)", rec.summary))
     print(table(rows))
+    verdicts = {}
+    for wl in workloads:
+        v = verdict(runs, wl.name)
+        if v is not None:
+            verdicts[wl.name] = v
+            runs[f"{wl.name}/{DEFAULT}"]["verdict"] = v
+            print("\n".join(lines(wl.name, v)))
     print(f"{len(rows)} runs in {time.perf_counter() - t0:.1f} s of CPU time")
     if not args.no_plots:
         from .plots import write_plots

@@ -52,6 +52,8 @@ class EngineSpec:
     ComfyUI does) until it is parked or stopped. ``park``: ``"checkpoint"``, ``"hook"`` or
     ``None`` (drain only). ``growth_allowance_bytes``: seed 000's allowance A, per card, used
     by Berth's ``growth`` bound. ``keep_alive_s``: Ollama's keep_alive for ``keepalive-evict``.
+    ``keep_warm_s``: Berth's per-engine ``keep_warm`` (how long a priority protects an idle
+    holder after its last request).
     """
 
     name: str
@@ -64,6 +66,7 @@ class EngineSpec:
     priority: int = 0
     growth_allowance_bytes: int = 0
     keep_alive_s: float = 300.0
+    keep_warm_s: float = 0.0
     note: str = ""
 
     @property

@@ -14,7 +14,9 @@ import pytest
 
 from bench.policy import run as runner
 from bench.policy.gen import build_all
-from bench.policy.policies import BERTH, POLICIES, make
+from bench.policy.policies import BERTH, DEFAULT, POLICIES, make
+from bench.policy.policies.berth import DEFAULT_KNOBS
+from bench.policy.verdict import verdict
 from bench.policy.policies.berth import next_poll
 from bench.policy.policies.swap import card_components, fitting_sets
 from bench.policy.workload import CardSpec, EngineSpec, Mechanisms, RequestSpec, Workload
@@ -120,7 +122,10 @@ class TestConservation:
             assert s["switches"] == sum(s["switches_by_kind"].values())
             assert s["oom_events"] == len(rec.ooms)
             assert s["oom_events"] <= s["switches_by_kind"]["crash"] + len(rec.ooms)
-            if policy.startswith("berth-"):
+            if policy == DEFAULT:
+                # A new install's reserve, not the workload's: 512 MiB of 24 GiB.
+                assert s["reserve_fraction"] == pytest.approx(1 / 48, abs=1e-4)
+            elif policy.startswith("berth-"):
                 assert s["reserve_fraction"] == pytest.approx(1 / 24, abs=1e-4)
 
 
@@ -197,3 +202,36 @@ def test_cli_quick_json(capsys):
     for policy in POLICIES:
         v = last[f"{runner.QUICK_WORKLOAD}/{policy}"]
         assert {"p95_wait_s", "oom_events", "switches"} <= set(v)
+    assert {"holds", "ratio_to_best_peer", "ratio_to_ideal", "engines"} <= set(
+        last[f"{runner.QUICK_WORKLOAD}/{DEFAULT}"]["verdict"])
+
+
+class TestDefault:
+    def test_default_is_a_new_install(self):
+        """berth-default carries berth.toml's defaults, not the bench's tuned knobs."""
+        from berth.config.models import CardConfig, PolicyConfig
+        pol = make(DEFAULT)
+        assert pol.knobs["release_grace_s"] == PolicyConfig().release_grace == DEFAULT_KNOBS[
+            "release_grace_s"]
+        assert pol.reserve_bytes == CardConfig().reserve and pol.max_in_flight is None
+        assert str(pol.queue) == str(PolicyConfig().queue) and str(pol.bound) == "declared"
+
+    def test_verdict_figures(self):
+        runs = {"w/swap": {"oom_events": 0, "p95_wait_s": 10.0,
+                           "p95_wait_by_engine_s": {"a": 4.0, "b": 10.0}},
+                "w/swap-matrix": {"oom_events": 1, "p95_wait_s": 2.0,
+                                  "p95_wait_by_engine_s": {"a": 1.0, "b": 2.0}},
+                "w/keepalive-evict": {"oom_events": 0, "p95_wait_s": 8.0,
+                                      "p95_wait_by_engine_s": {"a": 3.0, "b": 8.0}},
+                "w/ideal": {"oom_events": 0, "p95_wait_s": 2.0, "p95_wait_by_engine_s": {}},
+                f"w/{DEFAULT}": {"oom_events": 0, "p95_wait_s": 6.0,
+                                 "p95_wait_by_engine_s": {"a": 5.0, "b": 6.0}}}
+        v = verdict(runs, "w")
+        # swap-matrix had an OOM, so the best zero-OOM peer is keepalive-evict.
+        assert (v["best_peer"], v["ratio_to_best_peer"], v["ratio_to_ideal"]) == (
+            "keepalive-evict", 0.75, 3.0)
+        assert v["engines"]["a"] == {"p95_wait_s": 5.0, "swap_p95_wait_s": 4.0, "ratio": 1.25,
+                                     "holds": False}
+        assert v["holds"] is False
+        runs[f"w/{DEFAULT}"]["p95_wait_by_engine_s"]["a"] = 4.0
+        assert verdict(runs, "w")["holds"] is True

@@ -46,7 +46,7 @@ from berth.decide.scheduler import CardRead, Ended, Granted, Instruct, Note, Rej
 from ..world import EXITED, GONE, PARKED, READY
 from .base import SimPolicy
 
-__all__ = ["BerthPolicy", "KNOBS", "next_poll"]
+__all__ = ["BerthPolicy", "KNOBS", "DEFAULT_KNOBS", "default_policy", "next_poll"]
 
 S = ShareState
 
@@ -54,6 +54,34 @@ S = ShareState
 KNOBS = dict(scan_max_skips=8, scan_max_wait_s=30.0, release_grace_s=90.0, wake_limit_s=60.0,
              wait_limit_s=120.0, min_turn_s=10.0, juggle_window_s=120.0, juggle_max_swaps=4,
              read_interval_s=1.0)
+
+def _install_defaults() -> tuple[dict, int]:
+    """Berth exactly as a new install configures it: ``[policy]`` with no keys (berth.toml's
+    defaults, :class:`berth.config.models.PolicyConfig`) and every card's default reserve
+    (:class:`berth.config.models.CardConfig`)."""
+    from dataclasses import asdict
+
+    from berth.config.models import CardConfig, PolicyConfig
+    knobs = asdict(PolicyConfig().policy())
+    knobs.pop("queue")
+    return knobs, CardConfig().reserve
+
+
+#: The core's knobs of a new install (``[policy]`` left empty), and its per-card reserve.
+DEFAULT_KNOBS, DEFAULT_RESERVE_BYTES = _install_defaults()
+
+
+def default_policy(knobs: dict | None = None) -> "BerthPolicy":
+    """``berth-default``: the defaults of berth.toml and ``berth run --front`` (no
+    ``--max-in-flight``: the front forwards every request), the engines' declared bound, the
+    default reserve on every card. Only the engines' own entries (size, park, priority,
+    keep_warm) come from the workload, as a user writes them."""
+    from berth.config.models import PolicyConfig
+    pol = BerthPolicy(str(PolicyConfig().queue), "declared", {**DEFAULT_KNOBS, **(knobs or {})},
+                      reserve_bytes=DEFAULT_RESERVE_BYTES, max_in_flight=None)
+    pol.name = "berth-default"
+    return pol
+
 
 _SERVING = frozenset({S.ACTIVE, S.LENDING, S.LENT, S.RETURNING})
 _ASLEEP = frozenset({S.PARKING, S.PARKED})
@@ -78,17 +106,22 @@ class BerthPolicy(SimPolicy):
     """One Berth configuration: a queue policy (``strict``/``scan``) and a bound
     (``declared``/``current``/``growth``), with :data:`KNOBS` unless ``knobs`` overrides them."""
 
-    def __init__(self, queue: str, bound: str, knobs: dict | None = None):
+    def __init__(self, queue: str, bound: str, knobs: dict | None = None, *,
+                 reserve_bytes: int | None = None, max_in_flight: str | int | None = "slots"):
         self.queue, self.bound = QueuePolicy(queue), Bound(bound)
         self.knobs = {**KNOBS, **(knobs or {})}
         self.name = f"berth-{queue}-{bound}"
+        # None: the workload's reserve per card; "slots": the front forwards at most the
+        # engine's slots (``--max-in-flight N``); None: it forwards everything (the default).
+        self.reserve_bytes, self.max_in_flight = reserve_bytes, max_in_flight
 
     def attach(self, world) -> None:
         super().attach(world)
         led = Ledger(ram_budget_bytes=world.wl.host_ram_bytes)
         for c in world.wl.cards:
             led.add_card(Card(pci=c.pci, name=c.name, total_bytes=c.total_bytes,
-                              reserve_bytes=c.reserve_bytes))
+                              reserve_bytes=c.reserve_bytes if self.reserve_bytes is None
+                              else self.reserve_bytes))
         self.sched = Scheduler(CoreKnobs(queue=self.queue, **self.knobs), led)
         self.lease_of: dict[str, str] = {}
         self.engine_of: dict[str, str] = {}
@@ -142,7 +175,9 @@ class BerthPolicy(SimPolicy):
             # the rest: a backlog queued inside the engine would have to finish before any
             # park could begin, and every other engine would wait behind it.
             forwarded = False
-            while self.held[engine] and len(proc.running) + len(proc.queue) < proc.spec.slots:
+            cap = (proc.spec.slots if self.max_in_flight == "slots" else
+                   math.inf if self.max_in_flight is None else self.max_in_flight)
+            while self.held[engine] and len(proc.running) + len(proc.queue) < cap:
                 self.world.forward(self.held[engine].popleft(), proc)
                 forwarded = True
             if forwarded:
