@@ -42,7 +42,13 @@ class Client:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> "Client":
-        conn = None if self.url != "http://berthd" else aiohttp.UnixConnector(path=str(self.socket))
+        conn = None
+        if self.url == "http://berthd":
+            try:
+                paths.check_socket(self.socket)     # never talk to another user's socket
+            except paths.UnsafePath as e:
+                raise BerthdUnavailable(f"refusing berthd's socket: {e}") from None
+            conn = aiohttp.UnixConnector(path=str(self.socket))
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
         self._session = aiohttp.ClientSession(connector=conn, headers=headers)
         return self

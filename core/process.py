@@ -35,7 +35,8 @@ class ProcessId:
 
 
 def identify(pid: int) -> ProcessId | None:
-    """The identity of the live process ``pid`` now, or ``None`` if there is none."""
+    """The identity of the process ``pid`` now (a zombie included: it still holds its PID and
+    start time), or ``None`` if there is none."""
     try:
         return ProcessId(pid, psutil.Process(pid).create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
@@ -69,8 +70,11 @@ def signal_group(leader: ProcessId, sig: int = _signal.SIGTERM) -> None:
     if alive(leader):
         os.killpg(leader.pid, sig)
         return
-    if identify(leader.pid) is not None:
+    now = identify(leader.pid)
+    if now is not None and abs(now.start_time - leader.start_time) > _TOLERANCE_S:
         raise SignalRefused(f"pid {leader.pid} now belongs to another process; group not signalled")
+    # The leader is gone, or is the zombie of the very process Berth started (same start time;
+    # not yet reaped, as when its parent was SIGKILLed): the group id is still Berth's.
     members = [p for p in psutil.process_iter(["pid"]) if _pgid(p.pid) == leader.pid]
     if not members:
         raise SignalRefused(f"process group {leader.pid} is empty")

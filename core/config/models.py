@@ -19,7 +19,7 @@ from berth.decide.model import Bound, normalize_pci
 from . import cross
 from .values import (CardBytes, CardKey, Duration, EngineSize, OptCardBytes, Pci,
                      PositiveDuration, RamBudget, Rate, ReadInterval, Size, TcpAddress, Total,
-                     Listen,
+                     Listen, OptPriority, Priority,
                      Whole)
 
 #: The error type of a problem between values (its message needs no "(got ...)").
@@ -131,7 +131,10 @@ class EngineConfig(_Strict):
     card: CardKey = None
     need: OptCardBytes = None
     growth_allowance: CardBytes = 0
-    priority: Whole = 0
+    priority: Priority = 0
+    #: The highest priority a client that is not an operator may ask for this engine
+    #: (issue 18); ``None``: the entry's own ``priority``.
+    max_priority: OptPriority = None
     supervisor: str | None = None
     mode: Literal["observe", "gate"] = "observe"
     options: dict[str, Any] = Field(default_factory=dict)
@@ -160,6 +163,11 @@ class ApiConfig(_Strict):
     socket: str | None = None
     tcp: TcpAddress = None
     key: str | None = None
+    #: Members of this Unix group are operators (park, wake, drain, hold; any priority), as are
+    #: root and the socket's owner (issue 18).
+    operator_group: str | None = None
+    #: Per Unix user name, the highest priority that user's clients may ask (default 0).
+    max_priority: dict[str, Priority] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _tcp_key(self, info: ValidationInfo):

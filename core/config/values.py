@@ -103,6 +103,18 @@ def _whole(v: Any) -> int:
     return v
 
 
+def _priority(v: Any) -> int:
+    """A priority: a whole number from -1000 to 1000, the range the control API accepts."""
+    _whole(v)
+    if not -1000 <= v <= 1000:
+        raise ValueError(f"expected a priority from -1000 to 1000, got {v!r}")
+    return v
+
+
+def _opt_priority(v: Any) -> int | None:
+    return None if v is None else _priority(v)
+
+
 def _pci(v: Any) -> str:
     return normalize_pci(v) if isinstance(v, (str, bytes)) else normalize_pci(repr(v))
 
@@ -145,6 +157,8 @@ Duration = Annotated[float, BeforeValidator(_dur)]
 PositiveDuration = Annotated[float, BeforeValidator(_positive_dur)]
 ReadInterval = Annotated[float, BeforeValidator(_read_interval)]
 Whole = Annotated[int, BeforeValidator(_whole)]
+Priority = Annotated[int, BeforeValidator(_priority)]
+OptPriority = Annotated[int | None, BeforeValidator(_opt_priority)]
 Pci = Annotated[str, BeforeValidator(_pci)]
 CardKey = Annotated[str | None, BeforeValidator(_card_key)]
 TcpAddress = Annotated[str | None, BeforeValidator(_tcp)]

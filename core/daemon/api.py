@@ -57,7 +57,8 @@ from aiohttp import web
 from berth.daemon.api_bodies import (AttachBody, ExtendBody, LeaseBody, OperatorBody, ReleaseBody,
                                      ReportBody, ShareBody, error, errors, parse_body,
                                      query_number)
-from berth.daemon.api_claims import auth, claim, is_self_or_descendant, may_release, peer_of
+from berth.daemon.api_claims import (auth, claim, is_operator, is_self_or_descendant, may_release,
+                                     may_report, peer_of, priority_cap)
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
 from berth.decide.model import Capabilities, Lease, ParkMechanism, Share
@@ -126,6 +127,15 @@ async def request_lease(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     body: LeaseBody = await parse_body(request, LeaseBody)
     body = _with_entry(broker, body)
+    peer = peer_of(request)
+    cap = priority_cap(broker.cfg, body.engine, peer)
+    if cap is not None and body.priority > cap:
+        log.warning("lease for %s by uid %s refused: priority %s over %s", body.engine,
+                    peer[1] if peer else None, body.priority, cap)
+        return error(403, f"priority: {body.priority} is more than the {cap} berth.toml allows "
+                          f"uid {peer[1]} for engine {body.engine!r} ([engines.{body.engine}] "
+                          f"max_priority, [api] max_priority); an operator may ask more",
+                     "forbidden")
     if (body.park or body.lend) and not body.front:
         raise web.HTTPBadRequest(reason="front: park and lend need a front (rule 3); "
                                         "give --front HOST:PORT")
@@ -156,7 +166,6 @@ async def request_lease(request: web.Request) -> web.Response:
         shares[pci].used_bytes = use.get(pci)
         if sb.need is not None:
             need[pci] = sb.need
-    peer = peer_of(request)
     if adopted is not None:
         owner = adopted                 # the lease lives as long as the process it adopted
     else:
@@ -216,11 +225,23 @@ def _limits(broker: Broker) -> dict:
 
 
 
+def _not_owner(lease: Lease, request: web.Request, what: str) -> web.Response | None:
+    """A 403 unless the caller owns ``lease`` (:func:`api_claims.may_report`)."""
+    ok, why = may_report(lease, peer_of(request))
+    if ok:
+        return None
+    log.warning("%s lease %s refused: %s", what.split()[0], lease.id, why)
+    return error(403, f"{what} lease refused: {why}", "forbidden")
+
+
 async def attach(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     body: AttachBody = await parse_body(request, AttachBody)
     lease = _lease(broker, lid)
+    refused = _not_owner(lease, request, "attach to")
+    if refused is not None:
+        return refused
     actual, refusal, why = await claim(broker, request, body.pid, body.start_time, lease.engine,
                                        body.host)
     if refusal is not None:
@@ -235,7 +256,9 @@ async def report(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     body: ReportBody = await parse_body(request, ReportBody)
-    _lease(broker, lid)
+    refused = _not_owner(_lease(broker, lid), request, "report on")
+    if refused is not None:
+        return refused
     broker.reported(lid, body.op)
     await broker.submit(lambda now: broker.sched.report(lid, body.op, body.ok, now, body.detail))
     return web.json_response({"id": lid, "op": body.op, "ok": body.ok})
@@ -371,6 +394,12 @@ async def operator(request: web.Request) -> web.Response:
         raise web.HTTPNotFound(reason=f"operator action {op!r}: expected park, wake, drain, "
                                       f"hold or release-hold")
     body: OperatorBody = await parse_body(request, OperatorBody)
+    peer = peer_of(request)
+    if not is_operator(broker.cfg, peer):
+        log.warning("operator %s by uid %s refused", op, peer[1])
+        return error(403, f"operator action {op!r} refused: uid {peer[1]} is not an operator "
+                          f"(root, berthd's user, or a member of [api] operator_group)",
+                     "forbidden")
     lease = broker.sched.find(body.target)
     fx = await broker.submit(lambda now: broker.sched.operator(op, lease.id, now))
     peer = peer_of(request)         # every operator action is logged with who did it (issue 15)

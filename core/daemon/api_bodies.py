@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import reprlib
 from typing import Annotated, Any
 
 from aiohttp import web
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
 from berth.daemon.broker import LeaseGone
 from berth.decide.model import Bound, Op, ParkMechanism
@@ -51,7 +52,7 @@ class LeaseBody(_Body):
     growth_allowance: Annotated[int, BeforeValidator(_size)] = 0
     priority: int = Field(0, ge=-1000, le=1000)
     park: ParkMechanism | None = None
-    lend: bool = False
+    lend: StrictBool = False
     lend_max: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None
     front: str | None = Field(None, max_length=300)
     # Other model IDs the gateway routes to this engine (llama-swap's aliases; issue 14).
@@ -72,7 +73,7 @@ class AttachBody(_Body):
 
 class ReportBody(_Body):
     op: Op
-    ok: bool
+    ok: StrictBool                      # "yes" or 1 is not a verdict
     detail: str = Field("", max_length=2000)
 
 
@@ -104,16 +105,29 @@ async def parse_body(request: web.Request, model: type[BaseModel]):
         raw = await request.json() if request.can_read_body else {}
     except (ValueError, UnicodeDecodeError) as e:
         raise web.HTTPBadRequest(reason=f"body is not JSON: {e}")
+    except RecursionError:
+        raise web.HTTPBadRequest(reason="body: JSON nested too deeply") from None
     if not isinstance(raw, dict):
         raise web.HTTPBadRequest(reason=f"body must be a JSON object, got {type(raw).__name__}")
     try:
         return model.model_validate(raw)
+    except RecursionError:
+        raise web.HTTPBadRequest(reason="body: JSON nested too deeply") from None
     except ValidationError as e:
         problems = "; ".join(
             f"{'.'.join(str(x) for x in err['loc']) or '(body)'}: "
-            f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})"
-            for err in e.errors())
-        raise web.HTTPBadRequest(reason=problems)
+            f"{err['msg'].removeprefix('Value error, ')} (got {_show(err.get('input'))})"
+            for err in e.errors()[:10])
+        raise web.HTTPBadRequest(reason=problems[:4000])
+
+
+def _show(value: Any) -> str:
+    """A short, safe rendering of a client's value for an error message."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 120, 120
 
 
 def query_number(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:

@@ -9,7 +9,10 @@ for it; any other attach is refused (403) and logged.
 from __future__ import annotations
 
 import asyncio
+import grp
 import logging
+import os
+import pwd
 
 import psutil
 from aiohttp import web
@@ -19,7 +22,8 @@ from berth.daemon.broker import Broker
 from berth.decide.model import Lease
 from berth.process import ProcessId, identify, peer_credentials
 
-__all__ = ["auth", "claim", "is_self_or_descendant", "may_release", "peer_of"]
+__all__ = ["auth", "claim", "is_operator", "is_self_or_descendant", "may_release", "may_report",
+           "peer_of", "priority_cap"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -105,3 +109,78 @@ def may_release(lease: Lease, caller: int) -> bool:
             return True
     return lease.owner_pid is None and lease.pid is None
 
+
+
+def _uid_of(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        return psutil.Process(pid).uids().real
+    except psutil.Error:
+        return None
+
+
+def may_report(lease: Lease, peer: tuple[int, int, int] | None) -> tuple[bool, str]:
+    """May this caller attach a process to ``lease`` or report on it (issue 18, hole 2)? On TCP
+    (``peer`` is ``None``) the key already vouched. On the Unix socket: root, and any process of
+    the Unix user that owns the lease (the user of its owner process, else of its engine; a
+    process of one user can already signal any other of that user, so no finer line holds).
+    A lease whose processes are both gone answers only root and berthd's own user. Returns
+    ``(allowed, why)``."""
+    if peer is None or peer[1] == 0:
+        return True, "root or the TCP key"
+    owner = _uid_of(lease.owner_pid)
+    if owner is None:
+        owner = _uid_of(lease.pid)
+    if owner is None:
+        owner = os.geteuid()
+    if peer[1] == owner:
+        return True, f"uid {peer[1]} owns the lease"
+    return False, f"caller uid {peer[1]} (pid {peer[0]}) does not own lease {lease.id} (uid {owner})"
+
+
+def _groups_of(pid: int, gid: int) -> set[int]:
+    """The caller's primary and supplementary groups (``/proc/PID/status``)."""
+    out = {gid}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    out |= {int(g) for g in line.split()[1:]}
+    except OSError:
+        pass
+    return out
+
+
+def is_operator(cfg, peer: tuple[int, int, int] | None) -> bool:
+    """Is the caller an operator (issue 18, hole 4)? Root, the socket's owner (berthd's own
+    user: berthd creates the socket), a member of ``[api] operator_group``, or a TCP caller
+    with the key (``peer`` is ``None``)."""
+    if peer is None or peer[1] in (0, os.geteuid()):
+        return True
+    group = getattr(getattr(cfg, "api", None), "operator_group", None)
+    if not group:
+        return False
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        log.warning("[api] operator_group %r: no such group", group)
+        return False
+    return gid in _groups_of(peer[0], peer[2])
+
+
+def priority_cap(cfg, engine: str, peer: tuple[int, int, int] | None) -> int | None:
+    """The highest priority this caller may ask for ``engine``: ``None`` (no cap) for an
+    operator, else the larger of the engine entry's ``max_priority`` (default: its
+    ``priority``; 0 without an entry) and ``[api] max_priority`` for the caller's user name
+    (default 0)."""
+    if is_operator(cfg, peer):
+        return None
+    entry = cfg.engines.get(engine)
+    by_engine = 0 if entry is None else (entry.max_priority if entry.max_priority is not None
+                                         else entry.priority)
+    try:
+        user = pwd.getpwuid(peer[1]).pw_name
+    except KeyError:
+        user = str(peer[1])
+    return max(by_engine, cfg.api.max_priority.get(user, 0))

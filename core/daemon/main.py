@@ -183,10 +183,12 @@ def _lock(sdir: Path):
     (two would each believe they own the cards and the socket). Raises :class:`StartRefused`
     (code 4) if another holds it, without writing to it. A state directory this start made is
     removed again if the start fails."""
-    made = not sdir.exists()
-    sdir.mkdir(parents=True, exist_ok=True)
-    path = sdir / "berthd.lock"
-    f = open(path, "a+")
+    try:
+        made = paths.prepare_state_dir(sdir)
+        path = sdir / "berthd.lock"
+        f = os.fdopen(paths.open_lock(path), "r+")
+    except paths.UnsafePath as e:
+        raise StartRefused(str(e), 4) from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

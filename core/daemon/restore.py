@@ -41,7 +41,11 @@ def load(path: Path) -> Loaded:
     try:
         snap = store.load(path)
     except store.StateCorrupt as e:
-        moved = store.quarantine(path)
+        try:
+            moved = store.quarantine(path)
+        except OSError as why:      # cannot move it: start empty anyway, never crash-loop
+            log.error("%s. Could not move it aside (%s); starting empty.", e, why)
+            return Loaded(None)
         log.error("%s. Moved it aside to %s and starting empty; processes that still hold "
                   "memory will show as stowaways.", e, moved)
         return Loaded(None, quarantined=moved)

@@ -114,6 +114,9 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 
 def _share_from(d: dict) -> Share:
+    _typed(d, "leases.shares", card=str, lent_to=str, borrowed_from=str, used_bytes=int)
+    if not isinstance(d["card"], str):
+        raise TypeError(f"leases.shares.card: expected a string, got {d['card']!r:.40}")
     return Share(card=d["card"], size_bytes=int(d["size_bytes"]),
                  state=ShareState(d["state"]), whole_card=bool(d.get("whole_card", False)),
                  reserved_bytes=int(d.get("reserved_bytes", 0)), used_bytes=d.get("used_bytes"),
@@ -123,8 +126,26 @@ def _share_from(d: dict) -> Share:
                  borrowed_from=d.get("borrowed_from"), since=float(d.get("since", 0.0)))
 
 
+def _typed(d: dict, where: str, **kinds) -> None:
+    """Raise TypeError unless each named field present in ``d`` has its type (None allowed)."""
+    for name, kind in kinds.items():
+        v = d.get(name)
+        if v is not None and (not isinstance(v, kind) or isinstance(v, bool) and kind is not bool):
+            raise TypeError(f"{where}.{name}: expected {kind}, got {v!r:.80}")
+
+
 def _lease_from(d: dict) -> Lease:
+    _typed(d, "leases", id=str, engine=str, pid=int, owner_pid=int, start_time=(int, float),
+           owner_start_time=(int, float), granted_at=(int, float), ready_at=(int, float),
+           need_bytes=dict)
+    if not isinstance(d["id"], str) or not isinstance(d["engine"], str):
+        raise TypeError(f"leases: id and engine must be strings, got {d['id']!r:.40}, "
+                        f"{d['engine']!r:.40}")
     caps = d.get("caps", {})
+    if not isinstance(d["shares"], list) or not all(isinstance(s, dict) for s in d["shares"]):
+        raise TypeError(f"leases.shares: expected an array of tables, got {d['shares']!r:.80}")
+    if not isinstance(caps, dict):
+        raise TypeError(f"leases.caps: expected a table, got {caps!r:.80}")
     shares = [_share_from(s) for s in d["shares"]]
     return Lease(
         id=d["id"], engine=d["engine"], shares={s.card: s for s in shares},
@@ -148,20 +169,39 @@ def load(path: Path) -> Snapshot | None:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as e:            # a directory in its place, no permission, an I/O error
+        raise StateCorrupt(f"{path}: cannot read the state file: {type(e).__name__}: "
+                           f"{e.strerror or e}") from None
     try:
         doc = tomllib.loads(raw.decode())
         if doc.get("version") != VERSION:
             raise StateCorrupt(f"{path}: state version {doc.get('version')!r}, expected {VERSION}")
         waiting = [(w["lease_id"], WaitKind(w["kind"]).value, float(w["since"]))
-                   for w in doc.get("waiting", [])]
-        return Snapshot(leases=[_lease_from(d) for d in doc.get("leases", [])], waiting=waiting,
-                        counters={k: int(v) for k, v in doc.get("counters", {}).items()},
-                        baselines={k: int(v) for k, v in doc.get("baselines", {}).items()},
+                   for w in _tables(doc, "waiting")]
+        return Snapshot(leases=[_lease_from(d) for d in _tables(doc, "leases")], waiting=waiting,
+                        counters={k: int(v) for k, v in _table(doc, "counters").items()},
+                        baselines={k: int(v) for k, v in _table(doc, "baselines").items()},
                         boot_id=str(doc.get("boot_id", "")))
     except StateCorrupt:
         raise
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError,
+            AttributeError, RecursionError) as e:
         raise StateCorrupt(f"{path}: cannot read the state file: {type(e).__name__}: {e}") from None
+
+
+def _table(doc: dict, key: str) -> dict:
+    v = doc.get(key, {})
+    if not isinstance(v, dict):
+        raise TypeError(f"{key}: expected a table, got {v!r:.80}")
+    return v
+
+
+def _tables(doc: dict, key: str) -> list[dict]:
+    """An array of tables; each member's own fields are checked where they are read."""
+    v = doc.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+        raise TypeError(f"{key}: expected an array of tables, got {v!r:.80}")
+    return v
 
 
 def quarantine(path: Path) -> Path:

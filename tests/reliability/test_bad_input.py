@@ -1,0 +1,171 @@
+"""Bad input (issue 18, hole 5 and "bad input"): corrupt state files of every shape are moved
+aside and berthd starts; deeply nested, oversized and loosely typed bodies get a 4xx, never a
+5xx; every config error names a key and the value; a config priority is capped at ±1000."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from berth.config import ConfigError, parse
+from berth.daemon import restore, store
+from tests.berthd import Berthd, api, sim_config, wait_for
+
+#: State files that parse as TOML (or not at all) but have the wrong shape.
+CORRUPT = {
+    "leases_string": 'version = 1\nleases = "x"\n',
+    "counters_string": 'version = 1\ncounters = "x"\n',
+    "baselines_list": 'version = 1\nbaselines = [1, 2]\n',
+    "waiting_string": 'version = 1\nwaiting = "x"\n',
+    "waiting_bad_kind": 'version = 1\n[[waiting]]\nlease_id = "a"\nkind = "nope"\nsince = 1.0\n',
+    "lease_id_int": 'version = 1\n[[leases]]\nid = 1\nengine = "e"\nshares = []\n',
+    "lease_shares_string": 'version = 1\n[[leases]]\nid = "a"\nengine = "e"\nshares = "x"\n',
+    "lease_caps_string": 'version = 1\n[[leases]]\nid = "a"\nengine = "e"\nshares = []\ncaps = 3\n',
+    "share_state_bad": ('version = 1\n[[leases]]\nid = "a"\nengine = "e"\n[[leases.shares]]\n'
+                        'card = "0000:01:00.0"\nsize_bytes = 1\nstate = "melted"\n'),
+    "share_card_int": ('version = 1\n[[leases]]\nid = "a"\nengine = "e"\n[[leases.shares]]\n'
+                       'card = 7\nsize_bytes = 1\nstate = "active"\n'),
+    "lease_pid_string": ('version = 1\n[[leases]]\nid = "a"\nengine = "e"\npid = "1"\n'
+                         'shares = []\n'),
+    "no_version": 'leases = []\n',
+    "not_toml": "{{{{",
+    "binary": b"\x00\xff\xfe garbage",
+    "empty": "",
+    "truncated": 'version = 1\n[[leases]]\nid = "a',
+    "deep": "version = 1\nx = " + "[" * 3000 + "]" * 3000 + "\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORRUPT))
+def test_corrupt_state_file_is_quarantined(tmp_path, name):
+    path = tmp_path / "state.toml"
+    raw = CORRUPT[name]
+    path.write_bytes(raw if isinstance(raw, bytes) else raw.encode())
+    loaded = restore.load(path)
+    assert loaded.snap is None, name
+    assert loaded.quarantined is not None and loaded.quarantined.exists()
+    assert not path.exists()
+
+
+def test_directory_in_place_of_the_state_file_is_quarantined(tmp_path):
+    path = tmp_path / "state.toml"
+    path.mkdir()
+    loaded = restore.load(path)
+    assert loaded.snap is None and loaded.quarantined.is_dir() and not path.exists()
+
+
+@pytest.mark.parametrize("shape", ["leases_string", "directory"])
+def test_berthd_starts_over_a_corrupt_state_file(tmp_path, shape):
+    state = tmp_path / "state"
+    state.mkdir()
+    if shape == "directory":
+        (state / "state.toml").mkdir()
+    else:
+        (state / "state.toml").write_text(CORRUPT[shape])
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "8GiB")])).start()
+    try:
+        assert d.status()["leases"] == []
+        assert list(state.glob("state.toml.corrupt-*"))
+        wait_for(lambda: (state / "state.toml").is_file(), 10, "a fresh state file")
+    finally:
+        d.stop()
+
+
+# -- the control API ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("badinput")
+    d = Berthd(tmp, sim_config(tmp, [("gpu0", "8GiB")])).start()
+    code, body = d.call("POST", "/v1/leases", {"engine": "fixed", "shares": [{"size": "1GiB"}]})
+    assert code == 201, body
+    yield d, body["id"]
+    d.stop()
+
+
+@pytest.mark.parametrize("depth", [10, 900, 5000, 100_000])
+@pytest.mark.parametrize("path", ["/v1/leases", "/v1/leases/{id}/report", "/v1/operator/park"])
+def test_deeply_nested_json_is_a_4xx(live, depth, path):
+    d, lid = live
+    raw = ('{"engine": ' + "[" * depth + "]" * depth + "}").encode()
+    code, body = api(d.sock, "POST", path.format(id=lid), raw=raw)
+    assert 400 <= code < 500, (depth, code, body)
+    assert body["error"]["type"] != "internal"
+
+
+@pytest.mark.parametrize("ok", ["yes", "true", 1, 0, None, [], {}])
+def test_report_ok_must_be_a_json_bool(live, ok):
+    d, lid = live
+    code, body = d.call("POST", f"/v1/leases/{lid}/report", {"op": "drain", "ok": ok})
+    assert code == 400, body
+    assert "ok" in body["error"]["message"]
+    assert d.state_of("fixed") == "active"
+
+
+def test_oversized_body_is_a_413(live):
+    d, lid = live
+    code, body = api(d.sock, "POST", "/v1/leases", raw=b'{"engine": "' + b"x" * (2 << 20) + b'"}')
+    assert code == 413, body
+
+
+_junk = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                     lambda k: st.lists(k, max_size=3) | st.dictionaries(st.text(max_size=4), k,
+                                                                          max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]),
+       path=st.sampled_from(["/v1/leases", "/v1/leases/{id}", "/v1/leases/{id}/report",
+                             "/v1/leases/{id}/attach", "/v1/leases/{id}/release",
+                             "/v1/operator/drain", "/v1/operator/x", "/v1/status", "/v1/../x",
+                             "/v1/leases/%00", "/" + "a" * 5000]),
+       body=_junk, nest=st.integers(0, 3000), pad=st.integers(0, 200_000))
+def test_fuzzed_control_api_never_5xx(live, method, path, body, nest, pad):
+    d, lid = live
+    raw = json.dumps({"op": "park", "ok": True, "pad": "p" * pad, "x": body}).encode()
+    raw = raw[:-1] + b', "deep": ' + b"[" * nest + b"]" * nest + b"}"
+    try:
+        code, answer = api(d.sock, method, path.format(id=lid), raw=raw)
+    except ConnectionError:
+        code, answer = 0, {}
+    assert code == 0 or code < 500, (method, path, code, answer)
+    assert d.state_of("fixed") == "active"
+
+
+# -- config ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("value", [1001, -1001, 5000, 10**12])
+def test_config_priority_is_capped(value):
+    with pytest.raises(ConfigError) as e:
+        parse({"engines": {"big": {"size": "1GiB", "priority": value}}})
+    assert e.value.problems == [("engines.big.priority",
+                                 f"expected a priority from -1000 to 1000, got {value}")]
+
+
+_scalar = st.one_of(st.integers(-10**6, 10**6), st.text(max_size=8), st.booleans(),
+                    st.floats(allow_nan=False), st.lists(st.integers(), max_size=2))
+ENGINE_KEYS = ["size", "priority", "max_priority", "lend", "park", "front", "bound", "card",
+               "need", "growth_allowance", "mode", "url"]
+
+
+@settings(max_examples=120, deadline=None)
+@given(entry=st.dictionaries(st.sampled_from(ENGINE_KEYS), _scalar, min_size=1, max_size=4),
+       api_=st.dictionaries(st.sampled_from(["operator_group", "max_priority", "tcp"]), _scalar,
+                            max_size=2))
+def test_fuzzed_config_errors_name_a_key_and_a_value(entry, api_):
+    try:
+        parse({"engines": {"e": entry}, "api": api_})
+    except ConfigError as e:
+        for key, msg in e.problems:
+            assert key and key != "(top)", (entry, api_, e.problems)
+            assert key.split(".")[0] in ("engines", "api"), (key, msg)
+            leaf = key.split(".")[-1]
+            given_ = entry.get(leaf, api_.get(leaf))
+            if leaf in entry or leaf in api_:
+                shown = repr(given_)
+                assert ("got" in msg or shown in msg or str(given_) in msg
+                        or "needs" in msg or "need a front" in msg), (key, msg, given_)

@@ -1,0 +1,173 @@
+"""The holes of issue 18, each tried by a second Unix user the test creates (root runs berthd
+and the victim's engines; CI runs as root, elsewhere these skip).
+
+- hole 2: another user cannot attach to or report on a lease it does not own;
+- hole 3: another user cannot take over the fallback state directory ``/tmp/berth-$UID``;
+- hole 4: operator actions need an operator; a client's priority is capped by berth.toml.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from tests.berthd import BERTH, berth_run, wait_for
+from tests.reliability.conftest import as_user, berth_cmd
+
+ATTACKER = str(Path(__file__).with_name("attacker.py"))
+SYS_PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def _attack(user, d, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    args = [SYS_PY, ATTACKER, str(d.sock), method, path]
+    if body is not None:
+        args.append(json.dumps(body))
+    out = as_user(user, args)
+    assert out.returncode == 0, out.stderr
+    status, _, text = out.stdout.strip().partition(" ")
+    return int(status), json.loads(text)
+
+
+def _victim(d, runs, engine="victim"):
+    runs.append(berth_run(d, engine, "--size", "4GiB"))
+    wait_for(lambda: d.state_of(engine) == "active", 30, f"{engine} to be active")
+    le = d.lease_of(engine)
+    wait_for(lambda: d.lease_of(engine).get("pid"), 20, f"{engine}'s engine to attach")
+    return le["id"]
+
+
+def test_another_user_cannot_report_on_or_attach_to_a_lease(make_user, shared_berthd, runs):
+    d = shared_berthd()
+    lid = _victim(d, runs)
+    mallory = make_user()
+    status, body = _attack(mallory, d, "POST", f"/v1/leases/{lid}/report",
+                           {"op": "drain", "ok": True})
+    assert status == 403, body
+    assert "does not own" in body["error"]["message"]
+    status, body = _attack(mallory, d, "POST", f"/v1/leases/{lid}/attach", {"pid": "$PID"})
+    assert status == 403, body
+    # The attacker's process has exited: had its attach counted, the lease would now end.
+    assert d.state_of("victim") == "active"
+    assert d.lease_of("victim")["id"] == lid
+
+
+def test_operator_actions_and_priority_need_the_operator(make_user, shared_berthd, runs):
+    bob = make_user()
+    d = shared_berthd(extra=f'[api]\nmax_priority = {{ {bob.pw_name} = 50 }}\n')
+    _victim(d, runs)
+    mallory = make_user()
+    for op in ("drain", "park", "hold"):
+        status, body = _attack(mallory, d, "POST", f"/v1/operator/{op}", {"target": "victim"})
+        assert status == 403, (op, body)
+        assert "not an operator" in body["error"]["message"]
+    assert d.state_of("victim") == "active"
+    lease = {"engine": "greedy", "shares": [{"size": "1GiB"}], "priority": 1000}
+    status, body = _attack(mallory, d, "POST", "/v1/leases", lease)
+    assert status == 403 and "priority" in body["error"]["message"], body
+    status, body = _attack(bob, d, "POST", "/v1/leases", {**lease, "priority": 50})
+    assert status == 201, body                 # what berth.toml allows bob
+    status, body = _attack(bob, d, "POST", "/v1/leases", {**lease, "priority": 51})
+    assert status == 403, body
+    # root (berthd's own user) is the operator
+    status, body = d.call("POST", "/v1/operator/hold", {"target": "victim"})
+    assert status == 200, body
+
+
+def test_operator_group_members_are_operators(make_user, shared_berthd, runs):
+    import grp
+    import subprocess
+    carol = make_user()
+    group = f"{carol.pw_name}ops"
+    subprocess.run(["groupadd", group], check=True)
+    try:
+        subprocess.run(["usermod", "-aG", group, carol.pw_name], check=True)
+        d = shared_berthd(extra=f'[api]\noperator_group = "{group}"\n')
+        _victim(d, runs)
+        gid = grp.getgrnam(group).gr_gid
+        out = as_user(carol, [SYS_PY, ATTACKER, str(d.sock), "POST", "/v1/operator/hold",
+                              json.dumps({"target": "victim"})], timeout=30)
+        assert out.stdout.startswith("403"), out.stdout     # without the group: refused
+        out = subprocess.run([SYS_PY, ATTACKER, str(d.sock), "POST", "/v1/operator/hold",
+                              json.dumps({"target": "victim"})], user=carol.pw_uid,
+                             group=carol.pw_gid, extra_groups=[gid], capture_output=True,
+                             text=True, timeout=30, cwd="/")
+        assert out.stdout.startswith("200"), out.stdout + out.stderr
+    finally:
+        subprocess.run(["groupdel", group], check=False)
+
+
+def _sim_cfg(where: Path) -> Path:
+    cfg = where / "berth.toml"
+    cfg.write_text('[driver]\nkind = "sim"\n[[driver.cards]]\npci = "0000:01:00.0"\n'
+                   'name = "gpu0"\ntotal = "8GiB"\n')
+    os.chmod(cfg, 0o644)
+    return cfg
+
+
+def _berth_as(user, *args, env=None, timeout=30):
+    return as_user(user, [*berth_cmd(), *args], env={"XDG_RUNTIME_DIR": "", **(env or {})},
+                   timeout=timeout)
+
+
+def test_fallback_state_dir_cannot_be_taken_over(make_user, public_dir):
+    victim, mallory = make_user(), make_user()
+    fallback = Path(f"/tmp/berth-{victim.pw_uid}")
+    precious = Path(f"/tmp/precious-{victim.pw_uid}")
+    as_user(victim, ["sh", "-c", f"echo keep > {precious}"])
+    try:
+        # Mallory makes the victim's directory first, with a symlinked lock and her socket.
+        as_user(mallory, ["sh", "-c", f"mkdir -m 777 {fallback} && "
+                                      f"ln -s {precious} {fallback}/berthd.lock"])
+        cfg = _sim_cfg(public_dir)
+        out = _berth_as(victim, "daemon", "--config", str(cfg))
+        assert out.returncode == 4, out.stdout + out.stderr
+        assert f"owned by uid {mallory.pw_uid}" in out.stdout + out.stderr
+        assert precious.read_text() == "keep\n"
+        # A socket of Mallory's in a directory of hers: the victim's client will not talk to it.
+        serve = ("import socket,os;s=socket.socket(socket.AF_UNIX);"
+                 f"s.bind('{fallback}/berthd.sock');s.listen();os.chmod('{fallback}/berthd.sock',0o777);"
+                 "print('up',flush=True);c,_=s.accept();c.recv(100);"
+                 "c.sendall(b'HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\n{}')")
+        import subprocess
+        srv = subprocess.Popen([SYS_PY, "-c", serve], user=mallory.pw_uid,
+                               group=mallory.pw_gid, extra_groups=[], stdout=subprocess.PIPE,
+                               text=True, cwd="/")
+        try:
+            assert srv.stdout.readline().strip() == "up"
+            out = _berth_as(victim, "status", "--json")
+            assert out.returncode != 0, out.stdout
+            assert "refusing berthd's socket" in out.stdout + out.stderr
+        finally:
+            srv.kill()
+            srv.wait(5)
+        # A directory of the victim's own but open to others is refused too.
+        as_user(mallory, ["rm", "-rf", str(fallback)])
+        as_user(victim, ["mkdir", "-m", "755", str(fallback)])
+        out = _berth_as(victim, "daemon", "--config", str(cfg))
+        assert out.returncode == 4 and "mode 0755" in out.stdout + out.stderr, out.stderr
+    finally:
+        precious.unlink(missing_ok=True)
+
+
+def test_fallback_state_dir_is_made_private(make_user, public_dir):
+    victim = make_user()
+    fallback = Path(f"/tmp/berth-{victim.pw_uid}")
+    cfg = _sim_cfg(public_dir)
+    import subprocess
+    p = subprocess.Popen([*berth_cmd(), "daemon", "--config", str(cfg)], user=victim.pw_uid,
+                         group=victim.pw_gid, extra_groups=[], cwd="/",
+                         env={"PATH": os.environ["PATH"], "HOME": "/tmp"},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (fallback / "berthd.sock").exists() or p.poll() is not None, 30,
+                 "berthd to make its socket")
+        assert p.poll() is None, p.stdout.read()
+        st = fallback.stat()
+        assert (st.st_mode & 0o777, st.st_uid) == (0o700, victim.pw_uid)
+        out = _berth_as(victim, "status", "--json")
+        assert out.returncode == 0, out.stderr
+    finally:
+        p.terminate()
+        p.wait(15)
