@@ -128,6 +128,7 @@ def socket_path(cfg=None) -> Path:
 
 
 def _client_config():
+    # berth.config resolves its default file here (config_path): imported when a client asks.
     path = config_path()
     if not path.exists():
         return None

@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from berth import paths
+
 from .cross import RAW, RULES_OFF, UNKNOWN
 from .models import CROSS, Config
 from .words import key_str, loc_str, unknown_key
@@ -156,7 +158,6 @@ def load_config(path: str | Path | None) -> tuple[Config, Path | None]:
     (:func:`berth.paths.config_path`); with no file at the default location, the defaults
     (NVML). Returns the config and the file it came from (``None``: defaults). Raises
     :class:`ConfigError`."""
-    from berth import paths
     if path:
         return load(path), Path(path)
     p = paths.config_path()

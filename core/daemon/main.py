@@ -38,6 +38,7 @@ import psutil
 from berth import paths
 from berth.config import Config, ConfigError, load, load_config, plugin_problems, summary
 from berth.driver.base import Driver, DriverError
+from berth_plugins.manager import PluginRefused, make_plugin_manager, mechanisms
 
 __all__ = ["register", "open_driver", "main_async", "StartRefused"]
 
@@ -75,7 +76,6 @@ def load_plugins(cfg: Config):
     """The checked plugin manager, configured with ``cfg``. Raises :class:`StartRefused`
     (code 2) for a plugin refused at registration, an engine whose park, adapter or supervisor
     program no plugin carries out, or a plugin that refuses the config."""
-    from berth_plugins.manager import PluginRefused, make_plugin_manager, mechanisms
     try:
         pm = make_plugin_manager()
     except (PluginRefused, ValueError) as e:
@@ -93,6 +93,7 @@ def load_plugins(cfg: Config):
 
 async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
     """Acquire berthd's parts in order on ``stack`` (see the module docstring); the broker."""
+    # `berth` registers every command at its start: berthd's own parts load only when it runs.
     from berth.daemon.api import serve
     from berth.daemon.broker import Broker
     pm = load_plugins(cfg)

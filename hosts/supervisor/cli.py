@@ -33,6 +33,8 @@ import threading
 from pathlib import Path
 
 from berth import paths
+from berth.config import ConfigError, load_config
+from berth_plugins.manager import make_plugin_manager
 
 __all__ = ["register", "listen"]
 
@@ -98,9 +100,6 @@ def _is_self(ev, me: str | None) -> bool:
 def listen(config_path: str | None, proto_fd: int, stdin=None) -> int:
     """Run the listener until supervisord closes stdin. ``proto_fd`` is the guarded protocol
     descriptor. Returns the exit status (see the module docstring)."""
-    from berth.config import ConfigError, load_config
-    from berth_plugins.manager import make_plugin_manager
-
     from .protocol import Protocol, ProtocolError, text_stdin
     from .rpc import Endpoint, Supervisor
 
