@@ -160,3 +160,12 @@ def test_no_module_over_600_lines_and_no_class_over_300():
     over = ([f"module {n} ({lines} lines)" for lines, n in mods if lines > MAX_MODULE_LINES]
             + [f"class {n} ({lines} lines)" for lines, n in classes if lines > MAX_CLASS_LINES])
     assert over == [], "split along its jobs: " + "; ".join(over)
+
+
+def test_every_package_folder_is_in_the_distribution():
+    """pyproject.toml names each package (a folder missing there is missing from a wheel)."""
+    import tomllib
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    folders = {m for m, path in MODULES.items() if path.name == "__init__.py"}
+    assert folders == listed, (sorted(folders - listed), sorted(listed - folders))
