@@ -53,7 +53,7 @@ class EngineSpec:
     ``None`` (drain only). ``growth_allowance_bytes``: seed 000's allowance A, per card, used
     by Berth's ``growth`` bound. ``keep_alive_s``: Ollama's keep_alive for ``keepalive-evict``.
     ``keep_warm_s``: Berth's per-engine ``keep_warm`` (how long a priority protects an idle
-    holder after its last request).
+    holder after its last request; ``None``: Berth's default).
     """
 
     name: str
@@ -66,7 +66,7 @@ class EngineSpec:
     priority: int = 0
     growth_allowance_bytes: int = 0
     keep_alive_s: float = 300.0
-    keep_warm_s: float = 0.0
+    keep_warm_s: float | None = None
     note: str = ""
 
     @property

@@ -14,7 +14,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from berth.decide.admission import Policy, QueuePolicy
-from berth.decide.model import Bound, normalize_pci
+from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, normalize_pci
 
 from . import cross
 from .values import (CardBytes, CardKey, Duration, EngineSize, OptCardBytes, Pci,
@@ -135,6 +135,8 @@ class EngineConfig(_Strict):
     #: The highest priority a client that is not an operator may ask for this engine
     #: (issue 18); ``None``: the entry's own ``priority``.
     max_priority: OptPriority = None
+    # How long after its last request the priority still protects the idle engine (issue 16).
+    keep_warm: Duration = DEFAULT_KEEP_WARM_S
     supervisor: str | None = None
     mode: Literal["observe", "gate"] = "observe"
     options: dict[str, Any] = Field(default_factory=dict)

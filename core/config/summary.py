@@ -53,6 +53,7 @@ def summary(cfg: Config) -> str:
         where = f"supervisor program {e.supervisor} ({e.mode})" if e.supervisor else (e.url or "")
         out.append(f"engine {name}: size {format_size(e.size)}"
                    + (f" on {e.card}" if e.card else "")
-                   + f", bound {e.bound}, priority {e.priority}; {caps}"
+                   + f", bound {e.bound}, priority {e.priority} (keep_warm "
+                     f"{format_duration(e.keep_warm)}); {caps}"
                    + (f"; {where}" if where else ""))
     return "\n".join(out)

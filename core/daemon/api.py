@@ -116,7 +116,7 @@ def _with_entry(broker: Broker, body: LeaseBody) -> LeaseBody:
     for name, value in (("priority", entry.priority), ("bound", entry.bound),
                         ("growth_allowance", entry.growth_allowance), ("lend", entry.lend),
                         ("lend_max", entry.lend_max), ("front", entry.front),
-                        ("park", entry.park)):
+                        ("park", entry.park), ("keep_warm", entry.keep_warm)):
         if name not in given:
             upd[name] = value
     return body.model_copy(update=upd)
@@ -182,6 +182,7 @@ async def request_lease(request: web.Request) -> web.Response:
     lease = Lease(id=broker.new_lease_id(body.engine), engine=body.engine, shares=shares,
                   priority=body.priority, bound=body.bound,
                   growth_allowance_bytes=body.growth_allowance, need_bytes=need,
+                  keep_warm_s=body.keep_warm,
                   caps=Capabilities(park=ParkMechanism(body.park) if body.park else None,
                                     lend=body.lend, lend_max_bytes=body.lend_max, front=body.front),
                   owner_pid=owner.pid if owner else None,

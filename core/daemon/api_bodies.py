@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
 from berth.daemon.broker import LeaseGone
-from berth.decide.model import Bound, Op, ParkMechanism
+from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
 
 __all__ = ["AttachBody", "LeaseBody", "OperatorBody", "ReleaseBody", "ReportBody", "ShareBody",
@@ -51,6 +51,7 @@ class LeaseBody(_Body):
     bound: Bound = Bound.DECLARED
     growth_allowance: Annotated[int, BeforeValidator(_size)] = 0
     priority: int = Field(0, ge=-1000, le=1000)
+    keep_warm: float = Field(DEFAULT_KEEP_WARM_S, ge=0, le=365 * 86400)
     park: ParkMechanism | None = None
     lend: StrictBool = False
     lend_max: Annotated[int | None, BeforeValidator(lambda v: None if v is None else _size(v))] = None

@@ -21,7 +21,8 @@ from pathlib import Path
 import tomli_w
 
 from berth.decide.admission import WaitKind
-from berth.decide.model import Bound, Capabilities, Lease, ParkMechanism, Share, ShareState
+from berth.decide.model import (DEFAULT_KEEP_WARM_S, Bound, Capabilities, Lease, ParkMechanism, Share,
+                                 ShareState)
 
 __all__ = ["Snapshot", "StateCorrupt", "dump", "load", "write_atomic", "quarantine", "boot_id"]
 
@@ -75,6 +76,7 @@ def _lease_dict(le: Lease) -> dict:
     return _clean({
         "id": le.id, "engine": le.engine, "priority": le.priority, "bound": le.bound.value,
         "growth_allowance_bytes": le.growth_allowance_bytes, "need_bytes": dict(le.need_bytes),
+        "keep_warm_s": le.keep_warm_s,
         "caps": _clean(le.caps.as_dict()), "pid": le.pid, "start_time": le.start_time,
         "owner_pid": le.owner_pid, "owner_start_time": le.owner_start_time,
         "requested_at": le.requested_at, "granted_at": le.granted_at, "ready_at": le.ready_at,
@@ -151,6 +153,7 @@ def _lease_from(d: dict) -> Lease:
         id=d["id"], engine=d["engine"], shares={s.card: s for s in shares},
         priority=int(d.get("priority", 0)), bound=Bound(d.get("bound", "declared")),
         growth_allowance_bytes=int(d.get("growth_allowance_bytes", 0)),
+        keep_warm_s=float(d.get("keep_warm_s", DEFAULT_KEEP_WARM_S)),
         need_bytes={k: int(v) for k, v in d.get("need_bytes", {}).items()},
         caps=Capabilities(park=ParkMechanism(caps["park"]) if caps.get("park") else None,
                           lend=bool(caps.get("lend", False)),

@@ -118,17 +118,24 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     """``None`` if ``holder`` may be made to give room to ``waiter`` now, else the reason.
 
     Numbered as in the code: (1) never itself; (2) an operator hold protects; (3) a holder of
-    higher priority is never displaced (equal priority may be, as llama-swap swaps models);
-    (4) a holder keeps its card for its minimum turn, counted from when it could serve
-    (``ready_at``, else at most ``wake_limit_s`` after its grant) or its last wake; (5) the juggle guard: two engines swap a
-    card at most ``juggle_max_swaps`` times inside ``juggle_window_s``.
+    higher priority is not displaced while it serves or for its ``keep_warm_s`` after its last
+    request (equal priority may be, as llama-swap swaps models; an idle high-priority engine can
+    be parked for anyone once that runs out); (4) a busy holder keeps its card for its minimum
+    turn, counted from when it could serve (``ready_at``, else at most ``wake_limit_s`` after its
+    grant) or its last wake; (5) the juggle guard: two busy engines swap a card at most
+    ``juggle_max_swaps`` times inside ``juggle_window_s``. Turns and the guard protect work, not
+    idleness (issue 16): an idle holder (:meth:`Lease.idle`) yields at once.
     """
     if holder.id == waiter.id:                                               # (1)
         return "itself"
     if holder.held:                                                          # (2)
         return f"{holder.engine} is held"
-    if holder.priority > waiter.priority:                                    # (3)
+    idle = holder.idle()
+    if holder.priority > waiter.priority and (
+            not idle or now - holder.last_used_at < holder.keep_warm_s):     # (3)
         return f"{holder.engine} has higher priority ({holder.priority} > {waiter.priority})"
+    if idle:
+        return None
     # The turn starts when the engine can serve: once it said so after its grant, or its
     # last wake; an engine still loading is given up to wake_limit_s to get there.
     ready = holder.ready_at if holder.ready_at is not None and holder.ready_at >= (

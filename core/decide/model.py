@@ -255,6 +255,11 @@ def move(share: Share, dst: ShareState, now: float) -> tuple[ShareState, ShareSt
     return src, dst
 
 
+#: How long a priority protects an idle holder after its last request by default (seconds):
+#: Ollama's keep_alive default, so an engine marked important stays as warm as there.
+DEFAULT_KEEP_WARM_S = 300.0
+
+
 @dataclass
 class Lease:
     """One engine run's claim on memory: one :class:`Share` per card, keyed by PCI address.
@@ -268,6 +273,10 @@ class Lease:
     ``held`` is an operator hold: a held lease is never displaced. ``ready_at`` is when the engine
     first answered after its grant (its minimum turn counts from then); ``resumed_at`` when a
     wake or a return last made it active again.
+    ``in_flight`` is how many requests its front is forwarding now (the run reports it),
+    ``busy_since`` when that last rose from 0; ``jobs_reported``: a front reported at least once
+    (until then the holder counts as busy, since nothing says it is idle). ``keep_warm_s``: how
+    long after its last request its priority still protects an idle holder (seconds; issue 16).
     """
 
     id: str
@@ -288,6 +297,15 @@ class Lease:
     resumed_at: float = 0.0
     last_used_at: float = 0.0
     held: bool = False
+    in_flight: int = 0
+    busy_since: float | None = None
+    jobs_reported: bool = False
+    keep_warm_s: float = DEFAULT_KEEP_WARM_S
+
+    def idle(self) -> bool:
+        """Nothing in flight at its front, as its front last reported (issue 16: turns protect
+        work, not idleness). A holder whose front never reported is not idle."""
+        return self.jobs_reported and self.in_flight == 0
 
     @property
     def cards(self) -> list[str]:

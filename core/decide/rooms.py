@@ -57,7 +57,9 @@ class Rooms(Actions):
         rung = room.plan.rung.value if room else Rung.FIT.value
         if room is not None:
             for st in room.plan.steps:
-                self.swaps.record(lease.engine, st.engine, now)
+                # The juggle guard counts only swaps where both sides had demand (issue 16).
+                if st.lease_id in room.contested:
+                    self.swaps.record(lease.engine, st.engine, now)
                 if st.action is Action.LEND:
                     self._link_lend(st, lease)
         fx: list[Effect] = []
@@ -121,7 +123,10 @@ class Rooms(Actions):
         if not p.steps:
             return []
         self._noplan_said.pop(w.lease_id, None)
-        self.rooms[w.lease_id] = Room(p, frozenset(w.need), {st.lease_id for st in p.steps}, now)
+        contested = frozenset(st.lease_id for st in p.steps
+                              if not self.ledger.leases[st.lease_id].idle())
+        self.rooms[w.lease_id] = Room(p, frozenset(w.need), {st.lease_id for st in p.steps}, now,
+                                      contested)
         self.ledger.earmark(w.lease_id, w.need)
         fx: list[Effect] = [Note(w.lease_id, "plan", f"making room for {lease.engine} by "
                                  f"{p.rung}: " + ", ".join(

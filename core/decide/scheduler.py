@@ -97,6 +97,22 @@ class Scheduler(Deadlines):
         lease.pid, lease.start_time = pid, start_time
         return [Note(lease_id, "attach", f"{lease.engine} runs as pid {pid}")]
 
+    def jobs(self, lease_id: str, in_flight: int, now: float) -> list[Effect]:
+        """The holder's front forwards ``in_flight`` requests now (its run reports each change).
+        A holder that goes idle yields at once to anyone waiting (issue 16), so the admission
+        pass runs then. Raises ``ValueError`` for a negative count."""
+        if in_flight < 0:
+            raise ValueError(f"in_flight: expected a count >= 0, got {in_flight}")
+        lease = self.ledger.leases[lease_id]
+        if in_flight and not lease.in_flight:
+            lease.busy_since = now
+        elif not in_flight:
+            lease.busy_since = None
+        went_idle = not in_flight and (lease.in_flight or not lease.jobs_reported)
+        lease.in_flight, lease.jobs_reported = in_flight, True
+        lease.last_used_at = now
+        return self._pass(now) if went_idle and len(self.queue) else []
+
     def touch(self, lease_id: str, now: float) -> list[Effect]:
         """The engine served a request (for least-recently-used victim order)."""
         self.ledger.leases[lease_id].last_used_at = now

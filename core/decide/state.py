@@ -26,12 +26,14 @@ __all__ = ["SchedulerState", "Room"]
 @dataclass
 class Room:
     """Room being made for one waiter: the plan, the waiter's cards, and the victims (lease
-    ids) whose steps the driver has not confirmed yet."""
+    ids) whose steps the driver has not confirmed yet. ``contested``: the victims that had work
+    in flight when the plan was made (only those swaps count for the juggle guard)."""
 
     plan: Plan
     cards: frozenset[str]
     pending: set[str]
     since: float
+    contested: frozenset[str] = frozenset()
 
 
 class SchedulerState:

@@ -81,13 +81,25 @@ class TestHandComputedWaits:
         # = 0.1714 s; the run reports it done at 30.1714, the confirmation helper's first poll
         # (at once) shows the memory gone, and that read grants b at once: b loads 14 s, to
         # 44.1714, and the health poll at 44.4214 sees it: a wait of 14.4214.
-        # a at 50: b became ready at 44.4214, so its 10 s minimum turn lasts to 54.4214 (the
-        # turn counts from when an engine can serve, not from its grant). The end of a turn is
-        # no deadline of its own: the read at 55 plans the park (0.1714 s), whose confirming
-        # read grants a's wake at 55.1714; the restore takes 12e9 / 8 GB/s = 1.5 s: 56.6714.
+        # a at 50: b became ready at 44.4214 and its minimum turn would last to 54.4214, but
+        # its one request ended at 49.4214 and its front reported nothing in flight: an idle
+        # holder yields at once (issue 16; this waited 6.67 s for the turn and the next read
+        # before). The park is planned at 50 (0.1714 s), its confirming read grants a's wake,
+        # and the restore takes 12e9 / 8 GB/s = 1.5 s.
         got = waits(policy, tiny(TRACE, base=12 * 10**9))
         park = 12e9 / 70e9
-        assert got == pytest.approx([14.25, 30 + park + 14 + 0.25 - 30, 55 + park + 1.5 - 50])
+        assert got == pytest.approx([14.25, 30 + park + 14 + 0.25 - 30, park + 1.5])
+
+    @pytest.mark.parametrize("policy", ["berth-scan-declared", "berth-strict-declared"])
+    def test_busy_holder_keeps_its_turn(self, policy):
+        # As above, but b's request at 30 runs 20 s, so b is still serving when a asks at 50:
+        # b keeps its 10 s minimum turn from 44.4214 and its request ends at 64.4214; the
+        # turn is over by then, and b goes idle at once: the park is planned at 64.4214 when
+        # its front reports nothing in flight, then 0.1714 s to park and 1.5 s to restore.
+        trace = [(0.0, "a", 5.0, 0, 0.0), (30.0, "b", 20.0, 0, 0.0), (50.0, "a", 5.0, 0, 0.0)]
+        got = waits(policy, tiny(trace, base=12 * 10**9))
+        park = 12e9 / 70e9
+        assert got[2] == pytest.approx(30 + park + 14.25 + 20 + park + 1.5 - 50)
 
 
 class TestConservation:

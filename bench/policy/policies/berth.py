@@ -133,6 +133,7 @@ class BerthPolicy(SimPolicy):
         self.ids = itertools.count(1)
         self.ports = {e: 5800 + i for i, e in enumerate(sorted(world.specs))}
         self.notes: Counter[str] = Counter()
+        self.reported: dict[str, int] = {}
 
     # -- figures ---------------------------------------------------------------------------
     def floor_bytes(self, pci: str) -> int:
@@ -157,6 +158,19 @@ class BerthPolicy(SimPolicy):
     def on_arrival(self, job) -> None:
         self.held[job.engine].append(job)
         self._pump(job.engine)
+        self._jobs(job.engine)
+
+    def _jobs(self, engine: str) -> None:
+        """As ``berth run --front`` does: report the requests its front has (forwarded and
+        running, forwarded and queued inside the engine, held) each time the count changes."""
+        lid = self.lease_of.get(engine)
+        if lid not in self.sched.ledger.leases:
+            return
+        proc = self.proc_of.get(lid)
+        n = len(self.held[engine]) + (len(proc.running) + len(proc.queue) if proc else 0)
+        if self.reported.get(lid) != n:
+            self.reported[lid] = n
+            self._apply(self.sched.jobs(lid, n, self.world.now))
 
     def _pump(self, engine: str) -> None:
         """Move the engine's held requests along: forward, ask for a wake, or ask for a lease."""
@@ -195,11 +209,14 @@ class BerthPolicy(SimPolicy):
                       priority=spec.priority, bound=self.bound,
                       growth_allowance_bytes=spec.growth_allowance_bytes,
                       need_bytes=dict(spec.base_bytes), caps=caps)
+        if spec.keep_warm_s is not None:
+            lease.keep_warm_s = spec.keep_warm_s
         self.lease_of[engine], self.engine_of[lid] = lid, engine
         self._apply(self.sched.request(lease, self.world.now))
 
     def on_job_end(self, job, ok: bool) -> None:
         self._pump(job.engine)
+        self._jobs(job.engine)
 
     def on_job_start(self, job) -> None:
         lid = self.lease_of.get(job.engine)

@@ -1,0 +1,113 @@
+"""Turns protect work, not idleness (issue 16): the minimum turn, the juggle guard and a
+priority hold a card for a holder that is serving, not for one that is idle. Pure: virtual time,
+no I/O. Each of these failed before the change (the idle holder kept its turn, its guard and
+its priority forever)."""
+
+from __future__ import annotations
+
+from berth.decide.admission import Policy
+from berth.decide.model import ParkMechanism, ShareState
+from tests.decide.world import GiB, World, pci_of
+
+S = ShareState
+CKPT = ParkMechanism.CHECKPOINT
+G0 = pci_of(0)
+
+
+def state(w: World, lid: str) -> ShareState:
+    return w.s.ledger.leases[lid].shares[G0].state
+
+
+def jobs(w: World, lid: str, n: int) -> None:
+    w.apply(w.s.jobs(lid, n, w.now))
+
+
+def texts(w: World) -> list[str]:
+    return [e.text for e in w.effects if getattr(e, "kind", None) == "wait"]
+
+
+class TestIdleYields:
+    def test_idle_holder_yields_inside_its_minimum_turn(self):
+        w = World([24 * GiB], Policy(min_turn_s=30, juggle_window_s=0))
+        w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        jobs(w, "a", 0)
+        w.request("b", "B", {G0: 10 * GiB})
+        assert state(w, "a") is S.PARKING
+
+    def test_busy_holder_keeps_its_turn_then_yields_when_it_goes_idle(self):
+        w = World([24 * GiB], Policy(min_turn_s=30, juggle_window_s=0))
+        w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        jobs(w, "a", 2)
+        w.request("b", "B", {G0: 10 * GiB})
+        assert state(w, "a") is S.ACTIVE and "minimum turn" in texts(w)[-1]
+        w.advance(3)
+        jobs(w, "a", 0)                 # its last request ended: the pass runs at once
+        assert state(w, "a") is S.PARKING
+
+    def test_a_front_that_never_reported_is_not_idle(self):
+        w = World([24 * GiB], Policy(min_turn_s=30, juggle_window_s=0))
+        w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        w.request("b", "B", {G0: 10 * GiB})
+        assert state(w, "a") is S.ACTIVE and "minimum turn" in texts(w)[-1]
+
+    def test_negative_count_is_refused(self):
+        w = World([24 * GiB])
+        w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        try:
+            w.s.jobs("a", -1, w.now)
+        except ValueError as e:
+            assert "in_flight" in str(e) and "-1" in str(e)
+        else:
+            raise AssertionError("a negative count was taken")
+
+
+class TestJuggleGuardCountsContestedSwaps:
+    def _swap(self, w: World, taker: str, victim: str, busy: bool) -> None:
+        jobs(w, victim, 1 if busy else 0)
+        w.advance(1)
+        w.apply(w.s.wake(taker, w.now))
+        if busy:
+            w.advance(1)
+            jobs(w, victim, 0)
+        w.do_all()
+        assert state(w, taker) is S.ACTIVE
+
+    def test_idle_swaps_do_not_count(self):
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=120, juggle_max_swaps=1))
+        w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
+        jobs(w, "a", 0)
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        w.do_all()
+        for _ in range(4):              # back and forth, nobody competing: no guard wait
+            self._swap(w, "a", "b", busy=False)
+            self._swap(w, "b", "a", busy=False)
+        assert not any("juggle guard" in t for t in texts(w))
+        assert w.s.swaps.count("A", "B", 0.0) == 0
+
+    def test_contested_swaps_still_count(self):
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=120, juggle_max_swaps=1))
+        w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
+        jobs(w, "a", 1)
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        w.do_all()
+        assert state(w, "b") is S.ACTIVE and w.s.swaps.count("A", "B", 0.0) == 1
+        jobs(w, "b", 1)
+        w.advance(1)
+        w.apply(w.s.wake("a", w.now))
+        assert state(w, "b") is S.ACTIVE and "juggle guard" in texts(w)[-1]
+
+
+class TestPriorityKeepWarm:
+    def test_priority_protects_while_serving_and_for_keep_warm_only(self):
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0))
+        w.request("a", "A", {G0: 20 * GiB}, priority=5, park=CKPT)
+        w.s.ledger.leases["a"].keep_warm_s = 60.0
+        jobs(w, "a", 1)
+        w.request("b", "B", {G0: 10 * GiB}, priority=1)
+        w.advance(100)
+        assert state(w, "a") is S.ACTIVE           # serving: protected however long
+        jobs(w, "a", 0)
+        assert state(w, "a") is S.ACTIVE           # idle, but inside keep_warm
+        assert "higher priority" in texts(w)[-1]
+        w.advance(61)
+        assert state(w, "a") is S.PARKING          # keep_warm ran out: parked for anyone
