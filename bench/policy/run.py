@@ -4,6 +4,7 @@
     python bench/policy/run.py --workload a-one-card --policy swap --policy berth-scan-declared
     python bench/policy/run.py --quick               # one workload, its first 10 minutes
     python bench/policy/run.py --json                # last line: {"<workload>/<policy>": {...}}
+    python bench/policy/run.py --seed 3              # the workloads gen.py makes from seed 3
 
 Each workload also gets a reference row, ``ideal``: the same trace with every card large enough
 for all its engines (see :func:`ideal`). Prints the commit that ran (``git rev-parse --short HEAD``, and whether ``core/`` or
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"(repeatable; default all: {', '.join(WORKLOADS)})")
     ap.add_argument("--policy", action="append", choices=list(POLICIES),
                     help="repeatable; default all")
+    ap.add_argument("--seed", type=int, help="replay the workloads gen.py makes from this seed "
+                    "instead of the committed files (not written anywhere)")
     ap.add_argument("--quick", action="store_true",
                     help=f"{QUICK_WORKLOAD} only, its first {QUICK_S:.0f} s (a few seconds)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -119,7 +122,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="override one of Berth's policy knobs (repeatable)")
     args = ap.parse_args(argv)
 
-    if args.quick:
+    if args.seed is not None:
+        from .gen import build_all
+        built = build_all(args.seed)
+        names = args.workload or ([QUICK_WORKLOAD] if args.quick else list(WORKLOADS))
+        unknown = [n for n in names if n not in built]
+        if unknown:
+            raise SystemExit(f"--seed: unknown workload {unknown[0]!r} (known: {', '.join(built)})")
+        workloads = [built[n].truncated(QUICK_S) if args.quick else built[n] for n in names]
+    elif args.quick:
         workloads = [load_workload(QUICK_WORKLOAD).truncated(QUICK_S)]
     else:
         workloads = [load_workload(n) for n in (args.workload or WORKLOADS)]

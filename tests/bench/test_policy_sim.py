@@ -247,3 +247,19 @@ class TestDefault:
         assert v["holds"] is False
         runs[f"w/{DEFAULT}"]["p95_wait_by_engine_s"]["a"] = 4.0
         assert verdict(runs, "w")["holds"] is True
+
+
+def test_default_on_another_seed_short(capsys):
+    """The short form of gen.py seed 2 (its one-card workload, first 10 minutes), replayed by
+    ``run.py --seed 2 --quick``: berth-default has zero OOM, and its verdict against the peers is
+    computed there too (whether it holds is reported, not asserted: see bench/policy/README.md)."""
+    pols = ["swap", "swap-matrix", "keepalive-evict", DEFAULT]
+    argv = ["--seed", "2", "--quick", "--json", "--no-plots"]
+    for p in pols:
+        argv += ["--policy", p]
+    assert runner.main(argv) == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    d = last[f"{runner.QUICK_WORKLOAD}/{DEFAULT}"]
+    assert d["oom_events"] == 0 and d["unserved"] + d["dropped"] == 0
+    v = d["verdict"]
+    assert v["best_peer"] in pols[:3] and set(v["engines"]) == {"chat-14", "chat-8", "comfy"}
