@@ -1,0 +1,72 @@
+"""berthd killed with SIGKILL while a share is parking, resuming or draining (the stand-in
+checkpoint is slowed so each fault lands inside the move), then restarted: every share settles
+to a legal state that matches the driver, a request held across the fault is answered or gets
+a 503 with a reason, and the card records no OOM (issue 18 "daemon faults")."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from berth.sim.cards import SimCards
+from tests.berthd import Berthd, wait_for
+from tests.reliability.faults import GiB, Outcome, chat, config, start_run
+
+SETTLED = {"active", "parked"}
+
+
+def _use_of(d: Berthd, pid: int) -> int:
+    return SimCards(d.tmp / "sim").snapshot().cards[0].processes.get(pid, 0)
+
+
+def _held_request(port: int, out: Outcome) -> threading.Thread:
+    t = threading.Thread(target=chat, args=(port, "A", 60.0, out), daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("phase", ["parking", "resuming", "draining"])
+def test_sigkill_of_berthd_inside_a_move_settles(tmp_path, runs, phase):
+    d = Berthd(tmp_path, config(tmp_path, free_delay="3s" if phase == "draining" else "0.5s"))
+    d.start()
+    try:
+        run, port = start_run(d, "A")
+        runs.append(run)
+        wait_for(lambda: d.state_of("A") == "active", 30, "A active")
+        pid = wait_for(lambda: d.lease_of("A").get("pid"), 20, "A attached")
+        wait_for(lambda: _use_of(d, pid) > 9 * GiB, 20, "A loaded")
+        out = Outcome()
+        held = None
+        if phase == "resuming":
+            assert d.call("POST", "/v1/operator/park", {"target": "A"})[0] == 200
+            wait_for(lambda: d.state_of("A") == "parked", 30, "A parked")
+            held = _held_request(port, out)            # the request wakes A
+        else:
+            op = "park" if phase == "parking" else "drain"
+            assert d.call("POST", f"/v1/operator/{op}", {"target": "A"})[0] == 200
+            if phase == "parking":
+                held = _held_request(port, out)
+        wait_for(lambda: d.state_of("A") in (phase, "released"), 20, f"A {phase}")
+        d.kill9()
+        d.start()
+        if phase == "draining":
+            wait_for(lambda: d.lease_of("A") is None, 30, "the drained lease to end")
+            wait_for(lambda: _use_of(d, pid) == 0, 20, "A's memory freed")
+        else:
+            st = wait_for(lambda: d.state_of("A") in SETTLED and d.state_of("A"), 30,
+                          "A to settle")
+            used = _use_of(d, pid)
+            if st == "active":
+                wait_for(lambda: _use_of(d, pid) > 9 * GiB, 20, "A's memory back")
+            else:
+                assert used < 1 * GiB, (st, used)         # parked: only the residual
+            chat(port, "A", 60.0, out)                     # served after the restart
+        if held is not None:
+            held.join(70)
+            assert not held.is_alive()
+        assert out.hangs == 0 and not out.other, out
+        assert out.ok >= (0 if phase == "draining" else 1), out
+        assert d.sim_oom() == 0
+    finally:
+        d.stop()
