@@ -25,6 +25,8 @@ _BERTH_COLORS = {"declared": "#1f77b4", "current": "#17becf", "growth": "#2ca02c
 
 
 def _style(policy: str) -> dict:
+    if policy == "berth-default":
+        return {"color": "black", "linestyle": "-", "linewidth": 2.4}
     if policy.startswith("berth-"):
         _, queue, bound = policy.split("-")
         return {"color": _BERTH_COLORS[bound], "linestyle": "--" if queue == "strict" else "-",
