@@ -166,9 +166,11 @@ async def request_lease(request: web.Request) -> web.Response:
         shares[pci].used_bytes = use.get(pci)
         if sb.need is not None:
             need[pci] = sb.need
-    if adopted is not None:
+    if adopted is not None and body.owner_pid is None:
         owner = adopted                 # the lease lives as long as the process it adopted
     else:
+        # A host that adopts a process may own the lease itself: it may then release it, and
+        # the lease outlives the process for a restart hold (the PID decides while it is set).
         owner_pid = body.owner_pid or (peer[0] if peer else None)
         owner = identify(owner_pid) if owner_pid else None
         if body.owner_pid is not None:
@@ -188,7 +190,8 @@ async def request_lease(request: web.Request) -> web.Response:
                   owner_pid=owner.pid if owner else None,
                   owner_start_time=owner.start_time if owner else None,
                   pid=adopted.pid if adopted else None,
-                  start_time=adopted.start_time if adopted else None)
+                  start_time=adopted.start_time if adopted else None,
+                  restart_grace_s=body.restart_grace)
     if adopted is not None:
         log.info("lease %s adopts pid %s (%s), which holds %s", lease.id, adopted.pid, why,
                  ", ".join(f"{p}={b}" for p, b in use.items()))
@@ -358,7 +361,7 @@ async def release(request: web.Request) -> web.Response:
             return error(403, f"release refused: pid {peer[0]} neither owns lease {lid} nor "
                               f"started its engine; an operator drains it instead "
                               f"(berth drain {lease.engine})", "forbidden")
-        await broker.submit(lambda now: broker.sched.exited(lid, now))
+        await broker.submit(lambda now: broker.sched.exited(lid, now, final=True))
     ch = broker.channels.get(lid)
     if ch is None:
         raise KeyError(f"lease {lid!r}: not known")

@@ -82,6 +82,7 @@ def _lease_dict(le: Lease) -> dict:
         "requested_at": le.requested_at, "granted_at": le.granted_at, "ready_at": le.ready_at,
         "resumed_at": le.resumed_at,
         "last_used_at": le.last_used_at, "held": le.held,
+        "restart_grace_s": le.restart_grace_s, "restarting_until": le.restarting_until,
         "shares": [_share_dict(sh) for sh in le.shares.values()],
     })
 
@@ -163,7 +164,9 @@ def _lease_from(d: dict) -> Lease:
         granted_at=d.get("granted_at"), ready_at=d.get("ready_at"),
         resumed_at=float(d.get("resumed_at", 0.0)),
         last_used_at=float(d.get("last_used_at", 0)),
-        held=bool(d.get("held", False)))
+        held=bool(d.get("held", False)),
+        restart_grace_s=float(d.get("restart_grace_s", 0.0)),
+        restarting_until=d.get("restarting_until"))
 
 
 def load(path: Path) -> Snapshot | None:

@@ -43,6 +43,11 @@ class Deadlines(Rooms):
                 fx.append(Note(lid, "drain.overdue", f"{lease.engine}: memory on "
                                f"{self._name(pci)} not free {self.policy.release_grace_s:g}s "
                                f"after the drain; still watching", {"card": pci}))
+        for lease in [le for le in self.ledger.leases.values()
+                      if le.restarting_until is not None and le.restarting_until <= now]:
+            fx.append(Note(lease.id, "restart.over", f"{lease.engine}: not restarted within "
+                                                     f"{lease.restart_grace_s:g}s; its room goes"))
+            fx += self.exited(lease.id, now, final=True)
         self.swaps.prune(now - self.policy.juggle_window_s)
         return fx + self._pass(now)
 

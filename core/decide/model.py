@@ -277,6 +277,11 @@ class Lease:
     ``busy_since`` when that last rose from 0; ``jobs_reported``: a front reported at least once
     (until then the holder counts as busy, since nothing says it is idle). ``keep_warm_s``: how
     long after its last request its priority still protects an idle holder (seconds; issue 16).
+    ``restart_grace_s``: the holder's process may be
+    restarted by its supervisor (a host such as supervisord's listener says so at the request):
+    when it exits on its own while active, its room is kept up to this many seconds for the new
+    process, which the host attaches, or releases for good (issue 12 case 2).
+    ``restarting_until`` is when that hold ends (``None``: no hold running).
     """
 
     id: str
@@ -301,6 +306,8 @@ class Lease:
     busy_since: float | None = None
     jobs_reported: bool = False
     keep_warm_s: float = DEFAULT_KEEP_WARM_S
+    restart_grace_s: float = 0.0
+    restarting_until: float | None = None
 
     def idle(self) -> bool:
         """Nothing in flight at its front, as its front last reported (issue 16: turns protect

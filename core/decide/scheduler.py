@@ -95,6 +95,10 @@ class Scheduler(Deadlines):
         """Record the holder's process identity (PID and start time)."""
         lease = self.ledger.leases[lease_id]
         lease.pid, lease.start_time = pid, start_time
+        if lease.restarting_until is not None:
+            lease.restarting_until = None
+            return [Note(lease_id, "attach", f"{lease.engine} restarted as pid {pid}; it "
+                                             f"keeps its room")]
         return [Note(lease_id, "attach", f"{lease.engine} runs as pid {pid}")]
 
     def jobs(self, lease_id: str, in_flight: int, now: float) -> list[Effect]:
@@ -245,18 +249,33 @@ class Scheduler(Deadlines):
                     fx.append(Watch(lease_id, pci, Until.PARKED if op == Op.PARK else Until.LENT, limit,
                                     now, max(due, now)))
         elif op == Op.DRAIN:
-            fx += self.exited(lease_id, now)
+            fx += self.exited(lease_id, now, final=True)
             return fx
         return fx + self._pass(now)
 
-    def exited(self, lease_id: str, now: float) -> list[Effect]:
+    def exited(self, lease_id: str, now: float, final: bool = False) -> list[Effect]:
         """The lease's process is gone. Live shares become ``released`` (they count until a
-        driver read shows them free); a waiting lease is withdrawn."""
+        driver read shows them free); a waiting lease is withdrawn.
+
+        Unless ``final`` (a release, a reported drain, a restart hold that ran out): a lease
+        with ``restart_grace_s`` whose shares are all active and that was asked for nothing
+        keeps its room while its supervisor restarts the process: its PID is cleared for
+        :meth:`attach` and nothing else changes until ``restarting_until`` (issue 12 case 2)."""
         lease = self.ledger.leases.get(lease_id)
         if lease is None:
             return []
         if lease.is_waiting():
             return self.withdraw(lease_id, now, "process exited while waiting")
+        if not final and lease.restart_grace_s > 0 and lease.states() == {S.ACTIVE} \
+                and not any(key[0] == lease_id for key in self.deadlines):
+            if lease.restarting_until is not None:
+                return []                    # the hold runs; the dead PID is old news
+            lease.restarting_until = now + lease.restart_grace_s
+            pid, lease.pid, lease.start_time = lease.pid, None, None
+            return [Note(lease_id, "restart", f"{lease.engine}: pid {pid} exited; its room is "
+                                              f"kept up to {lease.restart_grace_s:g}s while its "
+                                              f"supervisor restarts it")]
+        lease.restarting_until = None
         fx = self._cancel_room(lease_id, now)
         self.queue.remove(lease_id)
         self.wake_wanted.discard(lease_id)

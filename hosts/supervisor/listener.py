@@ -8,8 +8,13 @@ stale news: whatever arrives (a ``PROCESS_STATE_*`` event about it, a ``TICK_5``
 from berthd), the program is re-read with ``getProcessInfo`` and made true again by
 :meth:`Host._sync`, which runs under the program's lock, one at a time:
 
-1. the process the lease holds is gone (stopped, crashed, restarted): release the lease; berthd
-   ends it once a driver read shows the memory free (rule 1). A gated program stopped by
+1. the process the lease holds is gone. If supervisord is bringing it back (STARTING or
+   BACKOFF, RUNNING under a new PID, or EXITED for less than :data:`.restart.EXITED_SETTLE_S`,
+   after which ``autorestart`` would have acted), the lease keeps its room: every lease the
+   listener asks for carries a restart hold (``restart_grace``, :mod:`.restart`), so berthd
+   keeps the room when it sees the PID die, and step (2) attaches the new PID. Otherwise
+   (stopped, FATAL, EXITED for good, or a restart that ends that way) release the lease;
+   berthd ends it once a driver read shows the memory free (rule 1). A gated program stopped by
    someone else than Berth stays down;
 2. a process runs and the lease has none yet (a gated program the operator started by hand):
    attach it; once the lease is granted and supervisord says RUNNING (``startsecs`` passed),
@@ -41,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +59,7 @@ from . import mapping
 from .orders import RETRY_MAX_S, Orders
 from .plugin import MECHANISM
 from .protocol import Event
+from .restart import coming_back, restart_grace
 from .rpc import STOPPED_STATES, ProcessInfo, Supervisor, SupervisorError, SupervisorUnavailable
 
 __all__ = ["Program", "Host", "programs_from"]
@@ -67,7 +74,10 @@ class Program:
     ``state``/``seen_pid``: supervisord's last answer (state name, PID or 0).
     ``granted``/``ready``: the lease is granted / berthd was told the program serves (its
     minimum turn counts from then). ``down``: held down (gate: drained by the operator, stopped
-    by hand, crashed). ``skip_pid``: a running process Berth will not lease again (refused)."""
+    by hand, crashed). ``skip_pid``: a running process Berth will not lease again (refused).
+    ``restarting``: its process exited and supervisord brings it back; the lease keeps its room
+    (``exited_at``: when the listener first saw it EXITED, monotonic seconds).
+    ``restart_grace_s``: the restart hold berthd is asked for (``None`` until read)."""
 
     engine: str
     name: str
@@ -80,6 +90,9 @@ class Program:
     ready: bool = False
     down: bool = False
     skip_pid: int | None = None
+    restarting: bool = False
+    exited_at: float | None = None
+    restart_grace_s: float | None = None
     drain: dict | None = None
     stopping: bool = False
     version: int = 0
@@ -197,9 +210,15 @@ class Host:
             await self.orders.drain(prog)
             return
         # (1)
-        if prog.lease is not None and prog.pid is not None and info.pid != prog.pid:
+        gone = prog.lease is not None and prog.pid is not None and info.pid != prog.pid
+        if gone and not prog.stopping and prog.granted and coming_back(prog, info):
+            log.info("%s: pid %s exited and supervisord brings it back (%s): lease %s keeps its "
+                     "room", prog.engine, prog.pid, info.statename, prog.lease)
+            prog.pid, prog.ready, prog.restarting = None, False, True
+        elif gone or (prog.restarting and prog.lease is not None and not info.running
+                      and not coming_back(prog, info)):    # not coming back after all
             log.info("%s: pid %s is gone (%s)", prog.engine, prog.pid, info.statename)
-            if prog.mode == "gate" and not prog.stopping:
+            if prog.mode == "gate" and (prog.restarting or not prog.stopping):
                 prog.down = True       # stopped or crashed outside Berth: not restarted by it
             self.forget(prog, release=True)
         if info.running:
@@ -239,11 +258,18 @@ class Host:
         ident = identify(info.pid)
         if ident is None:
             return                     # gone meanwhile: the next event says what happened
+        grace = await restart_grace(self.sup, prog)
         try:
+            # Owned by the listener: it may release it; it outlives a restart (restart hold).
             r = await self.client.request_lease({"engine": prog.engine, "pid": ident.pid,
                                                  "start_time": ident.start_time,
-                                                 "host": MECHANISM})
+                                                 "host": MECHANISM, "owner_pid": os.getpid(),
+                                                 "restart_grace": grace})
         except ApiError as e:
+            if identify(info.pid) is None:      # it died meanwhile: nothing runs unleased
+                log.info("%s: pid %s exited before berthd answered (%s)", prog.engine,
+                         info.pid, e.message)
+                return
             log.error("%s: berthd refused a lease for pid %s: %s; it runs unleased",
                       prog.engine, info.pid, e.message)
             prog.skip_pid = info.pid
@@ -262,7 +288,7 @@ class Host:
             log.error("%s: attach of pid %s to %s refused: %s", prog.engine, info.pid,
                       prog.lease, e.message)
             return
-        prog.pid = ident.pid
+        prog.pid, prog.restarting = ident.pid, False
         log.info("%s: lease %s holds pid %s", prog.engine, prog.lease, ident.pid)
 
     async def _ready(self, prog: Program, info: ProcessInfo) -> None:
@@ -279,7 +305,8 @@ class Host:
 
     async def _request_gate(self, prog: Program) -> None:
         try:
-            r = await self.client.request_lease({"engine": prog.engine})
+            r = await self.client.request_lease({"engine": prog.engine,
+                                                 "restart_grace": await restart_grace(self.sup, prog)})
         except ApiError as e:
             log.error("%s: berthd refused a lease: %s; it stays stopped", prog.engine, e.message)
             prog.down = True
@@ -298,7 +325,8 @@ class Host:
 
     def forget(self, prog: Program, release: bool) -> None:
         lease, prog.lease, prog.pid = prog.lease, None, None
-        prog.granted = prog.ready = False
+        prog.granted = prog.ready = prog.restarting = False
+        prog.exited_at = None
         prog.version += 1
         if release and lease is not None:
             self._spawn(self.orders.release(prog, lease))

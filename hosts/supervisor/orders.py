@@ -140,7 +140,10 @@ class Orders:
             r = await self.host.client.release(lease_id, self.host.release_wait_s,
                                           f"{prog.name} stopped in supervisord")
         except ApiError as e:
-            if e.status not in (404, 410):
+            if e.status == 403:        # a lease of an earlier listener: not ours to release
+                log.info("%s: lease %s belongs to an earlier listener; berthd ends it once a "
+                         "driver read shows its memory free", prog.engine, lease_id)
+            elif e.status not in (404, 410):
                 log.warning("%s: releasing %s failed: %s", prog.engine, lease_id, e.message)
             return
         except BerthdUnavailable as e:

@@ -175,6 +175,18 @@ class Supervisor:
         Raises :class:`SupervisorError` (``BAD_NAME`` for an unknown program)."""
         return ProcessInfo.from_rpc(self._call("getProcessInfo", name))
 
+    def config(self, name: str) -> dict:
+        """The program's settings as supervisord read them (``getAllConfigInfo``, whose
+        entries give ``startsecs``, ``startretries``, ``stopwaitsecs`` … but not
+        ``autorestart``); ``name`` is ``program`` or ``group:program``. Raises
+        :class:`SupervisorError` (``BAD_NAME``) for a program it does not know."""
+        group, _, proc = name.rpartition(":")
+        for d in self._call("getAllConfigInfo"):
+            if d["name"] == proc and (not group or d["group"] == group):
+                return d
+        raise SupervisorError(f"supervisor.getAllConfigInfo() for {name!r}", 10,
+                              f"BAD_NAME: {name}")
+
     def all_info(self) -> list[ProcessInfo]:
         """``getAllProcessInfo()``."""
         return [ProcessInfo.from_rpc(d) for d in self._call("getAllProcessInfo")]

@@ -63,6 +63,8 @@ class Prog:
     mode: str = "observe"
     autostart: bool = True
     priority: int = 0
+    autorestart: str = "false"
+    startsecs: int = 0
 
 
 class Stack:
@@ -125,8 +127,9 @@ class Stack:
         ]
         for p in self.progs:
             sv += [f"[program:{p.name}]", f"command={p.command}", "priority=10",
-                   f"autostart={'true' if p.autostart else 'false'}", "autorestart=false",
-                   "startsecs=0", "stopwaitsecs=5", "redirect_stderr=true",
+                   f"autostart={'true' if p.autostart else 'false'}",
+                   f"autorestart={p.autorestart}",
+                   f"startsecs={p.startsecs}", "stopwaitsecs=5", "redirect_stderr=true",
                    f"stdout_logfile={self.logs / (p.name + '.log')}"]
         sv += ["[eventlistener:berth]", f"command={self.listener_cmd}",
                "events=PROCESS_STATE,TICK_5", "buffer_size=100", "autorestart=true",
@@ -211,6 +214,11 @@ class Stack:
             return json.loads((self.state / "supervisor-listener.json").read_text())
         except (FileNotFoundError, ValueError):
             return {}
+
+    def oom_events(self) -> int:
+        """Simulated OOMs on the card so far (an engine's load, or a restore, that failed)."""
+        return sum(c["oom_events"] for c in json.loads((self.sim / "cards.json").read_text())
+                   ["cards"])
 
     def log(self, name: str) -> str:
         p = self.logs / name
