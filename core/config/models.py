@@ -53,7 +53,9 @@ class DriverConfig(_Strict):
     """``[driver]``: ``kind`` is ``nvml`` (real cards) or ``sim`` (simulated cards declared in
     ``cards``, shared across processes under ``sim_dir``, default ``$BERTH_SIM_DIR`` or
     ``<state dir>/sim``). ``free_delay`` is how long a simulated card takes to free a dead
-    process's memory; ``checkpoint_rate`` the stand-in cuda-checkpoint's bytes per second.
+    process's memory; ``checkpoint_rate`` the stand-in cuda-checkpoint's bytes per second;
+    ``host_ram`` the simulated host's available RAM, which ``ram_budget = "auto"`` takes 80 % of
+    instead of this machine's (so a simulation can be a 24 GiB host on a larger one).
     (Which cards are declared, and whether they fit ``kind``, is checked in :mod:`.cross`.)"""
 
     kind: Literal["nvml", "sim"] = "nvml"
@@ -72,6 +74,14 @@ class DriverConfig(_Strict):
     free_delay: Duration = 0.5
     checkpoint_rate: Rate = 7_000_000_000
     proc_root: str = "/proc"
+    host_ram: Size | None = None
+
+    @model_validator(mode="after")
+    def _host_ram_is_simulated(self):
+        if self.host_ram is not None and self.kind != "sim":
+            raise ValueError("host_ram: only simulated cards (kind = \"sim\") have a simulated "
+                             "host; on real cards ram_budget = \"auto\" reads this machine's RAM")
+        return self
 
 
 class CardConfig(_Strict):

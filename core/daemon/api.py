@@ -283,16 +283,17 @@ async def instructions(request: web.Request) -> web.Response:
                           "reason": i.reason} for i in ins],
         "pids": pids,
         "use": {p: s.used_bytes for p, s in lease.shares.items()} if lease else {},
-        "ram_available_bytes": _ram_available(broker),
+        "ram_available_bytes": _ram_available(broker, lid),
         "ended": ended,
         "states": {p: s.state.value for p, s in lease.shares.items()} if lease else {}})
 
 
-def _ram_available(broker: Broker) -> int | None:
-    """Host RAM a park may use now: the RAM budget less what parks already hold, and (on real
-    cards) never more than the kernel's MemAvailable. Simulated cards park into simulated host
-    RAM, so only the configured budget counts there."""
-    budget = broker.sched.ledger.ram_available_bytes()
+def _ram_available(broker: Broker, lease_id: str) -> int | None:
+    """Host RAM the park of lease ``lease_id`` may use now (bytes): the RAM budget less what
+    other parks already hold (the park's own check adds this one's bytes), and (on real cards)
+    never more than the kernel's MemAvailable. Simulated cards park into simulated host RAM, so
+    only the configured budget counts there."""
+    budget = broker.sched.ledger.ram_available_bytes(for_lease=lease_id)
     if broker.driver.kind == "sim":
         return budget
     real = psutil.virtual_memory().available

@@ -111,7 +111,8 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
         raise StartRefused(str(e), 3) from None
     broker = Broker(cfg, driver, sdir / "state.toml", pm)
     if cfg.policy.ram_budget == "auto":
-        broker.sched.ledger.ram_budget_bytes = int(psutil.virtual_memory().available * 0.8)
+        available = cfg.driver.host_ram or psutil.virtual_memory().available
+        broker.sched.ledger.ram_budget_bytes = int(available * 0.8)
     else:
         broker.sched.ledger.ram_budget_bytes = cfg.policy.ram_budget
     broker.sim_dir = str(paths.sim_dir(cfg)) if cfg.driver.kind == "sim" else None

@@ -256,19 +256,26 @@ class Ledger:
                 own = max(0, sh.used_bytes or 0)
         return room - held + own
 
-    def parked_in_ram_bytes(self) -> int:
-        """Host bytes held by parked or parking shares (their size less the residual)."""
+    def parked_in_ram_bytes(self, excluding: str | None = None) -> int:
+        """Host bytes held by parked or parking shares (their size less the residual), those of
+        lease ``excluding`` left out."""
         total = 0
         for lease in self.leases.values():
+            if lease.id == excluding:
+                continue
             for sh in lease.shares.values():
                 if sh.state in (S.PARKED, S.PARKING, S.RESUMING):
                     total += max(0, max(sh.reserved_bytes, sh.parked_bytes) - sh.residual_bytes)
         return total
 
-    def ram_available_bytes(self) -> int | None:
+    def ram_available_bytes(self, for_lease: str | None = None) -> int | None:
+        """The RAM budget less what parks hold (bytes; ``None``: no budget). ``for_lease``: the
+        RAM that lease's own park may use: its parking bytes are left out here, because the
+        park's own check asks for them (counting them on both sides refused every park whose
+        engine the budget holds only once; issue 12 case 3)."""
         if self.ram_budget_bytes is None:
             return None
-        return self.ram_budget_bytes - self.parked_in_ram_bytes()
+        return self.ram_budget_bytes - self.parked_in_ram_bytes(excluding=for_lease)
 
     def active_on(self, pci: str):
         """Yield ``(lease, share)`` for the active shares on the card (the ladder's candidates)."""

@@ -54,12 +54,14 @@ def _run(argv: list[str], env: dict, timeout_s: float) -> tuple[int, str, float]
     return p.returncode, out, time.monotonic() - t0
 
 
-def test_berth_demo_exits_0_within_60s_parks_and_wakes_both_ways_with_no_oom(isolated):
+def test_berth_demo_exits_0_within_120s_parks_and_wakes_both_ways_with_no_oom(isolated):
     """An LLM and ComfyUI (the stand-in with Berth's node) on one card (issue 13): each parks for
-    the other and wakes again; the image prompts ask for room before they load."""
-    rc, out, elapsed = _run([BERTH, "demo"], isolated, 60)
+    the other and wakes again; the image prompts ask for room before they load. On the default
+    policy in a 24 GiB host (issue 12 case 3): every switch a park, none a drain; each waits out
+    the holder's minimum turn (10 s), so the demo takes about a minute."""
+    rc, out, elapsed = _run([BERTH, "demo"], isolated, 150)
     assert rc == 0, out
-    assert elapsed < 60
+    assert elapsed < 120
     assert re.search(r"berthd park\s+A parks by checkpoint \(room for comfyui\)", out), out
     assert re.search(r"berthd park\s+comfyui parks by hook \(room for A\)", out), out
     for engine in ("A", "comfyui"):
@@ -69,7 +71,8 @@ def test_berth_demo_exits_0_within_60s_parks_and_wakes_both_ways_with_no_oom(iso
     assert len(re.findall(r"chat → A: first byte after", out)) == 3, out
     assert len(re.findall(r"image → ComfyUI: queued after [\d.]+s, done", out)) == 2, out
     assert "out-of-memory events on the card: 0" in out
-    assert "OK: every chat answered, every image made, no OOM." in out
+    assert "drains: 0 (fallbacks to drain: 0)" in out
+    assert "OK: every chat answered, every image made, every switch a park, no OOM." in out
 
 
 def test_bench_switch_prints_its_figures_as_json(isolated):
