@@ -1,16 +1,18 @@
 """Deadlines and restarts: what happens when a park, lend, wake, return or drain outlives its
-limit, and how a lease taken back from the state file re-arms what it waits for.
+limit, how a lease taken back from the state file re-arms what it waits for, and what a
+holder's exit does (with the restart hold of a process its supervisor restarts).
 
 Source: seed 002 rules 4 (fall back to a drain) and 5 (the state file survives a restart),
-issue 4. Pure: no I/O, no clock.
+issue 4, issue 12 case 2. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+from .actions import ending_fields
 from .admission import WaitKind, Waiter
-from .effects import Effect, Instruct, Note, Until
+from .effects import Effect, Ended, Instruct, Note, Until
 from .ledger import RESIDUAL_SLACK_BYTES as SLACK
-from .model import Op, Lease, ShareState, move
+from .model import LIVE_STATES, Op, Lease, ShareState, move
 from .rooms import Rooms
 
 S = ShareState
@@ -20,7 +22,47 @@ __all__ = ["Deadlines"]
 
 class Deadlines(Rooms):
     """:meth:`tick` acts on deadlines that passed; :meth:`adopt` takes a lease back after a
-    restart."""
+    restart; :meth:`exited`: the holder's process is gone."""
+
+    def exited(self, lease_id: str, now: float, final: bool = False) -> list[Effect]:
+        """The lease's process is gone. Live shares become ``released`` (they count until a
+        driver read shows them free); a waiting lease is withdrawn.
+
+        Unless ``final`` (a release, a reported drain, a restart hold that ran out): a lease
+        with ``restart_grace_s`` whose shares are all active and that was asked for nothing
+        keeps its room while its supervisor restarts the process: its PID is cleared for
+        ``attach`` and nothing else changes until ``restarting_until`` (issue 12 case 2)."""
+        lease = self.ledger.leases.get(lease_id)
+        if lease is None:
+            return []
+        if lease.is_waiting():
+            return self.withdraw(lease_id, now, "process exited while waiting")
+        if not final and lease.restart_grace_s > 0 and lease.states() == {S.ACTIVE} \
+                and not any(key[0] == lease_id for key in self.deadlines):
+            if lease.restarting_until is not None:
+                return []                    # the hold runs; the dead PID is old news
+            lease.restarting_until = now + lease.restart_grace_s
+            pid, lease.pid, lease.start_time = lease.pid, None, None
+            return [Note(lease_id, "restart", f"{lease.engine}: pid {pid} exited; its room is "
+                                              f"kept up to {lease.restart_grace_s:g}s while its "
+                                              f"supervisor restarts it")]
+        lease.restarting_until = None
+        fx = self._cancel_room(lease_id, now)
+        self.queue.remove(lease_id)
+        self.wake_wanted.discard(lease_id)
+        for pci, sh in lease.shares.items():
+            for op in Op:
+                self.deadlines.pop((lease_id, pci, op), None)
+            if sh.state is S.WAITING:
+                self.ledger.move(lease_id, pci, S.FREED, now)
+            elif sh.state in LIVE_STATES:
+                self.ledger.move(lease_id, pci, S.RELEASED, now, **ending_fields(sh))
+                fx.append(self._watch(lease, pci, Until.FREED, 0, now, self.policy.release_grace_s))
+        fx.append(Note(lease_id, "exit", f"{lease.engine} exited"))
+        if lease.is_over():
+            self._drop(lease_id)
+            fx.append(Ended(lease_id, "exited"))
+        return fx + self._pass(now)
 
     def tick(self, now: float) -> list[Effect]:
         """Act on deadlines that have passed, then run an admission pass."""
