@@ -5,8 +5,8 @@ Import direction, read from the source with :mod:`ast` (imports inside functions
 
 - ``berth.decide`` imports nothing else of Berth, and of the standard library only modules that
   do no I/O and read no clock (:data:`PURE_STDLIB`); nothing from outside it;
-- ``berth.driver`` imports only ``berth.decide`` of Berth (the simulated cards' driver also
-  reads the simulated cards, ``berth.sim.cards``: they are its hardware);
+- ``berth.driver`` imports only ``berth.decide`` of Berth (the driver over simulated cards is
+  part of the simulation kit, ``berth.sim.driver``, beside the cards it reads);
 - ``berth.daemon`` (berthd) and ``berth.run`` (``berth run``) do not import each other;
 - ``berth_plugins`` imports no host (a host's plugin comes through the entry-point group);
 - a host (``berth_hosts.X``) imports ``berth`` and ``berth_plugins`` and itself, no other host,
@@ -26,8 +26,6 @@ PACKAGES = {"berth": ROOT / "core", "berth_plugins": ROOT / "berth_plugins",
 PURE_STDLIB = {"__future__", "abc", "bisect", "collections", "dataclasses", "enum", "functools",
                "heapq", "itertools", "math", "operator", "re", "statistics", "string", "typing",
                "types"}
-#: Named exceptions to the driver's rule, each with its reason in the module docstring above.
-DRIVER_MAY_IMPORT = {"berth.driver.sim": {"berth.sim.cards"}}
 MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 300
 
@@ -101,7 +99,7 @@ def test_the_driver_imports_only_decide_of_berth():
         if not _under(m, "berth.driver") or not _ours(i):
             return True
         return (_under(i, "berth.decide") or _under(i, "berth.driver")
-                or any(_under(i, a) for a in DRIVER_MAY_IMPORT.get(m, ())) or i == "berth")
+                or i == "berth")
     assert _breaches(rule) == []
 
 

@@ -57,7 +57,7 @@ def open_driver(cfg: Config) -> Driver:
     """The configured driver. Simulated cards are declared (idempotently) first.
     Raises :class:`DriverError` (no NVIDIA driver, a sim directory declared differently)."""
     if cfg.driver.kind == "sim":
-        from berth.driver.sim import SimDriver
+        from berth.sim.driver import SimDriver
         from berth.sim.cards import CardSpec, SimCards, SimError
         specs = [CardSpec.make(c.name, c.total, pci=c.pci, baseline_bytes=c.baseline, index=i)
                  for i, c in enumerate(cfg.driver.cards)]

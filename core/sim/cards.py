@@ -1,4 +1,4 @@
-"""Simulated cards shared between processes: the store behind ``berth.driver.sim``.
+"""Simulated cards shared between processes: the store behind ``berth.sim.driver``.
 
 Source: issue 3 "simulated cards"; seed 002 rule 1 ("the driver decides") and
 reference/park-mechanisms.md ("After exit", "cuda-checkpoint") for the behaviour it imitates.

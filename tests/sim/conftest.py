@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from berth.driver.sim import SimDriver
+from berth.sim.driver import SimDriver
 from berth.sim.cards import CardSpec, SimCards
 from tests.helpers import wait_for
 

@@ -12,7 +12,7 @@ import pytest
 
 from berth.cli import main as berth
 from berth.driver import DriverError
-from berth.driver.sim import SimDriver
+from berth.sim.driver import SimDriver
 from berth.sim.cards import CardSpec, SimBusy, SimCards, SimError, SimOOM, sim_uuid
 from berth.driver.cuda import cuda_error_of
 

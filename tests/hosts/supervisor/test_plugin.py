@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from berth.daemon.api import make_app
 from berth.daemon.broker import Broker
 from berth.config import parse
-from berth.driver.sim import SimDriver
+from berth.sim.driver import SimDriver
 from berth_hosts.supervisor import plugin
 from berth_hosts.supervisor.rpc import ProcessInfo, SupervisorError
 from berth_plugins.hookspecs import hookimpl
