@@ -27,6 +27,7 @@ from typing import Callable
 
 from .ledger import Ledger
 from .model import Bound, Lease, ShareState
+from .units import format_size
 
 __all__ = ["QueuePolicy", "Policy", "Fit", "WaitKind", "Waiter", "Queue", "reservation",
            "verdict", "waiter_need", "grant", "admission_pass", "PassResult"]
@@ -263,9 +264,10 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
         if never:
             pci = never[0]
             c = ledger.cards[pci]
-            res.never.append((w, f"needs {need[pci]} bytes on {c.name} ({pci}), more than its "
-                                 f"capacity of {c.capacity_bytes} bytes (total − reserve − "
-                                 f"baseline − claims)"))
+            res.never.append((w, f"needs {format_size(need[pci])} ({need[pci]} bytes) on {c.name} "
+                                 f"({pci}), more than its capacity of "
+                                 f"{format_size(c.capacity_bytes)} ({c.capacity_bytes} bytes: "
+                                 f"total − reserve − baseline − claims)"))
             queue.remove(w.lease_id)
             continue
         fits = all(v is Fit.FITS for v in verdicts.values())

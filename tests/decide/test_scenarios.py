@@ -410,3 +410,13 @@ class TestFoundByANewUser:
         with pytest.raises(ValueError, match="a1, a2"):
             w.s.find("dup")
         assert w.s.find("a2").id == "a2"
+
+    def test_a_rejection_names_sizes_people_can_read(self):
+        # `berth run --size 100GiB` on a 24 GiB card: the reason reaches the user as printed
+        # (berth run's error line), so it gives GiB, not only 107374182400 bytes.
+        w = World([24 * GiB])
+        w.effects.clear()
+        w.request("big", "big", {G0: 100 * GiB})
+        assert "big" in w.rejected
+        reason = [e for e in w.effects if type(e).__name__ == "Rejected"][0].reason
+        assert "needs 100.0GiB" in reason and "capacity of 24.0GiB" in reason, reason
