@@ -1,0 +1,76 @@
+"""Engine and tool faults (issue 18 "run and engine faults"), beside tests/live/test_fallbacks.py
+(park never freed, checkpoint tool hanging, wake never answering): the checkpoint tool failing,
+the engine crashing while parked and while restoring. Each ends in the seed's fallback (rule 4:
+a failed park falls back to a drain; an engine that dies ends its lease once the driver shows
+its memory free), is counted, and leaves no request hanging."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psutil
+
+import tests.live.test_fallbacks as fallbacks
+from tests.helpers import wait_for
+from tests.live.conftest import live  # noqa: F401  (the fixture)
+from tests.live.world import CHECKPOINT, chat, gone, served
+
+CARD = [("gpu0", "8GiB")]
+PARK = ["--size", "4GiB", "--park", "checkpoint", "--checkpoint-path", CHECKPOINT]
+
+
+def test_a_failing_checkpoint_tool_falls_back_to_drain(live):  # noqa: F811
+    lv = live(CARD, release_grace="10s", ram_budget="16GiB")
+    h = lv.run("H", PARK, ["--weights", "3GiB"], env={"BERTH_SIM_CHECKPOINT_UNSUPPORTED": "1"})
+    hl = lv.wait_serving("H")
+    served(h.front)
+    t0 = time.monotonic()
+    lv.run("W", ["--size", "4GiB"], ["--weights", "3GiB"])
+    fb = fallbacks._fell_back_to_drain(lv, h, hl, "W", within_s=10, since=t0)
+    assert "park failed" in fb["text"], fb
+
+
+def _crash(pid: int) -> None:
+    psutil.Process(pid).kill()
+
+
+def test_an_engine_crashing_while_parked_ends_its_lease(live):  # noqa: F811
+    lv = live(CARD, ram_budget="16GiB")
+    h = lv.run("H", PARK, ["--weights", "3GiB"])
+    hl = lv.wait_serving("H")
+    served(h.front)
+    assert lv.operator("park", "H")[0] == 200
+    wait_for(lambda: lv.states("H") == {"gpu0": "parked"}, 15, "H parked")
+    _crash(hl["pid"])
+    wait_for(lambda: h.exited() is not None, 15, "the run to see its engine gone")
+    wait_for(lambda: lv.lease("H") is None, 15, "H's lease to end")
+    t0 = time.monotonic()
+    assert lv.card_use("gpu0") == {} and lv.oom_events() == 0
+    # A new engine gets the whole card: nothing of H is left half asleep.
+    lv.run("W", ["--size", "7GiB"], ["--weights", "6GiB"])
+    lv.wait_serving("W", 20)
+    assert time.monotonic() - t0 < 20
+
+
+def test_an_engine_crashing_while_restoring_answers_its_held_request(live):  # noqa: F811
+    lv = live(CARD, ram_budget="16GiB")
+    h = lv.run("H", PARK, ["--weights", "3GiB"], env={"BERTH_SIM_CHECKPOINT_BPS": "1e9"})
+    hl = lv.wait_serving("H")
+    served(h.front)
+    assert lv.operator("park", "H")[0] == 200
+    wait_for(lambda: lv.states("H") == {"gpu0": "parked"}, 20, "H parked")
+    answer: list = []
+    held = threading.Thread(target=lambda: answer.append(chat(h.front, timeout_s=60)),
+                            daemon=True)
+    t0 = time.monotonic()
+    held.start()                                    # wakes H: a 3 GiB restore at 1 GB/s
+    wait_for(lambda: lv.states("H") == {"gpu0": "resuming"}, 10, "H resuming")
+    _crash(hl["pid"])
+    held.join(40)
+    assert not held.is_alive(), "the held request hangs"
+    status, body = answer[0]
+    assert status in (502, 503) and body.get("src") == "berth", (status, body)
+    assert time.monotonic() - t0 < 40
+    wait_for(lambda: lv.lease("H") is None, 20, "H's lease to end")
+    assert gone(hl["pid"]) and lv.card_use("gpu0") == {} and lv.oom_events() == 0
