@@ -45,8 +45,6 @@ def test_sigkill_of_berthd_inside_a_move_settles(tmp_path, runs, phase):
         else:
             op = "park" if phase == "parking" else "drain"
             assert d.call("POST", f"/v1/operator/{op}", {"target": "A"})[0] == 200
-            if phase == "parking":
-                held = _held_request(port, out)
         wait_for(lambda: d.state_of("A") in (phase, "released"), 20, f"A {phase}")
         d.kill9()
         d.start()
@@ -56,11 +54,13 @@ def test_sigkill_of_berthd_inside_a_move_settles(tmp_path, runs, phase):
         else:
             st = wait_for(lambda: d.state_of("A") in SETTLED and d.state_of("A"), 30,
                           "A to settle")
-            used = _use_of(d, pid)
+            # No request reaches A meanwhile (in the parking case): what berthd settled on
+            # must be what the driver shows, without a wake to paper over a wrong guess.
             if st == "active":
                 wait_for(lambda: _use_of(d, pid) > 9 * GiB, 20, "A's memory back")
             else:
-                assert used < 1 * GiB, (st, used)         # parked: only the residual
+                wait_for(lambda: _use_of(d, pid) < 1 * GiB, 20, "A parked on the card")
+            assert d.state_of("A") == st
             chat(port, "A", 60.0, out)                     # served after the restart
         if held is not None:
             held.join(70)
