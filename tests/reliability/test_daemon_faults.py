@@ -11,6 +11,7 @@ import pytest
 
 from berth.sim.cards import SimCards
 from tests.berthd import Berthd, wait_for
+from tests.reliability.conftest import LONG
 from tests.reliability.faults import GiB, Outcome, chat, config, start_run
 
 SETTLED = {"active", "parked"}
@@ -67,6 +68,47 @@ def test_sigkill_of_berthd_inside_a_move_settles(tmp_path, runs, phase):
             assert not held.is_alive()
         assert out.hangs == 0 and not out.other, out
         assert out.ok >= (0 if phase == "draining" else 1), out
+        assert d.sim_oom() == 0
+    finally:
+        d.stop()
+
+
+@pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
+@pytest.mark.xfail(strict=True, reason=(
+    "defect found by this test (issue 18): berth.decide.deadlines._settle turns a returning "
+    "share active whatever the driver measures, and adopt then asks no return; when berthd died "
+    "before the run read its return instruction, the holder stays shrunk by the lend for good "
+    "(reserved 20 GiB, using 12). Fix: settle returning like resuming (stay returning and ask "
+    "again until the use shows the growth)"))
+def test_sigkill_of_berthd_while_a_lent_share_is_returning_settles(tmp_path, runs):
+    """The holder H lends 8 GiB to B; B exits, and while the driver has not yet shown B's memory
+    free (a 3 s free delay) H's share is returning: berthd dies there. After the restart H is
+    active and holds its pool again, B's lease is gone, and nothing ran out of memory."""
+    d = Berthd(tmp_path, config(tmp_path, free_delay="3s"))
+    d.start()
+    try:
+        h, hport = start_run(d, "H", size="20GiB", weights="11GiB", park=False,
+                             extra=("--lend", "--lend-max", "8GiB", "--park", "hook",
+                                    "--adapter", "protocol"),
+                             engine_extra=("--kv-pool", "8.75GiB", "--protocol", "--lend"))
+        runs.append(h)
+        wait_for(lambda: d.state_of("H") == "active", 30, "H active")
+        hpid = wait_for(lambda: d.lease_of("H").get("pid"), 20, "H attached")
+        wait_for(lambda: _use_of(d, hpid) >= 20 * GiB, 20, "H loaded")
+        b, _ = start_run(d, "B", size="8GiB", weights="7GiB", park=False)
+        runs.append(b)
+        wait_for(lambda: d.state_of("H") == "lent" and d.state_of("B") == "active", 30,
+                 "H lent to B")
+        b.send_signal(15)
+        wait_for(lambda: d.state_of("H") == "returning", 20, "H returning")
+        d.kill9()
+        d.start()
+        wait_for(lambda: d.state_of("H") == "active", 30, "H to settle active")
+        wait_for(lambda: d.lease_of("B") is None, 30, "B's lease to end")
+        wait_for(lambda: _use_of(d, hpid) >= 20 * GiB, 20, "H's pool back")
+        out = Outcome()
+        chat(hport, "H", 60.0, out)
+        assert out.ok == 1 and out.hangs == 0, out
         assert d.sim_oom() == 0
     finally:
         d.stop()

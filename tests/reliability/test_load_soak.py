@@ -1,5 +1,5 @@
 """Load and soak (issue 18): ``bench/soak.py`` end to end. The default run holds the short
-form (about 20 s of 64 clients on three engines sharing one card, a forced switch every 3 s, a
+form (15 s of 64 clients on three engines sharing one card, a forced switch every 3 s, a
 berthd SIGKILL and restart inside it); ``BERTH_RELIABILITY=long`` adds the load test proper
 (at least 2,000 requests, no faults but the forced switches) and a 3-minute soak.
 
@@ -40,7 +40,7 @@ def _holds(res: dict, *, engine_faults: bool) -> None:
 
 
 def test_soak_short_form():
-    res = _soak("--minutes", "0.35", "--fault-every", "8", timeout=150)
+    res = _soak("--minutes", "0.25", "--fault-every", "6", timeout=150)
     assert res["faults"].get("berthd_sigkill", 0) >= 1, res
     _holds(res, engine_faults=True)
 
