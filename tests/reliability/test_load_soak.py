@@ -1,6 +1,6 @@
 """Load and soak (issue 18): ``bench/soak.py`` end to end. The default run holds the short
-form (15 s of 64 clients on three engines sharing one card, a forced switch every 3 s, a
-berthd SIGKILL and restart inside it); ``BERTH_RELIABILITY=long`` adds the load test proper
+form (18 s of 64 clients on three engines sharing one card, a forced switch every 3 s, a
+berthd SIGKILL and restart and an engine SIGKILL inside it); ``BERTH_RELIABILITY=long`` adds the load test proper
 (at least 2,000 requests, no faults but the forced switches) and a 3-minute soak.
 
 Every request must end 200 and complete, or 503 with a reason, before its deadline: no hang,
@@ -40,8 +40,8 @@ def _holds(res: dict, *, engine_faults: bool) -> None:
 
 
 def test_soak_short_form():
-    res = _soak("--minutes", "0.25", "--fault-every", "6", timeout=150)
-    assert res["faults"].get("berthd_sigkill", 0) >= 1, res
+    res = _soak("--minutes", "0.3", "--fault-every", "5", timeout=150)
+    assert res["faults"].get("berthd_sigkill", 0) >= 1 and res["faults"].get("engine_sigkill", 0) >= 1, res
     _holds(res, engine_faults=True)
 
 
