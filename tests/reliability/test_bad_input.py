@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from berth.config import ConfigError, parse
 from berth.daemon import restore, store
 from tests.berthd import Berthd, api, sim_config, wait_for
+from tests.reliability.conftest import LONG
 
 #: State files that parse as TOML (or not at all) but have the wrong shape.
 CORRUPT = {
@@ -118,7 +119,8 @@ _junk = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_siz
                      max_leaves=8)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60 if LONG else 25, deadline=None,
+          suppress_health_check=list(HealthCheck))
 @given(method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]),
        path=st.sampled_from(["/v1/leases", "/v1/leases/{id}", "/v1/leases/{id}/report",
                              "/v1/leases/{id}/attach", "/v1/leases/{id}/release",
