@@ -39,9 +39,12 @@ __all__ = ["NvmlDriver", "map_host_pids", "NO_DRIVER_HINT"]
 
 log = logging.getLogger(__name__)
 
+# `berth sim init` alone is no way out: berthd reads its cards from berth.toml, and
+# kind = "sim" without [[driver.cards]] is refused, so the hint names both and the example.
 NO_DRIVER_HINT = ('To run Berth without an NVIDIA GPU, use the simulated cards: set '
-                  '`[driver] kind = "sim"` in berth.toml and declare [[driver.cards]] '
-                  '(or run `berth sim init --card gpu0=24GiB`).')
+                  '`[driver] kind = "sim"` in berth.toml (BERTH_CONFIG) and declare each card '
+                  'as a [[driver.cards]] entry (pci, name, total), as core/examples/berth.toml '
+                  'does; `berth demo` runs the main job on a simulated card with no config.')
 
 # NVML return codes (nvml.h); read from the module when it has them.
 _UNINITIALIZED, _NOT_SUPPORTED, _NOT_FOUND, _DRIVER_NOT_LOADED = 1, 3, 6, 9

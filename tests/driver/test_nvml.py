@@ -188,6 +188,10 @@ def test_no_driver_names_the_sim_driver(monkeypatch, code):
         NvmlDriver()
     msg = str(e.value)
     assert "no NVIDIA driver was found" in msg and 'kind = "sim"' in msg and "berth.toml" in msg
+    # `berth sim init` alone leaves berthd on NVML (its cards come from berth.toml), so the
+    # hint must not offer it as the way out, as it did ("or run `berth sim init ...`").
+    assert "berth sim init" not in msg and "[[driver.cards]]" in msg
+    assert "core/examples/berth.toml" in msg
 
 
 def test_uninitialised_library_mid_read_names_the_sim_driver(monkeypatch):
