@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 # kind = "sim" without [[driver.cards]] is refused, so the hint names both and the example.
 NO_DRIVER_HINT = ('To run Berth without an NVIDIA GPU, use the simulated cards: set '
                   '`[driver] kind = "sim"` in berth.toml (BERTH_CONFIG) and declare each card '
-                  'as a [[driver.cards]] entry (pci, name, total), as core/examples/berth.toml '
+                  'as a [[driver.cards]] entry (name, total), as core/examples/berth.toml '
                   'does; `berth demo` runs the main job on a simulated card with no config.')
 
 # NVML return codes (nvml.h); read from the module when it has them.

@@ -135,6 +135,9 @@ class Gateway:
             doc = json.loads(body) if body else {}
             if isinstance(doc, dict) and isinstance(doc.get("model"), str):
                 model = doc["model"]
+            elif isinstance(doc, dict) and doc.get("model") is not None:
+                return error(400, "model_invalid", f"model: expected a string naming the model, "
+                                                   f"got {doc['model']!r}")
         except ValueError:
             if model is None:
                 return error(400, "invalid_json", "the body is not JSON and no ?model= is given")

@@ -26,6 +26,10 @@ def test_two_models_routed_to_their_fronts_and_a_parked_one_woken(machine):
     assert doc["error"]["type"] and doc["error"]["code"] == 404
     code, doc, _ = http(m.port, "POST", "/v1/chat/completions", {"messages": []})
     assert code == 400 and doc["reason"] == "model_missing"
+    # A model that is not a string is named as such (it read "must name the model" before).
+    code, doc, _ = http(m.port, "POST", "/v1/chat/completions", {"model": 5, "messages": []})
+    assert code == 400 and doc["reason"] == "model_invalid", doc
+    assert "got 5" in doc["error"]["message"], doc
 
     # Park beta; /v1/models shows it parked, and reading it (again and again) wakes nothing.
     code, out = m.d.call("POST", "/v1/operator/park", {"target": "beta"})
