@@ -6,6 +6,11 @@ from berth.decide.units import format_duration, format_size
 
 from .models import CardConfig, Config
 
+# The engine entry the ComfyUI custom node leases ComfyUI's process under, and the allowance
+# it takes when the entry names none (hosts/comfyui/agent.py, which a core module cannot import).
+COMFYUI = "comfyui"
+COMFYUI_ALLOWANCE_BYTES = 1 << 30
+
 def _card_words(cc: CardConfig, declared_baseline: int | None) -> str:
     """A card's reserve, claims and baseline, in words."""
     s = f"reserve {format_size(cc.reserve)}"
@@ -50,10 +55,20 @@ def summary(cfg: Config) -> str:
         caps = ", ".join(x for x in (f"park={e.park}/{e.adapter}" if e.park else "",
                                      "lend" if e.lend else "",
                                      f"front={e.front}" if e.front else "") if x) or "no park"
+        bound = str(e.bound)
+        if name == COMFYUI and not (e.supervisor or e.url or e.front):
+            # The entry the ComfyUI custom node leases under (hosts/comfyui/agent.py): it takes
+            # the growth bound unless the entry names one, and parks by its own hook.
+            if "bound" not in e.model_fields_set:
+                allowance = (e.growth_allowance if "growth_allowance" in e.model_fields_set
+                             else COMFYUI_ALLOWANCE_BYTES)
+                bound = f"growth (the ComfyUI node's default), allowance {format_size(allowance)}"
+            if not e.park:
+                caps = "parks by the ComfyUI node's hook (not under --highvram or --gpu-only)"
         where = f"supervisor program {e.supervisor} ({e.mode})" if e.supervisor else (e.url or "")
         out.append(f"engine {name}: size {format_size(e.size)}"
                    + (f" on {e.card}" if e.card else "")
-                   + f", bound {e.bound}, priority {e.priority} (keep_warm "
+                   + f", bound {bound}, priority {e.priority} (keep_warm "
                      f"{format_duration(e.keep_warm)}); {caps}"
                    + (f"; {where}" if where else ""))
     return "\n".join(out)

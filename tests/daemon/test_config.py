@@ -221,6 +221,22 @@ def test_the_summary_echoes_baselines_and_the_ram_budget():
     assert "baseline 1.0GiB (configured)" in nvml and "ram budget for parks: auto" in nvml
 
 
+
+def test_the_summary_says_how_the_comfyui_node_leases():
+    """The node leases [engines.comfyui] under the growth bound (allowance 1 GiB unless set)
+    and parks by its hook; `berth config check` said "bound declared ...; no park"."""
+    from berth.config import summary
+    line = [x for x in summary(parse({"engines": {"comfyui": {"size": "20GiB"}}})).splitlines()
+            if x.startswith("engine comfyui")][0]
+    assert "bound growth" in line and "allowance 1.0GiB" in line and "hook" in line, line
+    line = [x for x in summary(parse({"engines": {"comfyui": {"size": "20GiB",
+                                                              "bound": "declared"}}})).splitlines()
+            if x.startswith("engine comfyui")][0]
+    assert "bound declared" in line, line
+    from berth.config.summary import COMFYUI, COMFYUI_ALLOWANCE_BYTES
+    from berth_hosts.comfyui.agent import DEFAULT_ALLOWANCE_BYTES, ENGINE
+    assert (COMFYUI, COMFYUI_ALLOWANCE_BYTES) == (ENGINE, DEFAULT_ALLOWANCE_BYTES)
+
 # -- what the config names, against the plugins (issue 11 "Plugins checked at startup") -------
 TYPO = '''
 [engines.qwen]
