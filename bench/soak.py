@@ -10,8 +10,8 @@ with SIGKILL (its run ends; it is started again, as llama-swap would), and an op
 an engine (started again). ``--no-faults``: load and forced switches only.
 
 A request ends in one of: ``answered`` (200 with tokens), a 503 with a reason (counted by
-reason), ``other`` (another status or a refused connection, by kind: expected while an engine
-is down), or a hang (no answer before its deadline). The card's OOM counter is read at the end.
+reason), ``other`` (by kind: another status; ``connect``, a refused connection, expected
+while an engine's run is down; ``dropped``, a connection closed with no answer), or a hang (no answer before its deadline). The card's OOM counter is read at the end.
 RSS growth: berthd's from 5 s after each start to the end of that life (the largest), and each
 front's (``berth run``, which serves the front) over the same span for runs that lived long
 enough (the largest).
@@ -176,7 +176,12 @@ class Soak:
             kind = "hang"
         except (urllib.error.URLError, OSError) as e:
             why = getattr(e, "reason", e)
-            kind = "hang" if isinstance(why, (TimeoutError, socket.timeout)) else "connect"
+            if isinstance(why, (TimeoutError, socket.timeout)):
+                kind = "hang"
+            elif isinstance(why, ConnectionRefusedError):
+                kind = "connect"        # no front listens: its run is down (an engine fault)
+            else:
+                kind = "dropped"        # a front took the request and closed without an answer
         held = time.monotonic() - t0
         with self.lock:
             self.sent += 1
