@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.berthd import Berthd, sim_config
@@ -43,7 +44,12 @@ def make_user():
     yield make
     for name in made:
         uid = pwd.getpwnam(name).pw_uid
-        subprocess.run(["pkill", "-KILL", "-U", str(uid)], check=False)
+        for p in psutil.process_iter(["uids"]):     # what the test ran as that user, by pid
+            if p.info["uids"] and p.info["uids"].real == uid:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
         p = Path(f"/tmp/berth-{uid}")
         if p.is_symlink() or p.is_file():
             p.unlink()
