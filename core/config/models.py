@@ -110,6 +110,7 @@ class PolicyConfig(_Strict):
     juggle_max_swaps: Whole = Field(4, ge=0)
     read_interval: ReadInterval = 1.0
     hook_residual_guess: Size = 2 << 30
+    max_job: PositiveDuration = 3600.0
 
     def policy(self) -> Policy:
         return Policy(queue=self.queue, scan_max_skips=self.scan_max_skips,
@@ -118,7 +119,7 @@ class PolicyConfig(_Strict):
                       min_turn_s=self.min_turn, juggle_window_s=self.juggle_window,
                       juggle_max_swaps=self.juggle_max_swaps,
                       hook_residual_guess_bytes=self.hook_residual_guess,
-                      read_interval_s=self.read_interval)
+                      read_interval_s=self.read_interval, max_job_s=self.max_job)
 
 
 class EngineConfig(_Strict):
@@ -128,6 +129,10 @@ class EngineConfig(_Strict):
     ``berth run --front`` line (seed 002). ``park``/``lend`` need a ``front`` (rule 3).
     ``supervisor`` names a supervisord program (issue 7), with ``mode`` observe or gate.
     ``card`` is a card's short name or PCI address (kept normalised, as berthd keys cards).
+    ``max_job`` bounds how long the ladder waits for this engine's requests in flight before it
+    displaces it anyway (default: ``[policy] max_job``, an hour); ``preempt = true`` lets this
+    engine, when of higher priority, displace a holder without waiting for its requests in
+    flight (issue 12 case 4).
     """
 
     url: str | None = None
@@ -147,6 +152,8 @@ class EngineConfig(_Strict):
     max_priority: OptPriority = None
     # How long after its last request the priority still protects the idle engine (issue 16).
     keep_warm: Duration = DEFAULT_KEEP_WARM_S
+    max_job: PositiveDuration | None = None
+    preempt: StrictBool = False
     supervisor: str | None = None
     mode: Literal["observe", "gate"] = "observe"
     options: dict[str, Any] = Field(default_factory=dict)

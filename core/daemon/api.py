@@ -22,6 +22,7 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
                                            the growth (202; the reservation grows once the
                                            ladder made room: ``GET /v1/leases/{id}``)
 ``POST /v1/leases/{id}/touch``             the engine served a request
+``POST /v1/leases/{id}/jobs``              ``{"in_flight"}``: requests its front forwards now
 ``POST /v1/leases/{id}/ready``             the engine answers: its minimum turn starts
 ``POST /v1/leases/{id}/release``           the run is done (``?wait=S``: until the driver
                                            confirms the memory free)
@@ -54,9 +55,9 @@ from pathlib import Path
 import psutil
 from aiohttp import web
 
-from berth.daemon.api_bodies import (AttachBody, ExtendBody, LeaseBody, OperatorBody, ReleaseBody,
-                                     ReportBody, ShareBody, error, errors, parse_body,
-                                     query_number)
+from berth.daemon.api_bodies import (AttachBody, ExtendBody, JobsBody, LeaseBody, OperatorBody,
+                                     ReleaseBody, ReportBody, ShareBody, error, errors,
+                                     parse_body, query_number)
 from berth.daemon.api_claims import (auth, claim, is_operator, is_self_or_descendant, may_release,
                                      may_report, peer_of, priority_cap)
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
@@ -181,6 +182,7 @@ async def request_lease(request: web.Request) -> web.Response:
             if peer is not None and not is_self_or_descendant(owner.pid, peer[0]):
                 raise web.HTTPBadRequest(reason=f"owner_pid: {owner.pid} is neither the caller "
                                                 f"({peer[0]}) nor a process it started")
+    entry = broker.cfg.engines.get(body.engine)
     lease = Lease(id=broker.new_lease_id(body.engine), engine=body.engine, shares=shares,
                   priority=body.priority, bound=body.bound,
                   growth_allowance_bytes=body.growth_allowance, need_bytes=need,
@@ -191,7 +193,9 @@ async def request_lease(request: web.Request) -> web.Response:
                   owner_start_time=owner.start_time if owner else None,
                   pid=adopted.pid if adopted else None,
                   start_time=adopted.start_time if adopted else None,
-                  restart_grace_s=body.restart_grace)
+                  restart_grace_s=body.restart_grace,
+                  max_job_s=entry.max_job if entry is not None else None,
+                  may_preempt=entry.preempt if entry is not None else False)
     if adopted is not None:
         log.info("lease %s adopts pid %s (%s), which holds %s", lease.id, adopted.pid, why,
                  ", ".join(f"{p}={b}" for p, b in use.items()))
@@ -212,13 +216,33 @@ async def wait_grant(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     timeout = query_number(request, "timeout", 30.0, 0.0, 600.0)
-    g = await broker.wait_grant(lid, timeout)
+    g = await broker.wait_grant(lid, timeout, _wait_version(request))
     if g is None:
         pos = [w.lease_id for w in broker.sched.queue].index(lid) if lid in broker.sched.queue else None
-        return web.json_response({"granted": False, "queue_position": pos})
+        return web.json_response({"granted": False, "queue_position": pos,
+                                  "wait": _wait(broker, lid)})
     return web.json_response({"granted": True, "cards": _cards_json(broker, g.cards), "rung": g.rung,
                               "driver": {"kind": broker.driver.kind, "sim_dir": broker.sim_dir},
                               "policy": _limits(broker)})
+
+
+def _wait_version(request: web.Request) -> int | None:
+    """``?wait_version=N``: the version of the lease's wait the caller knows; a long poll then
+    returns as soon as it changes (issue 12 case 6)."""
+    raw = request.query.get("wait_version")
+    if raw is None:
+        return None
+    if not raw.isdigit():
+        raise web.HTTPBadRequest(reason=f"wait_version: expected a whole number, got {raw!r}")
+    return int(raw)
+
+
+def _wait(broker: Broker, lid: str) -> dict:
+    """Why the lease (or its wake) waits: ``{"why", "lasting", "version"}``; ``why`` is
+    ``None`` when it does not wait. ``lasting``: nothing under way can change it, so a front
+    answers a held request at once."""
+    ch = broker.channels.get(lid)
+    return dict(ch.wait) if ch is not None else {"why": None, "lasting": False, "version": 0}
 
 
 def _limits(broker: Broker) -> dict:
@@ -275,12 +299,13 @@ async def instructions(request: web.Request) -> web.Response:
     timeout = query_number(request, "timeout", 25.0, 0.0, 600.0)
     if lid not in broker.channels:
         raise KeyError(f"lease {lid!r}: not known")
-    ins, ended = await broker.instructions(lid, after, timeout)
+    ins, ended = await broker.instructions(lid, after, timeout, _wait_version(request))
     lease = broker.sched.ledger.leases.get(lid)
     pids = sorted({p for ps in broker.lease_pids.get(lid, {}).values() for p in ps})
     return web.json_response({
         "instructions": [{"op": i.op, "seq": i.seq, "cards": list(i.cards), "bytes": i.bytes,
-                          "reason": i.reason} for i in ins],
+                          "reason": i.reason, "quiet_s": i.quiet_s} for i in ins],
+        "wait": _wait(broker, lid),
         "pids": pids,
         "use": {p: s.used_bytes for p, s in lease.shares.items()} if lease else {},
         "ram_available_bytes": _ram_available(broker, lid),
@@ -305,7 +330,20 @@ async def wake(request: web.Request) -> web.Response:
     lid = request.match_info["id"]
     lease = _lease(broker, lid)
     await broker.submit(lambda now: broker.sched.wake(lid, now))
-    return web.json_response({"id": lid, "states": {p: s.state.value for p, s in lease.shares.items()}})
+    return web.json_response({"id": lid, "states": {p: s.state.value for p, s in lease.shares.items()},
+                              "wait": _wait(broker, lid)})
+
+
+async def jobs(request: web.Request) -> web.Response:
+    """``{"in_flight": N}``: the requests the lease's front forwards now (issue 12 case 4)."""
+    broker = request.app[BROKER]
+    lid = request.match_info["id"]
+    body: JobsBody = await parse_body(request, JobsBody)
+    refused = _not_owner(_lease(broker, lid), request, "report the jobs of")
+    if refused is not None:
+        return refused
+    await broker.submit(lambda now: broker.sched.jobs(lid, body.in_flight, now))
+    return web.json_response({"id": lid, "in_flight": body.in_flight})
 
 
 async def extend(request: web.Request) -> web.Response:
@@ -455,6 +493,7 @@ def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Applicat
     r.add_delete("/v1/leases/{id}/wake", unwake)
     r.add_post("/v1/leases/{id}/extend", extend)
     r.add_post("/v1/leases/{id}/touch", touch)
+    r.add_post("/v1/leases/{id}/jobs", jobs)
     r.add_post("/v1/leases/{id}/ready", ready)
     r.add_post("/v1/leases/{id}/release", release)
     r.add_post("/v1/operator/{op}", operator)

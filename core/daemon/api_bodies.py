@@ -19,7 +19,7 @@ from berth.daemon.broker import LeaseGone
 from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
 
-__all__ = ["AttachBody", "LeaseBody", "OperatorBody", "ReleaseBody", "ReportBody", "ShareBody",
+__all__ = ["AttachBody", "JobsBody", "LeaseBody", "OperatorBody", "ReleaseBody", "ReportBody", "ShareBody",
            "error", "errors", "parse_body", "query_number"]
 
 log = logging.getLogger("berth.daemon.api")
@@ -73,6 +73,10 @@ class AttachBody(_Body):
     pid: int = Field(gt=0)
     start_time: float | None = None
     host: str | None = None
+
+
+class JobsBody(_Body):
+    in_flight: int = Field(ge=0, le=1_000_000)
 
 
 class ReportBody(_Body):

@@ -28,14 +28,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import re
 import time
 from pathlib import Path
 from typing import Callable
 
 from berth.config import Config
 from berth.daemon import restore, status
-from berth.daemon.channels import Channel, LeaseGone, Timeline
+from berth.daemon.channels import Channel, LeaseGone, Timeline, set_waits
 from berth.daemon.costs import SwitchCosts
 from berth.daemon.reads import Reads
 from berth.decide.effects import Effect, Ended, Granted, Instruct, Note, Rejected, Until, Watch
@@ -109,12 +108,19 @@ class Broker:
         for pci, card in led.cards.items():
             r = self.reads.read(pci)
             cc = self.cfg.card_config(pci, card.name)
+            known = r.processes_known and all(b is not None for b in r.processes.values())
             if cc.baseline is not None:
                 card.baseline_bytes = cc.baseline
+            elif known:
+                # What the card uses with no process on it (driver context, display): every
+                # process is a lease's or a stowaway, whenever it came, and its bytes go when
+                # it goes (issue 12 case 5).
+                card.baseline_bytes = max(0, r.total_bytes - r.free_bytes
+                                          - sum(b or 0 for b in r.processes.values()))
             elif snap is not None and pci in snap.baselines and self.restored:
                 card.baseline_bytes = snap.baselines[pci]
             else:
-                # Measured with no leases: everything on the card now is the baseline.
+                # The driver cannot say per process: all of it is the baseline until then.
                 card.baseline_bytes = max(0, r.total_bytes - r.free_bytes)
                 self.reads.baseline_pids[pci] = set(r.processes)
             card.free_bytes, card.read_at = r.free_bytes, now
@@ -170,13 +176,14 @@ class Broker:
         while True:
             fn, fut = await self._inbox.get()
             try:
-                fx = fn(self.clock())
+                fx = self.reads.read_if_asked(self.sched, fn(self.clock()), self.clock)
             except Exception as e:          # refused: nothing changed
                 if not fut.done():
                     fut.set_exception(e)
                 continue
             try:
                 self._carry_out(fx)
+                set_waits(self.channels, self.sched)
                 if fx:
                     # A note alone may mark a change the state file must keep (an attach's
                     # pid, ready, hold), or a restart would lose it (rule 5).
@@ -227,9 +234,10 @@ class Broker:
 
     # -- requests from the API ---------------------------------------------------------------
     def new_lease_id(self, engine: str) -> str:
-        """A lease id safe in a URL path: the engine's name with anything but letters, digits,
-        ``.``, ``_`` and ``-`` replaced by ``-``, then a time stamp and a counter."""
-        safe = re.sub(r"[^A-Za-z0-9._-]", "-", engine)[:60] or "engine"
+        """A lease id safe in a URL path once percent-encoded: the engine's name with anything
+        but letters and digits (any script: ``模型`` stays), ``.``, ``_`` and ``-`` replaced by
+        ``-``, then a time stamp and a counter."""
+        safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in engine)[:60] or "engine"
         while True:
             lid = f"{safe}-{int(time.time()) % 100000:05d}-{next(self._ids)}"
             if lid not in self.sched.ledger.leases:
@@ -245,24 +253,27 @@ class Broker:
             self.channels.pop(lease.id, None)
             raise
 
-    async def wait_grant(self, lease_id: str, timeout_s: float) -> Granted | None:
-        """The grant, or ``None`` after ``timeout_s``. Raises :class:`LeaseGone` or ``KeyError``."""
+    async def wait_grant(self, lease_id: str, timeout_s: float,
+                         wait_version: int | None = None) -> Granted | None:
+        """The grant, or ``None`` after ``timeout_s`` (or once the lease's wait differs from
+        ``wait_version``). Raises :class:`LeaseGone` or ``KeyError``."""
         ch = self.channels.get(lease_id)
         if ch is None:
             raise KeyError(f"lease {lease_id!r}: not known")
         lease = self.sched.ledger.leases.get(lease_id)
         if lease is not None and not lease.is_waiting():
             ch.grant_now(Granted(lease_id, {p: s.reserved_bytes for p, s in lease.shares.items()}))
-        return await ch.wait_grant(timeout_s, self._closing)
+        return await ch.wait_grant(timeout_s, self._closing, wait_version)
 
-    async def instructions(self, lease_id: str, after_seq: int, timeout_s: float):
+    async def instructions(self, lease_id: str, after_seq: int, timeout_s: float,
+                           wait_version: int | None = None):
         """Instructions with ``seq > after_seq`` not yet reported, waiting up to
         ``timeout_s`` for one. Returns ``(instructions, ended_reason_or_None)``. Raises
         ``KeyError`` for an unknown lease."""
         ch = self.channels.get(lease_id)
         if ch is None:
             raise KeyError(f"lease {lease_id!r}: not known")
-        return await ch.wait_instructions(after_seq, timeout_s, self._closing)
+        return await ch.wait_instructions(after_seq, timeout_s, self._closing, wait_version)
 
     def reported(self, lease_id: str, op: str) -> None:
         ch = self.channels.get(lease_id)
@@ -286,21 +297,11 @@ class Broker:
             except TimeoutError:
                 pass
             self._kick.clear()
-            try:
-                reads, dead = self.reads.read_all()
-            except DriverError as e:
-                log.error("driver read failed: %s", e)
-                continue
-            except Exception:
-                log.exception("driver read failed")
-                continue
 
-            def apply(now, reads=reads, dead=dead):
-                fx = self.sched.observe(reads, now)
-                for lid in dead:
-                    if lid in self.sched.ledger.leases:
-                        fx += self.sched.exited(lid, now)
-                return fx + self.sched.tick(now)
+            def apply(now):
+                # The read is taken inside the single writer, so a grant it allows is decided
+                # on it and nothing else (rule 1).
+                return self.reads.observe_now(self.sched, now) + self.sched.tick(now)
             try:
                 await self.submit(apply)
             except Exception:
@@ -323,10 +324,11 @@ class Broker:
                 r = None
             if r is not None:
                 use = r.use_of(pids) if r.processes_known else None
-                cr = self.reads.card_read(w.pci, r)
 
-                def apply(now, cr=cr, use=use):
-                    return self.sched.observe({w.pci: cr}, now) + self.sched.confirmed(
+                def apply(now, use=use):
+                    # The confirming read proves the event; what is granted on the freed
+                    # memory is decided on a read taken now, inside the writer (rule 1).
+                    return self.reads.observe_now(self.sched, now) + self.sched.confirmed(
                         w.lease_id, w.pci, w.until, now, use_bytes=use)
                 await self.submit(apply)
                 return

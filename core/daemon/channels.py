@@ -16,7 +16,7 @@ from typing import Callable
 from berth.decide.effects import Granted, Instruct
 from berth.decide.model import Op
 
-__all__ = ["LeaseGone", "Channel", "Timeline"]
+__all__ = ["LeaseGone", "Channel", "Timeline", "set_waits"]
 
 
 class LeaseGone(Exception):
@@ -44,6 +44,15 @@ class Channel:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     ended: str | None = None
     version: int = 0
+    #: Why the lease (or its wake) waits, as ``{"why", "lasting", "version"}``; the version
+    #: grows on every change so a long poll can return when it changes (issue 12 case 6).
+    wait: dict = field(default_factory=lambda: {"why": None, "lasting": False, "version": 0})
+
+    def set_wait(self, why: str | None, lasting: bool) -> None:
+        """Record the lease's wait; wake the polls waiting on this channel if it changed."""
+        if (why, lasting) != (self.wait["why"], self.wait["lasting"]):
+            self.wait = {"why": why, "lasting": lasting, "version": self.wait["version"] + 1}
+            self.touch()
 
     @classmethod
     def new(cls) -> "Channel":
@@ -81,11 +90,30 @@ class Channel:
     def reported(self, op: str) -> None:
         self.pending = [i for i in self.pending if i.op != op]
 
-    async def wait_grant(self, timeout_s: float, closing: Callable[[], bool]) -> Granted | None:
-        """The grant, or ``None`` after ``timeout_s`` (or when berthd closes). Raises
+    async def wait_grant(self, timeout_s: float, closing: Callable[[], bool],
+                         wait_version: int | None = None) -> Granted | None:
+        """The grant, or ``None`` after ``timeout_s`` (or when berthd closes, or, given
+        ``wait_version``, as soon as the wait's version differs from it). Raises
         :class:`LeaseGone`."""
+        async def wait_changed():
+            async with self.changed:
+                await self.changed.wait_for(lambda: self.wait["version"] != wait_version
+                                            or closing())
         try:
-            return await asyncio.wait_for(asyncio.shield(self.grant), timeout_s)
+            if wait_version is None or self.grant.done():
+                return await asyncio.wait_for(asyncio.shield(self.grant), timeout_s)
+            changed = asyncio.ensure_future(wait_changed())
+            try:
+                done, _ = await asyncio.wait({asyncio.shield(self.grant), changed},
+                                             timeout=timeout_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+            if self.grant.done() and not self.grant.cancelled():
+                return self.grant.result()
+            if self.grant.cancelled() and not closing():
+                self.grant = asyncio.get_running_loop().create_future()
+            return None
         except (TimeoutError, asyncio.CancelledError):
             if self.grant.cancelled() and not closing():
                 self.grant = asyncio.get_running_loop().create_future()
@@ -94,20 +122,34 @@ class Channel:
             return None
 
     async def wait_instructions(self, after_seq: int, timeout_s: float,
-                                closing: Callable[[], bool]) -> tuple[list[Instruct], str | None]:
+                                closing: Callable[[], bool], wait_version: int | None = None
+                                ) -> tuple[list[Instruct], str | None]:
         """Instructions with ``seq > after_seq`` not yet reported, waiting up to
-        ``timeout_s`` for one. Returns ``(instructions, ended_reason_or_None)``."""
+        ``timeout_s`` for one (or, given ``wait_version``, for the wait to change). Returns
+        ``(instructions, ended_reason_or_None)``."""
         def ready():
             return [i for i in self.pending if i.seq > after_seq]
+
+        def moved():
+            return wait_version is not None and self.wait["version"] != wait_version
         async with self.changed:
-            if not ready() and self.ended is None and not closing():
+            if not ready() and self.ended is None and not closing() and not moved():
                 try:
                     await asyncio.wait_for(self.changed.wait_for(
-                        lambda: bool(ready()) or self.ended is not None or closing()),
-                        timeout_s)
+                        lambda: bool(ready()) or self.ended is not None or closing()
+                        or moved()), timeout_s)
                 except TimeoutError:
                     pass
         return ready(), self.ended
+
+
+def set_waits(channels: dict[str, Channel], sched) -> None:
+    """Tell each live lease's channel why it waits (``sched.wait_cause``), so the polls waiting
+    on it return when that changes (issue 12 case 6)."""
+    for lid, ch in channels.items():
+        if ch.ended is None:
+            why, lasting = sched.wait_cause(lid) if lid in sched.ledger.leases else (None, False)
+            ch.set_wait(why, lasting)
 
 
 class Timeline:

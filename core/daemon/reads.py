@@ -9,13 +9,17 @@ the single writer as ``observe``/``exited``.
 
 from __future__ import annotations
 
-from berth.decide.effects import CardRead, Effect, Note, Until, Watch
+import logging
+
+from berth.decide.effects import CardRead, Effect, Note, ReadCards, Until, Watch
 from berth.decide.ledger import Ledger
 from berth.decide.model import LIVE_STATES, Lease
-from berth.driver.base import Driver, PidsGone, Reading, UseAtMost
+from berth.driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost
 from berth.process import ProcessId, alive, tree_pids
 
 __all__ = ["Reads"]
+
+log = logging.getLogger("berth.daemon.broker")
 
 
 class Reads:
@@ -92,10 +96,38 @@ class Reads:
         # A waiting lease's process (adopted by a host plugin before its grant) holds
         # memory nothing granted: it counts as a stowaway until the grant (ledger.available).
         waiting = {le.id for le in leases if le.is_waiting()}
-        stow = sum(b or 0 for pid, b in r.processes.items()
-                   if (pid not in owner or owner[pid] in waiting) and pid not in base)
-        return CardRead(free_bytes=r.free_bytes, stowaway_bytes=stow, used=used,
+        stowaways = {pid: b or 0 for pid, b in r.processes.items()
+                     if (pid not in owner or owner[pid] in waiting) and pid not in base}
+        return CardRead(free_bytes=r.free_bytes, stowaway_bytes=sum(stowaways.values()),
+                        stowaways={p: b for p, b in stowaways.items() if b}, used=used,
                         total_bytes=r.total_bytes)
+
+    def read_if_asked(self, sched, fx: list[Effect], clock) -> list[Effect]:
+        """The scheduler grants only on a driver read taken in the step that grants (rule 1;
+        issue 12 case 1): when ``fx`` asks for one (:class:`ReadCards`), read every card now,
+        inside the single writer, and let ``sched`` decide on that read. Returns the effects
+        without the requests."""
+        for _ in range(2):
+            if not any(isinstance(e, ReadCards) for e in fx):
+                break
+            fx = [e for e in fx if not isinstance(e, ReadCards)] + self.observe_now(sched, clock())
+        return [e for e in fx if not isinstance(e, ReadCards)]
+
+    def observe_now(self, sched, now: float) -> list[Effect]:
+        """Read every card and feed it to ``sched`` (``observe``, then ``exited`` for each
+        holder found dead). Called inside the single writer, so nothing changes between the
+        read and the decisions made on it (rule 1; STYLE.md: a read that gates a mutation is
+        taken inside the writer). A failed read is logged and changes nothing."""
+        try:
+            reads, dead = self.read_all()
+        except DriverError as e:
+            log.error("driver read failed: %s", e)
+            return []
+        fx = sched.observe(reads, now)
+        for lid in dead:
+            if lid in sched.ledger.leases:
+                fx += sched.exited(lid, now)
+        return fx
 
     def card_read(self, pci: str, r: Reading) -> CardRead:
         """A confirmation read of ``pci`` as a :class:`CardRead` (stowaways as last counted)."""

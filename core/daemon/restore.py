@@ -82,9 +82,8 @@ def restore(snap: store.Snapshot | None, sched: Scheduler, driver: Driver,
     :class:`~berth.driver.base.DriverError`."""
     if snap is None:
         return [], [], []
-    for k, v in snap.counters.items():
-        if hasattr(sched.counters, k):
-            setattr(sched.counters, k, v)
+    # The counters are "since start" (the board says so): a new berthd starts them at zero
+    # (issue 12 case 7); the state file keeps them only for whoever reads it.
     waiting = {lid: (kind, since) for lid, kind, since in snap.waiting}
     led = sched.ledger
     reads = {pci: driver.read(pci) for pci in led.cards}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from berth.decide.admission import WaitKind
-from berth.decide.ledger import counted_bytes
+from berth.decide.ledger import RESIDUAL_SLACK_BYTES, counted_bytes
 from berth.decide.measures import reserve_fraction, suggested_reserve
 from berth.decide.model import Lease, Share, ShareState
 from berth.process import ProcessId, alive
@@ -31,8 +31,7 @@ def board(broker: "Broker") -> dict:
         v = led.view(pci)
         shares = [{"lease": le.id, "engine": le.engine, "state": sh.state.value,
                    "counted_bytes": _counted(sh), "held": le.held,
-                   "over_bytes": max(0, (sh.used_bytes or 0) - sh.reserved_bytes)
-                   if sh.state is S.ACTIVE else 0}
+                   "over_bytes": _over(sh)}
                   for le, sh in led.shares_on(pci) if sh.state not in (S.WAITING, S.FREED)]
         cards.append({"pci": pci, "name": c.name, "uuid": c.uuid,
                       "total_bytes": c.total_bytes, "reserve_bytes": c.reserve_bytes,
@@ -50,7 +49,7 @@ def board(broker: "Broker") -> dict:
         leases.append({**extra,
             "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
             "priority": le.priority, "bound": le.bound.value, "held": le.held,
-            "ready": le.ready_at is not None,
+            "ready": le.ready_at is not None, "in_flight": le.in_flight,
             "capabilities": le.caps.as_dict(),
             "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
                         "size_bytes": sh.size_bytes, "state": sh.state.value,
@@ -65,6 +64,7 @@ def board(broker: "Broker") -> dict:
                          for p, b in w.need.items()],
                 "since": w.since, "waited_s": round(now - w.since, 3), "skips": w.skips,
                 "why": broker.sched.why_waiting(w.lease_id),
+                "lasting": broker.sched.wait_cause(w.lease_id)[1],
                 **_running_unleased(led.leases[w.lease_id], w.kind.value)}
                for w in broker.sched.queue]
     counters = broker.sched.counters.as_dict()
@@ -146,3 +146,12 @@ def _in_ram(sh: Share) -> int:
 
 def _counted(sh: Share) -> int:
     return counted_bytes(sh)
+
+
+def _over(sh) -> int:
+    """Bytes an active share uses past its reservation, once past the slack the scheduler
+    allows before it says so (a KV block over a full lease is not "over its lease")."""
+    used = sh.used_bytes or 0
+    if sh.state is not S.ACTIVE or used <= sh.reserved_bytes + RESIDUAL_SLACK_BYTES:
+        return 0
+    return used - sh.reserved_bytes

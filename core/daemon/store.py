@@ -83,6 +83,7 @@ def _lease_dict(le: Lease) -> dict:
         "resumed_at": le.resumed_at,
         "last_used_at": le.last_used_at, "held": le.held,
         "restart_grace_s": le.restart_grace_s, "restarting_until": le.restarting_until,
+        "max_job_s": le.max_job_s, "may_preempt": le.may_preempt,
         "shares": [_share_dict(sh) for sh in le.shares.values()],
     })
 
@@ -166,7 +167,9 @@ def _lease_from(d: dict) -> Lease:
         last_used_at=float(d.get("last_used_at", 0)),
         held=bool(d.get("held", False)),
         restart_grace_s=float(d.get("restart_grace_s", 0.0)),
-        restarting_until=d.get("restarting_until"))
+        restarting_until=d.get("restarting_until"),
+        max_job_s=float(d["max_job_s"]) if d.get("max_job_s") is not None else None,
+        may_preempt=bool(d.get("may_preempt", False)))
 
 
 def load(path: Path) -> Snapshot | None:

@@ -35,12 +35,17 @@ def ending_fields(sh: Share) -> dict:
 class Actions(SchedulerState):
     """Each method changes the ledger for one lease and returns the effects to carry out."""
 
-    def _begin_park(self, lease: Lease, now: float, reason: str) -> list[Effect]:
+    def _begin_park(self, lease: Lease, now: float, reason: str,
+                    quiet_s: float | None = None) -> list[Effect]:
+        """Park: the front first waits up to ``quiet_s`` for the requests in flight (issue 12
+        case 4), so the release grace counts from after that wait."""
         seq = next(self._seq)
-        fx: list[Effect] = [Instruct(lease.id, Op.PARK, tuple(lease.shares), seq, reason=reason)]
+        fx: list[Effect] = [Instruct(lease.id, Op.PARK, tuple(lease.shares), seq, reason=reason,
+                                     quiet_s=quiet_s)]
         for pci, sh in lease.shares.items():
             self.ledger.move(lease.id, pci, S.PARKING, now, parked_bytes=counted_bytes(sh))
-            self.deadlines[(lease.id, pci, Op.PARK)] = now + self.policy.release_grace_s
+            self.deadlines[(lease.id, pci, Op.PARK)] = now + (quiet_s or 0.0) \
+                + self.policy.release_grace_s
         if lease.caps.park is ParkMechanism.CHECKPOINT:
             self.counters.checkpoints += 1
         else:
@@ -48,16 +53,21 @@ class Actions(SchedulerState):
         fx.append(Note(lease.id, "park", f"{lease.engine} parks by {lease.caps.park} ({reason})"))
         return fx
 
-    def _begin_lend(self, lease: Lease, pci: str, n: int, now: float, reason: str) -> list[Effect]:
+    def _begin_lend(self, lease: Lease, pci: str, n: int, now: float, reason: str,
+                    quiet_s: float | None = None) -> list[Effect]:
         self.ledger.move(lease.id, pci, S.LENDING, now, lent_bytes=n)
-        self.deadlines[(lease.id, pci, Op.LEND)] = now + self.policy.release_grace_s
+        self.deadlines[(lease.id, pci, Op.LEND)] = now + (quiet_s or 0.0) \
+            + self.policy.release_grace_s
         self.counters.lends += 1
-        return [Instruct(lease.id, Op.LEND, (pci,), next(self._seq), {pci: n}, reason=reason),
+        return [Instruct(lease.id, Op.LEND, (pci,), next(self._seq), {pci: n}, reason=reason,
+                         quiet_s=quiet_s),
                 Note(lease.id, "lend", f"{lease.engine} lends {format_size(n)} on {self._name(pci)} "
                      f"({reason})", {"card": pci, "bytes": n})]
 
-    def _stop(self, lease: Lease, now: float, reason: str) -> list[Effect]:
-        """Drain: every live share -> draining, and tell the run to stop its engine."""
+    def _stop(self, lease: Lease, now: float, reason: str,
+              quiet_s: float | None = None) -> list[Effect]:
+        """Drain: every live share -> draining, and tell the run to stop its engine, after its
+        requests in flight end if ``quiet_s`` allows (issue 12 case 4)."""
         fx: list[Effect] = []
         moved = False
         for pci, sh in lease.shares.items():
@@ -73,13 +83,18 @@ class Actions(SchedulerState):
             self.wake_wanted.discard(lease.id)
             self.counters.drains += 1
             fx.insert(0, Instruct(lease.id, Op.DRAIN, tuple(lease.shares), next(self._seq),
-                                  reason=reason))
+                                  reason=reason, quiet_s=quiet_s))
             fx.append(Note(lease.id, "drain", f"{lease.engine} drains ({reason})"))
         return fx
 
     def _fallback(self, lease: Lease, now: float, why: str) -> list[Effect]:
-        """Rule 4: a park or lend that did not free the memory falls back to a drain."""
+        """Rule 4: a park or lend that did not free the memory, or a wake or return that did
+        not answer, falls back to a drain. A room that counted on the step is now made by a
+        drain, and its grant says so."""
         self.counters.fallbacks_to_drain += 1
+        for room in self.rooms.values():
+            if lease.id in room.pending:
+                room.fell_back.add(lease.id)
         fx: list[Effect] = [Note(lease.id, "fallback", f"{lease.engine}: {why}; falling back "
                                                        f"to drain")]
         return fx + self._stop(lease, now, f"fallback: {why}")

@@ -56,6 +56,8 @@ class Policy:
     - ``hook_residual_guess_bytes``: the residual the ladder expects from a hook park it has never
       measured for that engine (checkpoint parks leave nothing).
     - ``read_interval_s``: how often the daemon reads the driver (for the suggested reserve).
+    - ``max_job_s``: how long the ladder waits for a holder's requests in flight before it
+      displaces it anyway (an engine entry's ``max_job`` overrides it; issue 12 case 4).
     """
 
     queue: QueuePolicy = QueuePolicy.SCAN
@@ -69,6 +71,7 @@ class Policy:
     juggle_max_swaps: int = 4
     hook_residual_guess_bytes: int = 2 << 30
     read_interval_s: float = 1.0
+    max_job_s: float = 3600.0
 
 
 class Fit(enum.StrEnum):
@@ -221,16 +224,21 @@ class PassResult:
     """What one admission pass decided. ``granted`` were applied to the ledger already;
     ``never`` are waiters that can never fit (with a reason); ``rejected_with_free`` counts the
     waiters refused for the first time while free bytes above the watermark stood on all their
-    cards (seed 000 "Measuring whether the policy works")."""
+    cards (seed 000 "Measuring whether the policy works"). ``stale``: cards on which a waiter
+    fits by a read older than this pass (a read must be taken first, rule 1). ``behind`` maps a
+    waiter held back by an earlier one on its cards to that earlier waiter's lease id."""
 
     granted: list[Waiter] = field(default_factory=list)
     never: list[tuple[Waiter, str]] = field(default_factory=list)
     rejected_with_free: int = 0
+    stale: set[str] = field(default_factory=set)
+    behind: dict[str, str] = field(default_factory=dict)
 
 
 def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
                    make_room: Callable[[Waiter], bool] | None = None,
-                   room_in_flight: Callable[[Waiter], bool] | None = None) -> PassResult:
+                   room_in_flight: Callable[[Waiter], bool] | None = None,
+                   fresh: Callable[[str], bool] | None = None) -> PassResult:
     """One pass over the queue in order; grants what the policy admits.
 
     Waiters for whom room has been made (they hold an earmark) go first: holders were already
@@ -238,7 +246,10 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
     Then the rest, in queue order. Steps, numbered as in the code:
 
     1. a waiter that can never fit on one of its cards is taken out (``never``);
-    2. a waiter that fits and is not held back by an earlier waiter on its cards is granted;
+    2. a waiter that fits and is not held back by an earlier waiter on its cards is granted,
+       if every one of its cards was read in this step (``fresh``); otherwise its cards go in
+       ``stale`` and are held, so the caller reads them and passes again (rule 1: a grant is
+       decided on a driver read taken after the request, never on the last periodic one);
     3. a waiter that does not fit yet but whose room is being made (``room_in_flight``) holds its
        cards: nothing behind it on those cards is admitted, whatever the policy;
     4. a waiter that does not fit (or is held back) is refused for now; ``make_room`` may start
@@ -251,6 +262,7 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
     """
     res = PassResult()
     held: set[str] = set()        # cards held for an earlier waiter
+    held_by: dict[str, str] = {}  # card -> the earlier waiter holding it
     skippable: list[Waiter] = []  # earlier refused waiters that a later grant skips past
     order = list(queue)
     order = [w for w in order if w.lease_id in ledger.earmarks] + \
@@ -272,6 +284,11 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
             continue
         fits = all(v is Fit.FITS for v in verdicts.values())
         # (2)
+        if fits and not (cards & held) and fresh is not None \
+                and not all(fresh(p) for p in cards):
+            res.stale |= cards
+            _hold(held, held_by, cards, w)
+            continue
         if fits and not (cards & held):
             queue.remove(w.lease_id)
             grant(ledger, w, now)
@@ -280,12 +297,14 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
                 if set(earlier.need) & cards:
                     earlier.skips += 1
                     if earlier.skips >= policy.scan_max_skips:   # it turns strict now
-                        held |= set(earlier.need)
+                        _hold(held, held_by, set(earlier.need), earlier)
                         skippable.remove(earlier)
             continue
+        if cards & held:
+            res.behind[w.lease_id] = held_by[sorted(cards & held)[0]]
         # (3)
         if room_in_flight is not None and room_in_flight(w):
-            held |= cards
+            _hold(held, held_by, cards, w)
             continue
         # (4)
         if not w.counted_rejected and all(ledger.available(p, w.lease_id) > 0 for p in cards):
@@ -299,7 +318,13 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
         hopeless = any(b > ledger.capacity(p) for p, b in need.items())
         if started or (not hopeless and (policy.queue is QueuePolicy.STRICT or (
                 w.skips >= policy.scan_max_skips or now - w.since >= policy.scan_max_wait_s))):
-            held |= cards
+            _hold(held, held_by, cards, w)
         elif not hopeless:
             skippable.append(w)
     return res
+
+
+def _hold(held: set[str], held_by: dict[str, str], cards: set[str], w: Waiter) -> None:
+    for pci in cards - held:
+        held_by[pci] = w.lease_id
+    held |= cards

@@ -50,15 +50,21 @@ class Deadlines(Rooms):
         fx = self._cancel_room(lease_id, now)
         self.queue.remove(lease_id)
         self.wake_wanted.discard(lease_id)
+        lease.in_flight, lease.busy_since = 0, None
+        moved = False
         for pci, sh in lease.shares.items():
-            for op in Op:
-                self.deadlines.pop((lease_id, pci, op), None)
             if sh.state is S.WAITING:
                 self.ledger.move(lease_id, pci, S.FREED, now)
             elif sh.state in LIVE_STATES:
+                for op in Op:
+                    self.deadlines.pop((lease_id, pci, op), None)
                 self.ledger.move(lease_id, pci, S.RELEASED, now, **ending_fields(sh))
                 fx.append(self._watch(lease, pci, Until.FREED, 0, now, self.policy.release_grace_s))
-        fx.append(Note(lease_id, "exit", f"{lease.engine} exited"))
+                moved = True
+        if moved:
+            # One exit is news once: the run's drain report, its release and the reader's
+            # sight of the dead process all come here (issue 12 case 7).
+            fx.append(Note(lease_id, "exit", f"{lease.engine} exited"))
         if lease.is_over():
             self._drop(lease_id)
             fx.append(Ended(lease_id, "exited"))
@@ -79,7 +85,7 @@ class Deadlines(Rooms):
                 fx += self._fallback(lease, now, f"{op} not confirmed by the driver within "
                                                  f"release_grace ({self.policy.release_grace_s:g}s)")
             elif op in (Op.WAKE, Op.RETURN) and sh.state in (S.RESUMING, S.RETURNING):
-                fx += self._stop(lease, now, f"{op} did not answer within wake_limit "
+                fx += self._fallback(lease, now, f"{op} did not answer within wake_limit "
                                              f"({self.policy.wake_limit_s:g}s)")
             elif op == Op.DRAIN and sh.state in (S.DRAINING, S.RELEASED):
                 fx.append(Note(lid, "drain.overdue", f"{lease.engine}: memory on "

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from .ladder import Rung
 from .model import Op
 
-__all__ = ["Effect", "Granted", "Instruct", "Watch", "Rejected", "Ended", "Note", "CardRead", "Until"]
+__all__ = ["Effect", "Granted", "Instruct", "Watch", "Rejected", "Ended", "Note", "CardRead", "Until",
+           "ReadCards"]
 
 
 class Until(enum.StrEnum):
@@ -41,13 +42,17 @@ class Granted(Effect):
 @dataclass(frozen=True)
 class Instruct(Effect):
     """Tell the run holding ``lease_id`` to act: ``op`` is park, wake, lend, return or drain.
-    ``bytes`` maps PCI address to N for lend/return. ``seq`` orders instructions."""
+    ``bytes`` maps PCI address to N for lend/return. ``seq`` orders instructions.
+    ``quiet_s``: for a park or a drain, how long the front may wait for the requests in flight
+    to end before the engine sleeps or stops (the holder's ``max_job`` left; 0 when a waiter
+    with the right preempts it; issue 12 case 4); ``None`` for the run's own default."""
 
     op: Op
     cards: tuple[str, ...]
     seq: int
     bytes: dict[str, int] = field(default_factory=dict)
     reason: str = ""
+    quiet_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,15 @@ class Watch(Effect):
     max_use_bytes: int
     since: float
     deadline: float
+
+
+@dataclass(frozen=True)
+class ReadCards(Effect):
+    """Read these cards now, inside the single writer, and ``observe`` the read: a waiter fits
+    by the last read, but a grant is decided only on a read taken in its own step (seed 002
+    rule 1; STYLE.md "a read that gates a mutation"; issue 12 case 1). ``lease_id`` is empty."""
+
+    cards: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -87,9 +101,11 @@ class Note(Effect):
 @dataclass(frozen=True)
 class CardRead:
     """One driver read of one card, mapped to leases by the broker. Bytes. ``used`` maps lease
-    id to that lease's use on the card (``None``: the driver cannot say per process)."""
+    id to that lease's use on the card (``None``: the driver cannot say per process).
+    ``stowaways`` maps the PID of each process outside any lease to its bytes."""
 
     free_bytes: int
     stowaway_bytes: int = 0
+    stowaways: dict[int, int] = field(default_factory=dict)
     used: dict[str, int | None] = field(default_factory=dict)
     total_bytes: int | None = None

@@ -14,6 +14,13 @@ minimum turn, hold, juggle guard); the rungs decide only how. Each :class:`Step`
 fallback (rule 4: a park or lend that does not free the memory within the release grace falls
 back to a drain).
 
+A holder with requests in flight (its front reports them) is a victim of last resort, and its
+park or drain waits for them to end (:attr:`Step.quiet_s`, what is left of its ``max_job``);
+only a waiter of higher priority whose entry gives it the right (``may_preempt``) stops it at
+once (issue 12 case 4). :class:`NoPlan` names what stands in the way (a holder with its priority
+and jobs, a stowaway by PID, memory still being confirmed free, the reserve) and says whether
+anything under way could change it (``lasting``; issue 12 case 6).
+
 Pure: no I/O, no clock, no logging. Time is the ``now`` argument.
 """
 
@@ -23,6 +30,7 @@ import enum
 from dataclasses import dataclass, field
 
 from .admission import Policy, Waiter
+from .causes import card_causes, quiet_bound_s
 from .ledger import Ledger, counted_bytes, hook_residual_guess
 from .model import Lease, ParkMechanism, ShareState
 from .units import format_size
@@ -61,7 +69,9 @@ class Step:
     the whole lease; a lend on one card). ``lend_bytes``: N for a lend. ``frees_bytes``: what the
     ladder expects the step to take off each card's count. ``fallback``: the action to take if
     the step is not confirmed within the grace (``None`` for a drain). ``why``: for a drain of
-    a holder that declared a park, why it is not parked (the host RAM budget)."""
+    a holder that declared a park, why it is not parked (the host RAM budget). ``quiet_s``:
+    how long its front may wait for its requests in flight first (seconds); ``jobs``: how many
+    it had when the plan was made."""
 
     lease_id: str
     engine: str
@@ -71,6 +81,8 @@ class Step:
     lend_bytes: int = 0
     fallback: Action | None = None
     why: str = ""
+    quiet_s: float | None = None
+    jobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,10 +96,13 @@ class Plan:
 
 @dataclass(frozen=True)
 class NoPlan:
-    """No way to make room now. ``reason`` names what stood in the way per card."""
+    """No way to make room now. ``reason`` names what stood in the way per card; ``lasting``:
+    nothing under way (a release being confirmed, a minimum turn running out, room being made)
+    could change it, so a client held for it may be answered at once."""
 
     waiter: str
     reason: str
+    lasting: bool = False
 
 
 @dataclass
@@ -122,8 +137,10 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     request (equal priority may be, as llama-swap swaps models; an idle high-priority engine can
     be parked for anyone once that runs out); (4) a busy holder keeps its card for its minimum
     turn, counted from when it could serve (``ready_at``, else at most ``wake_limit_s`` after its
-    grant) or its last wake; (5) the juggle guard: two busy engines swap a card at most
-    ``juggle_max_swaps`` times inside ``juggle_window_s``. Turns and the guard protect work, not
+    grant) or its last wake, against a waiter of equal priority only (a turn guards against
+    equals juggling, never holds back a higher priority; issue 12 case 6); (5) the juggle
+    guard: two busy engines swap a card at most ``juggle_max_swaps`` times inside
+    ``juggle_window_s``. Turns and the guard protect work, not
     idleness (issue 16): an idle holder (:meth:`Lease.idle`) yields at once.
     """
     if holder.id == waiter.id:                                               # (1)
@@ -141,7 +158,7 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     ready = holder.ready_at if holder.ready_at is not None and holder.ready_at >= (
         holder.granted_at or 0.0) else (holder.granted_at or 0.0) + policy.wake_limit_s
     turn_start = max(ready, _last_resume(holder))
-    if now - turn_start < policy.min_turn_s:                                 # (4)
+    if now - turn_start < policy.min_turn_s and holder.priority >= waiter.priority:   # (4)
         return f"{holder.engine} is inside its minimum turn"
     if swaps is not None and policy.juggle_max_swaps >= 0:                   # (5)
         n = swaps.count(holder.engine, waiter.engine, now - policy.juggle_window_s)
@@ -199,11 +216,12 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
         return Plan(w.lease_id, Rung.BESIDE_RESIDUAL if beside else Rung.FIT)
     busy = [p for p in short if p in busy_cards]
     if busy:
-        return NoPlan(w.lease_id, f"room is already being made on {', '.join(busy)}")
+        return NoPlan(w.lease_id, "room is already being made on "
+                      + ", ".join(ledger.cards[p].name for p in busy))
 
-    # Candidates per card: active holders that may be displaced, in victim order (lowest
-    # priority first, then least recently used, then the largest).
-    reasons: dict[str, list[str]] = {}
+    # Candidates per card: active holders that may be displaced, in victim order (idle before
+    # busy, then lowest priority, then least recently used, then the largest).
+    reasons: dict[str, list[tuple[Lease, str, bool]]] = {}
     cands: dict[str, list[Lease]] = {}
     for p in short:
         found = []
@@ -214,13 +232,26 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
             if why is None:
                 found.append(lease)
             else:
-                reasons.setdefault(p, []).append(why)
-        found.sort(key=lambda le: (le.priority, le.last_used_at, -counted_bytes(le.shares[p])))
+                # An operator hold and a higher priority stay; a turn or the guard runs out.
+                lasting = lease.held or lease.priority > waiter.priority
+                reasons.setdefault(p, []).append((lease, why, lasting))
+        found.sort(key=lambda le: (le.in_flight > 0, le.priority, le.last_used_at,
+                                   -counted_bytes(le.shares[p])))
         cands[p] = found
 
     steps: dict[str, Step] = {}   # by lease id
     rung = Rung.FIT
     ram_left = ledger.ram_available_bytes()
+
+    def quiet(lease: Lease) -> float:
+        """How long the holder's front may wait for its jobs: what is left of its max_job,
+        nothing when the waiter may preempt it (issue 12 case 4)."""
+        if preempts(lease):
+            return 0.0
+        return quiet_bound_s(lease, policy.max_job_s, now)
+
+    def preempts(lease: Lease) -> bool:
+        return lease.in_flight > 0 and waiter.may_preempt and waiter.priority > lease.priority
 
     def frees(lease: Lease, action: Action) -> dict[str, int]:
         if action is Action.DRAIN:
@@ -232,10 +263,11 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
         # (3) lend: one holder gives the waiter's size on this card and keeps serving.
         need = w.need[p]
         lender = next((le for le in cands[p] if le.caps.can_lend() and le.id not in steps
-                       and _lendable(le, p) >= need), None)
+                       and _lendable(le, p) >= need and not preempts(le)), None)
         if lender is not None and need >= gap:
             steps[lender.id] = Step(lender.id, lender.engine, Action.LEND, (p,), {p: need},
-                                    lend_bytes=need, fallback=_FALLBACK[Action.LEND])
+                                    lend_bytes=need, fallback=_FALLBACK[Action.LEND],
+                                    quiet_s=quiet(lender), jobs=lender.in_flight)
             rung = max(rung, Rung.LEND, key=RUNGS.index)
             continue
         # (4) park, then (5) drain: greedily, in victim order.
@@ -252,7 +284,8 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
                 action = None
                 whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
                 why = ""
-                if le.caps.can_park() and whole and (ram is None or _ram_cost(le, policy) <= ram):
+                if le.caps.can_park() and whole and not preempts(le) and (
+                        ram is None or _ram_cost(le, policy) <= ram):
                     action = Action.PARK
                 elif allow_drain:
                     action = Action.DRAIN
@@ -268,7 +301,8 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
                 if action is Action.PARK and ram is not None:
                     ram -= _ram_cost(le, policy)
                 trial[le.id] = Step(le.id, le.engine, action, tuple(le.shares), f,
-                                    fallback=_FALLBACK[action], why=why)
+                                    fallback=_FALLBACK[action], why=why, quiet_s=quiet(le),
+                                    jobs=le.in_flight)
                 got += f[p]
             if got >= gap:
                 trial = _prune(trial, p, gap, got)
@@ -279,9 +313,11 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
                         ram_left -= _ram_cost(ledger.leases[st.lease_id], policy)
                 break
         else:
-            why = "; ".join(sorted(set(reasons.get(p, [])))) or "no holder can make room"
+            causes = card_causes(ledger, p, waiter.id, gap, reasons.get(p, []))
             card = ledger.cards[p]
-            return NoPlan(w.lease_id, f"{card.name}: short {format_size(gap)}; {why}")
+            return NoPlan(w.lease_id, f"{card.name}: short {format_size(gap)}; "
+                          + "; ".join(c.text for c in causes),
+                          lasting=all(c.lasting for c in causes))
     return Plan(w.lease_id, rung, tuple(steps.values()))
 
 

@@ -282,6 +282,9 @@ class Lease:
     when it exits on its own while active, its room is kept up to this many seconds for the new
     process, which the host attaches, or releases for good (issue 12 case 2).
     ``restarting_until`` is when that hold ends (``None``: no hold running).
+    ``max_job_s``: how long the ladder waits for its requests in flight before displacing it
+    anyway (``None``: the policy's ``max_job_s``); ``may_preempt`` lets it, when of higher
+    priority, displace a busy holder without waiting (issue 12 case 4).
     """
 
     id: str
@@ -308,6 +311,8 @@ class Lease:
     keep_warm_s: float = DEFAULT_KEEP_WARM_S
     restart_grace_s: float = 0.0
     restarting_until: float | None = None
+    max_job_s: float | None = None
+    may_preempt: bool = False
 
     def idle(self) -> bool:
         """Nothing in flight at its front, as its front last reported (issue 16: turns protect
@@ -340,8 +345,9 @@ class Card:
     """One card, named by its normalised PCI address (seed 002 "Card").
 
     Bytes: ``total_bytes`` from the driver; ``reserve_bytes`` the floor, never granted (seed 000
-    "The watermark"); ``baseline_bytes`` what the card uses with nothing leased;
-    ``stowaway_bytes`` what processes outside any lease hold; ``claims`` bytes the operator sets
+    "The watermark"); ``baseline_bytes`` what the card uses with no process on it (driver
+    context, display); ``stowaway_bytes`` what processes outside any lease hold, and
+    ``stowaways`` the same by PID (issue 12 case 5); ``claims`` bytes the operator sets
     aside for users outside Berth, by name. ``free_bytes`` is the last driver read (``None``
     before the first) and ``read_at`` its time.
     """
@@ -352,6 +358,7 @@ class Card:
     reserve_bytes: int = 0
     baseline_bytes: int = 0
     stowaway_bytes: int = 0
+    stowaways: dict[int, int] = field(default_factory=dict)
     claims: dict[str, int] = field(default_factory=dict)
     free_bytes: int | None = None
     read_at: float | None = None

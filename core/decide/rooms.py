@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .actions import Actions
 from .admission import WaitKind, Waiter, admission_pass
-from .effects import Effect, Ended, Granted, Instruct, Note, Rejected
+from .effects import Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected
+from .causes import jobs_words
 from .ladder import Action, NoPlan, Rung, Step, plan
 from .model import Op, Lease, ShareState
 from .state import Room
@@ -33,7 +34,16 @@ class Rooms(Actions):
             room = self.rooms.get(w.lease_id)
             return room is not None and bool(room.pending)
 
-        res = admission_pass(self.ledger, self.queue, self.policy, now, make_room, in_flight)
+        def fresh(pci: str) -> bool:
+            # Rule 1: a grant is decided on a driver read taken in this very step.
+            at = self.ledger.cards[pci].read_at
+            return at is not None and at >= now
+
+        res = admission_pass(self.ledger, self.queue, self.policy, now, make_room, in_flight,
+                             fresh if self.read_before_grant else None)
+        if res.stale:
+            fx.append(ReadCards("", tuple(sorted(res.stale))))
+        self._behind = res.behind
         self.counters.admissions_rejected_with_free += res.rejected_with_free
         for w, reason in res.never:
             self.counters.rejected_never += 1
@@ -55,6 +65,8 @@ class Rooms(Actions):
         room = self.rooms.pop(w.lease_id, None)
         self._noplan_said.pop(w.lease_id, None)
         rung = room.plan.rung.value if room else Rung.FIT.value
+        if room is not None and room.fell_back:
+            rung = Rung.DRAIN.value       # the room came from a drain after all (rule 4)
         if room is not None:
             for st in room.plan.steps:
                 # The juggle guard counts only swaps where both sides had demand (issue 16).
@@ -116,9 +128,10 @@ class Rooms(Actions):
         p = plan(self.ledger, w, self.policy, now, self.swaps, busy)
         lease = self.ledger.leases[w.lease_id]
         if isinstance(p, NoPlan):
-            if self._noplan_said.get(w.lease_id) != p.reason:
-                self._noplan_said[w.lease_id] = p.reason
-                return [Note(w.lease_id, "wait", f"{lease.engine} waits: {p.reason}")]
+            if self._noplan_said.get(w.lease_id) != (p.reason, p.lasting):
+                self._noplan_said[w.lease_id] = (p.reason, p.lasting)
+                return [Note(w.lease_id, "wait", f"{lease.engine} waits: {p.reason}",
+                             {"lasting": p.lasting})]
             return []
         if not p.steps:
             return []
@@ -137,12 +150,18 @@ class Rooms(Actions):
         for st in p.steps:
             victim = self.ledger.leases[st.lease_id]
             reason = f"room for {lease.engine}"
+            if st.jobs:
+                reason += f", after its {jobs_words(st.jobs)}" if st.quiet_s else \
+                    f", preempting its {jobs_words(st.jobs)}"
+            # A park or lend waits for quiet only when jobs run now (its release grace counts
+            # after that wait); a drain always lets a job that slipped in finish.
+            quiet = st.quiet_s if st.jobs else None
             if st.action is Action.LEND:
-                fx += self._begin_lend(victim, st.cards[0], st.lend_bytes, now, reason)
+                fx += self._begin_lend(victim, st.cards[0], st.lend_bytes, now, reason, quiet)
             elif st.action is Action.PARK:
-                fx += self._begin_park(victim, now, reason)
+                fx += self._begin_park(victim, now, reason, quiet)
             else:
-                fx += self._stop(victim, now, reason)
+                fx += self._stop(victim, now, reason, st.quiet_s)
         return fx
 
     def _cancel_room(self, lease_id: str, now: float) -> list[Effect]:

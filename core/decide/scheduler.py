@@ -31,7 +31,8 @@ import enum
 
 from .admission import WaitKind, Waiter
 from .deadlines import Deadlines
-from .effects import CardRead, Effect, Ended, Granted, Instruct, Note, Rejected, Until, Watch
+from .effects import (CardRead, Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected, Until,
+                      Watch)
 from .model import OPS, Op, Lease, ShareState
 from .state import Room
 from .units import format_size
@@ -39,7 +40,7 @@ from .units import format_size
 S = ShareState
 
 __all__ = ["Scheduler", "Effect", "Granted", "Instruct", "Watch", "Rejected", "Ended", "Note",
-           "CardRead", "Room", "Until", "Hold"]
+           "CardRead", "Room", "Until", "Hold", "ReadCards"]
 
 
 class Hold(enum.StrEnum):
@@ -103,7 +104,8 @@ class Scheduler(Deadlines):
     def jobs(self, lease_id: str, in_flight: int, now: float) -> list[Effect]:
         """The holder's front forwards ``in_flight`` requests now (its run reports each change).
         A holder that goes idle yields at once to anyone waiting (issue 16), so the admission
-        pass runs then. Raises ``ValueError`` for a negative count."""
+        pass runs then; a busy one's park or drain waits for its jobs, up to its ``max_job``
+        (issue 12 case 4). Raises ``ValueError`` for a negative count."""
         if in_flight < 0:
             raise ValueError(f"in_flight: expected a count >= 0, got {in_flight}")
         lease = self.ledger.leases[lease_id]
@@ -140,6 +142,7 @@ class Scheduler(Deadlines):
                 continue
             card.free_bytes, card.read_at = r.free_bytes, now
             card.stowaway_bytes = r.stowaway_bytes
+            card.stowaways = dict(r.stowaways)
             if r.total_bytes is not None:
                 card.total_bytes = r.total_bytes
             for lid, used in r.used.items():
@@ -221,7 +224,7 @@ class Scheduler(Deadlines):
                         self.counters.returns += 1
                     fx.append(Note(lease_id, op, f"{lease.engine} {'woke' if op == Op.WAKE else 'grew back'}"))
                 else:
-                    fx += self._stop(lease, now, f"{op} failed: {detail or 'no reason given'}")
+                    fx += self._fallback(lease, now, f"{op} failed: {detail or 'no reason given'}")
         elif op in (Op.PARK, Op.LEND):
             src = S.PARKING if op == Op.PARK else S.LENDING
             if not ok and src in sts and op == Op.PARK and detail.startswith("busy") \
@@ -242,7 +245,11 @@ class Scheduler(Deadlines):
                 for pci, sh in lease.shares.items():
                     if sh.state is not src:
                         continue
-                    due = self.deadlines.get((lease_id, pci, op), now + self.policy.release_grace_s)
+                    # The deadline covered the front's wait for quiet (up to max_job); the
+                    # engine is done now, so the driver has the release grace from here.
+                    due = min(self.deadlines.get((lease_id, pci, op), float("inf")),
+                              now + self.policy.release_grace_s)
+                    self.deadlines[(lease_id, pci, op)] = due
                     limit = self._max_residual(lease, pci) if op == Op.PARK else \
                         max(0, sh.reserved_bytes - sh.lent_bytes)
                     fx.append(Watch(lease_id, pci, Until.PARKED if op == Op.PARK else Until.LENT, limit,

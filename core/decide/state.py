@@ -8,7 +8,7 @@ change: the ledger, the queue, the rooms being made, the deadlines. Pure: no I/O
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .admission import Policy, Queue
 from .effects import Until, Watch
@@ -16,7 +16,8 @@ from .ladder import Plan, SwapLog
 from .ledger import Ledger, max_residual
 from .measures import Counters, GrowthMeter
 from .model import Lease, ShareState
-from .units import format_size
+from .causes import jobs_words
+from .units import format_duration, format_size
 
 S = ShareState
 
@@ -27,13 +28,15 @@ __all__ = ["SchedulerState", "Room"]
 class Room:
     """Room being made for one waiter: the plan, the waiter's cards, and the victims (lease
     ids) whose steps the driver has not confirmed yet. ``contested``: the victims that had work
-    in flight when the plan was made (only those swaps count for the juggle guard)."""
+    in flight when the plan was made (only those swaps count for the juggle guard).
+    ``fell_back``: those whose step fell back to a drain (rule 4)."""
 
     plan: Plan
     cards: frozenset[str]
     pending: set[str]
     since: float
     contested: frozenset[str] = frozenset()
+    fell_back: set[str] = field(default_factory=set)
 
 
 class SchedulerState:
@@ -51,7 +54,11 @@ class SchedulerState:
         self.deadlines: dict[tuple[str, str, str], float] = {}   # (lease, pci, op) -> time
         self.wake_wanted: set[str] = set()
         self._seq = itertools.count(first_seq)
-        self._noplan_said: dict[str, str] = {}
+        self._noplan_said: dict[str, tuple[str, bool]] = {}   # waiter -> (reason, lasting)
+        self._behind: dict[str, str] = {}      # waiter -> the earlier waiter holding its cards
+        #: Grant only on a driver read taken in the same step (rule 1); the broker reads the
+        #: cards a ReadCards effect names and observes them at once.
+        self.read_before_grant = True
         self._over: set[tuple[str, str]] = set()
 
     def _awaited(self, victim_id: str) -> bool:
@@ -95,10 +102,34 @@ class SchedulerState:
     def why_waiting(self, lease_id: str) -> str | None:
         """Why a waiter is still waiting, in words: room being made, or what the ladder last
         found in the way (``None`` before the first attempt)."""
+        return self.wait_cause(lease_id)[0]
+
+    def wait_cause(self, lease_id: str) -> tuple[str | None, bool]:
+        """``(why, lasting)`` for a waiter: room being made (naming each victim and the
+        requests it finishes first), the earlier waiter it queues behind, or what the ladder
+        last found in the way; ``lasting`` when nothing under way could change that (issue 12
+        case 6). ``(None, False)`` when it is not waiting or before the first attempt."""
+        if lease_id not in self.queue:
+            return None, False
         room = self.rooms.get(lease_id)
         if room is not None and room.pending:
-            return f"room being made by {room.plan.rung}"
-        return self._noplan_said.get(lease_id)
+            parts = []
+            for st in room.plan.steps:
+                if st.lease_id not in room.pending:
+                    continue
+                victim = self.ledger.leases.get(st.lease_id)
+                jobs = victim.in_flight if victim is not None else 0
+                part = f"{st.action} {st.engine}"
+                if jobs and st.quiet_s:
+                    part += (f" once its {jobs_words(jobs)} end (at most "
+                             f"{format_duration(st.quiet_s)})")
+                parts.append(part)
+            return f"room being made by {room.plan.rung}: " + ", ".join(parts), False
+        ahead = self._behind.get(lease_id)
+        if ahead is not None and ahead in self.ledger.leases:
+            return f"queued behind {self.ledger.leases[ahead].engine} for the same card", False
+        said = self._noplan_said.get(lease_id)
+        return (said[0], said[1]) if said else (None, False)
 
     def find(self, key: str) -> Lease:
         """A lease by id, or the one lease of an engine by name. Raises ``KeyError`` for none and

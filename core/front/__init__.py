@@ -68,12 +68,13 @@ The API for ``berth run`` (every method runs on the event loop that called :meth
     await front.start()            # listening (port=0 picks one: front.port), state "starting"
     front.set_upstream(url)        # the engine's base URL; may change at any time
     front.open()                   # starting/closing/asleep/waking -> open: forward (held go too)
-    await front.close_and_drain(timeout_s) -> bool   # open -> closing; True when nothing in flight
+    await front.close_and_drain(timeout_s, why="") -> bool   # open -> closing; True when none in flight
     front.sleep()                  # closing -> asleep (park done) or waking -> asleep (refused)
     front.waking()                 # asleep -> waking: the broker resumes on its own
     front.stopped(reason)          # -> stopped: held and new requests get 503 with reason
     front.starting()               # stopped -> starting: the engine starts again
     front.fail_held(reason) -> int # answer every held request 503 now; the state is unchanged
+    front.set_cause(cause, lasting) # why the lease waits: named in held 503s; lasting: answer now
     front.state, front.since, front.in_flight, front.holding, front.counters()
     await front.stop()             # -> stopped, stop listening, close engine connections
 

@@ -70,6 +70,8 @@ class Front(FastPath):
         self._changed = asyncio.Event()         # replaced on every change; held requests wait on it
         self._fail_epoch, self._fail_reason = 0, ""
         self._stop_reason = "engine stopped"
+        self.cause: str | None = None           # why the engine's lease waits (berthd's words)
+        self.lasting = False                    # nothing under way can end that wait
         self._idle = asyncio.Event()            # set while in_flight == 0
         self._idle.set()
         self._wake_tasks: set[asyncio.Task[None]] = set()
@@ -193,7 +195,7 @@ class Front(FastPath):
             raise RuntimeError(f"front {self.name!r}: set_upstream() before open()")
         return self._move(F.OPEN)
 
-    async def close_and_drain(self, timeout_s: float) -> bool:
+    async def close_and_drain(self, timeout_s: float, why: str = "") -> bool:
         """``open -> closing``: hold new requests and wait up to ``timeout_s`` seconds for the
         in-flight ones to finish. Returns True when none is left. The state stays ``closing``:
         the caller then calls :meth:`sleep` (park done), :meth:`open` (called off) or
@@ -201,7 +203,7 @@ class Front(FastPath):
         In a state that forwards nothing (starting, asleep, waking, stopped) nothing is in flight:
         it returns True at once and leaves the state as it is."""
         if self._state is F.OPEN:
-            self._move(F.CLOSING)
+            self._move(F.CLOSING, why)
         elif self._state is not F.CLOSING:
             return True
         try:
@@ -226,6 +228,14 @@ class Front(FastPath):
         self._stop_reason = reason
         self.fail_held(reason)
         return self._move(F.STOPPED, reason)
+
+    def set_cause(self, cause: str | None, lasting: bool = False) -> None:
+        """Why the engine's lease (or its wake) waits, as berthd says it (issue 12 case 6): a
+        held request's 503 names it. ``lasting``: nothing under way can end the wait, so a held
+        write is answered at once (reason ``no_room``), unless its client asked to wait with
+        ``X-Berth-Deadline``."""
+        self.cause, self.lasting = cause, bool(cause) and lasting
+        self._notify()
 
     def fail_held(self, reason: str) -> int:
         """Answer every request held now with a 503 naming ``reason``; requests that arrive later

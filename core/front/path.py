@@ -90,6 +90,9 @@ class RequestPath:
         client_s = client_deadline_s(req.headers)
         if client_s is not None and client_s - DEADLINE_MARGIN_S < limit_s:
             limit_s, reason = max(0.0, client_s - DEADLINE_MARGIN_S), "client_deadline"
+        # A client that names its own deadline in X-Berth-Deadline asked to wait even when
+        # nothing under way can end the wait (issue 12 case 6).
+        patient = any(k.lower() == b"x-berth-deadline" for k, _ in req.headers)
         epoch = self._fail_epoch
         self.held += 1
         self._holding += 1
@@ -104,6 +107,11 @@ class RequestPath:
                     if st is F.OPEN and (self.max_in_flight is None
                                          or self.in_flight < self.max_in_flight):
                         break
+                    if st is not F.OPEN and self.lasting and not patient:
+                        return self._unavailable(req, "no_room", f"engine {self.name!r} cannot "
+                                                 f"have its card now: {self.cause}; nothing under "
+                                                 "way can change that (send X-Berth-Deadline: "
+                                                 "SECONDS to wait anyway)")
                     if st is F.STOPPED:
                         return self._unavailable(req, self._stop_reason, f"engine "
                                                  f"{self.name!r} is not running: "
@@ -114,9 +122,10 @@ class RequestPath:
         except TimeoutError:
             self.held_timeouts += 1
             who = "the client's deadline" if reason == "client_deadline" else "the wait limit"
+            why = f"; it waits for: {self.cause}" if self.cause else ""
             return self._unavailable(req, reason, f"engine {self.name!r} was not ready within "
-                                     f"{who} ({limit_s:g} s, state {self._state}); the request "
-                                     "was held and not sent")
+                                     f"{who} ({limit_s:g} s, state {self._state}){why}; the "
+                                     "request was held and not sent")
         except asyncio.CancelledError:
             self.client_gone += 1
             raise

@@ -60,6 +60,8 @@ class Actions:
         self.stop_event = stop_event
         #: berthd's reason when it drained the run (the stop sequence names it).
         self.drained: str | None = None
+        #: how long the stop may wait for the requests in flight (berthd's quiet_s, issue 12)
+        self.drain_quiet_s: float | None = None
 
     def context(self, op: Op, ins: dict) -> ActionContext:
         """The hook's context for instruction ``ins`` (``{"op", "cards", "bytes", …}``)."""
@@ -96,6 +98,7 @@ class Actions:
         if op is Op.DRAIN:
             self.stop_event.set()
             self.drained = ins.get("reason", "drained")
+            self.drain_quiet_s = ins.get("quiet_s")
             return
         ok, detail = True, ""
         try:
@@ -125,7 +128,12 @@ class Actions:
     async def _free(self, op: Op, ins: dict) -> None:
         """Park or lend: quiet the front, run the mechanism, then sleep (park) or open (lend)."""
         if self.front is not None:
-            quiet = await self.front.close_and_drain(self.lease.limit("release_grace_s"))
+            # berthd bounds the wait for the requests in flight by the engine's max_job, not by
+            # the release grace (issue 12 case 4); an older berthd sends no quiet_s.
+            wait_s = ins.get("quiet_s")
+            quiet = await self.front.close_and_drain(
+                self.lease.limit("release_grace_s") if wait_s is None else wait_s,
+                why=f"a {op} begins: the requests in flight finish first")
             if not quiet:
                 self.front.open()
                 # "busy": the engine was never touched; berthd calls the park off when

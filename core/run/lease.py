@@ -31,6 +31,7 @@ from berth.decide.model import Op
 from berth.front import Front
 from berth.process import ProcessId
 from berth.run.engine import EngineProcess
+from berth.run.waits import WaitWords
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
     from berth.run.cli import RunOptions
@@ -51,6 +52,14 @@ async def _cancel(task: asyncio.Task) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+async def _wake_again(lease: "LeaseClient") -> None:
+    """A write arrived while its wake was being withdrawn: it asks for the wake again."""
+    try:
+        await lease.on_wake()
+    except Exception as e:
+        lease.front.fail_held(f"wake failed: {e}")
 
 
 def request_body(o: RunOptions) -> dict:
@@ -95,6 +104,7 @@ class LeaseClient:
         self.use: dict[str, int | None] = {}
         self.ram_available: int | None = None
         self._touching = False
+        self.waits = WaitWords(opts.engine)
 
     async def close(self) -> None:
         await self.client.close()
@@ -170,8 +180,11 @@ class LeaseClient:
         return None
 
     async def _grant_once(self) -> dict | None:
+        """One grant poll; it also returns when berthd's reason for the wait changes."""
         try:
-            g = await self.client.wait_grant(self.lease_id, _GRANT_POLL_S)
+            g = await self.client.call("GET", f"/v1/leases/{self.lease_id}/grant",
+                                       timeout_s=_GRANT_POLL_S + 10, timeout=_GRANT_POLL_S,
+                                       wait_version=self.waits.version)
         except BerthdUnavailable:
             await asyncio.sleep(1.0)
             return None
@@ -179,6 +192,7 @@ class LeaseClient:
             if e.status in (404, 410):
                 return {"gone": e.message}
             raise
+        self.waits.update(g.get("wait"))
         return g if g.get("granted") else None
 
     # -- telling berthd ------------------------------------------------------------------------
@@ -245,8 +259,10 @@ class LeaseClient:
                     await self._reconnect(engine)
                     continue
                 try:
-                    r = await self.client.instructions(self.lease_id, self.after_seq,
-                                                       _INSTRUCTION_POLL_S)
+                    r = await self.client.call(
+                        "GET", f"/v1/leases/{self.lease_id}/instructions",
+                        timeout_s=_INSTRUCTION_POLL_S + 10, after=self.after_seq,
+                        timeout=_INSTRUCTION_POLL_S, wait_version=self.waits.version)
                     backoff = 0.5
                 except BerthdUnavailable:
                     await asyncio.sleep(backoff)
@@ -264,6 +280,7 @@ class LeaseClient:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
+                self.waits.update(r.get("wait"))
                 self.pids = r.get("pids") or []
                 self.use = r.get("use") or {}
                 self.ram_available = r.get("ram_available_bytes")
@@ -326,7 +343,8 @@ class LeaseClient:
         if not self.lease_id:
             raise RuntimeError("berthd is unavailable, so the engine cannot be woken safely")
         try:
-            await self.client.wake(self.lease_id)
+            r = await self.client.wake(self.lease_id)
+            self.waits.update(r.get("wait"))
         except BerthdUnavailable as e:
             raise RuntimeError(f"berthd is unavailable ({e}); the engine stays parked") from None
 
@@ -345,6 +363,8 @@ class LeaseClient:
                 with contextlib.suppress(Exception):
                     self.front.sleep()
                 log.info("the requests that asked for the wake have gone; it stays parked")
+            elif r.get("withdrawn") and self.front is not None:   # a write came meanwhile
+                await _wake_again(self)
         asyncio.get_running_loop().create_task(withdraw())
 
     def on_activity(self) -> None:

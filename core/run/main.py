@@ -46,6 +46,7 @@ from berth.front import Front
 from berth.run.actions import Actions
 from berth.run.engine import EngineProcess, NoEngine
 from berth.run.lease import LeaseClient
+from berth.run.waits import JobReporter
 from berth_plugins.manager import is_write, make_plugin_manager
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
@@ -98,6 +99,7 @@ class EngineRun:
                 self.front = None
                 return 2
         self.lease.front = self.front
+        self.lease.waits.front = self.front
         self.actions = Actions(self.o, pm, self.lease, self.engine, self.front, self.stop_event)
         granted = await self.lease.acquire()
         if granted is None:
@@ -127,13 +129,18 @@ class EngineRun:
         elif not healthy.done():
             healthy.cancel()
         instr = asyncio.create_task(self.lease.follow(self.actions.carry_out, self.engine))
+        # berthd's ladder waits for the requests in flight (issue 12 case 4): tell it.
+        jobs = asyncio.create_task(JobReporter(self.front, self.lease).run()) \
+            if self.front is not None else None
         try:
             if engine_exit not in done and stop not in done:
                 await asyncio.wait({engine_exit, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            instr.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await instr
+            for t in (instr, jobs):
+                if t is not None:
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
         if engine_exit.done():
             code = engine_exit.result()
             log.info("%s exited on its own with %s", self.o.engine, code)
@@ -151,8 +158,11 @@ class EngineRun:
         why = self.actions.drained or why
         log.info("stopping %s (%s)", self.o.engine, why)
         if self.front is not None:
+            # A drain for room lets the requests in flight finish, bounded by the engine's
+            # max_job (berthd's quiet_s; issue 12 case 4); a plain stop gives them stop_grace.
+            grace = max(self.o.stop_grace_s, self.actions.drain_quiet_s or 0.0)
             with contextlib.suppress(Exception):
-                await self.front.close_and_drain(self.o.stop_grace_s)
+                await self.front.close_and_drain(grace, why=f"the engine stops ({why})")
             self.front.stopped(f"engine stopped: {why}")
         code = await self.engine.kill()
         await self.lease.report(Op.DRAIN, True, why, warn=False)

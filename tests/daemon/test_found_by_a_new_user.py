@@ -62,7 +62,9 @@ def test_the_policy_wait_limit_applies_to_the_runs_front(berthd, runs):
     wait_for(lambda: d.state_of("B") == "waiting", what="B waiting")
     wait_for(lambda: _listening(port), what="B's front")
     t0 = time.monotonic()
-    status, body = _post(port)
+    # The holder has a higher priority, so nothing under way can end B's wait: a client that
+    # asks to wait (X-Berth-Deadline) is held to the wait limit; others hear at once (issue 12).
+    status, body = _post(port, {"X-Berth-Deadline": "60"})
     assert status == 503 and body["reason"] == "wait_limit"
     assert time.monotonic() - t0 < 5            # 1 s from berth.toml, not the 120 s default
 
@@ -165,10 +167,10 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _post(port: int) -> tuple[int, dict]:
+def _post(port: int, headers: dict | None = None) -> tuple[int, dict]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", method="POST",
                                  data=b'{"messages":[{"role":"user","content":"hi"}]}',
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from berth.decide.admission import Policy
 from berth.decide.model import Capabilities, Card, Lease, ParkMechanism, Share, ShareState
-from berth.decide.scheduler import (CardRead, Effect, Ended, Granted, Instruct, Rejected, Scheduler,
+from berth.decide.scheduler import (CardRead, Effect, Ended, Granted, Instruct, ReadCards, Rejected,
+                                    Scheduler,
                              Watch)
 
 GiB = 1 << 30
@@ -84,6 +85,7 @@ class World:
 
     def apply(self, fx: list[Effect]) -> None:
         ready = []
+        read = False
         for e in fx:
             self.effects.append(e)
             if isinstance(e, Granted):
@@ -100,7 +102,11 @@ class World:
                 self.ended.add(e.lease_id)
             elif isinstance(e, Rejected):
                 self.rejected.add(e.lease_id)
+            elif isinstance(e, ReadCards):
+                read = True                                # the broker reads at once (rule 1)
         self.check_no_oom()
+        if read:
+            self.read()
         for lid in ready:
             if lid in self.s.ledger.leases and lid in self.alive:
                 self.apply(self.s.ready(lid, self.now))

@@ -21,14 +21,16 @@ CHAT = {"model": "B", "stream": True, "max_tokens": 4,
 
 
 def _request(port: int, method: str, path: str, body: dict | None = None,
-             timeout_s: float = 30.0) -> tuple[int, dict, dict[str, str], float]:
+             timeout_s: float = 30.0, headers: dict | None = None
+             ) -> tuple[int, dict, dict[str, str], float]:
     """One HTTP request: (status, JSON body or {}, headers, seconds)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
     t0 = time.monotonic()
     try:
         data = json.dumps(body).encode() if body is not None else None
         conn.request(method, path, body=data,
-                     headers={"Content-Type": "application/json"} if data else {})
+                     headers={**({"Content-Type": "application/json"} if data else {}),
+                              **(headers or {})})
         r = conn.getresponse()
         raw = r.read()
         elapsed = time.monotonic() - t0
@@ -59,7 +61,10 @@ def test_a_write_held_past_the_wait_limit_gets_a_503_naming_the_limit(world):
     b.spawn()
     wait_for(lambda: d.state_of("B") == "waiting", 20, "B waiting for its lease")
     wait_for(lambda: b.health() == 503, 20, "B's front listening")
-    status, body, headers, elapsed = _request(b.port, "POST", "/v1/chat/completions", CHAT)
+    # Nothing under way can end B's wait (the holder has the higher priority): a client that
+    # asks to wait (X-Berth-Deadline) is held to the wait limit (issue 12 case 6).
+    status, body, headers, elapsed = _request(b.port, "POST", "/v1/chat/completions", CHAT,
+                                              headers={"X-Berth-Deadline": "60"})
     assert status == 503, body
     _berth_503(body, "wait_limit")
     assert "wait limit" in body["error"]["message"] and "1 s" in body["error"]["message"], body
@@ -67,7 +72,7 @@ def test_a_write_held_past_the_wait_limit_gets_a_503_naming_the_limit(world):
     assert 0.9 <= elapsed < 3.0, elapsed
     # The same answer through the OpenAI client: an APIStatusError, not a hang.
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{b.port}/v1", api_key="x", max_retries=0,
-                           timeout=30)
+                           timeout=30, default_headers={"X-Berth-Deadline": "60"})
     t0 = time.monotonic()
     with pytest.raises(openai.APIStatusError) as exc:
         client.chat.completions.create(model="B", messages=CHAT["messages"], max_tokens=4,

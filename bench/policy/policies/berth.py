@@ -41,7 +41,8 @@ from berth.decide.admission import QueuePolicy
 from berth.decide.ledger import Ledger
 from berth.decide.measures import reserve_fraction
 from berth.decide.model import Bound, Capabilities, Card, Lease, Op, ParkMechanism, Share, ShareState
-from berth.decide.scheduler import CardRead, Ended, Granted, Instruct, Note, Rejected, Scheduler, Watch
+from berth.decide.scheduler import (CardRead, Ended, Granted, Instruct, Note, ReadCards, Rejected,
+                                    Scheduler, Watch)
 
 from ..world import EXITED, GONE, PARKED, READY
 from .base import SimPolicy
@@ -242,6 +243,10 @@ class BerthPolicy(SimPolicy):
                 self._ended(f.lease_id)
             elif isinstance(f, Note):
                 self.notes[f.kind] += 1
+            elif isinstance(f, ReadCards):
+                # berthd reads these cards at once, inside its single writer (rule 1).
+                self._apply(self.sched.observe({p: self._card_read(p) for p in f.cards},
+                                               self.world.now))
         self._schedule_tick()
 
     def _instruct(self, f: Instruct) -> None:

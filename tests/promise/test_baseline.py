@@ -1,0 +1,34 @@
+"""Issue 12 case 5: the baseline is what the card uses with no process on it; a process without a
+lease is a stowaway whenever it came, and its bytes go when it goes.
+
+Seen on main before the fix: a process holding 8 GiB when berthd started was measured into the
+baseline; after it exited and the driver showed the card free, a 20 GiB lease was refused as "more
+than its capacity" until berthd restarted."""
+
+from __future__ import annotations
+
+from tests.berthd import wait_for
+from tests.promise.conftest import GiB, declare_sim
+
+
+def test_a_stowaway_from_before_berthd_leaves_with_its_bytes(tmp_path, berthd, holders):
+    declare_sim(tmp_path)
+    early = holders()
+    assert early.alloc(8 * GiB)
+    d = berthd()
+    card = d.status()["cards"][0]
+    assert card["baseline_bytes"] == 0, card
+    wait_for(lambda: d.status()["cards"][0]["stowaway_bytes"] == 8 * GiB, 5, "8 GiB of stowaway")
+    stow = d.status()["cards"][0]["stowaways"]
+    assert stow == [{"pid": early.pid, "bytes": 8 * GiB}], stow
+    early.exit()
+    from berth.sim.cards import SimCards
+    wait_for(lambda: SimCards(tmp_path / "sim").snapshot().cards[0].free_bytes == 24 * GiB, 5,
+             "the driver to show the card free")
+    code, r = d.call("POST", "/v1/leases", {"engine": "big",
+                                            "shares": [{"card": "gpu0", "size": "20GiB"}]})
+    assert code == 201, r
+    code, g = d.call("GET", f"/v1/leases/{r['id']}/grant?timeout=3")
+    assert code == 200 and g["granted"], g
+    card = d.status()["cards"][0]
+    assert card["stowaway_bytes"] == 0 and card["stowaways"] == [], card

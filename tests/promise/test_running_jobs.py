@@ -1,0 +1,74 @@
+"""Issue 12 case 4: a running job is not killed to make room when it could finish.
+
+engine A streams a long answer; engine B needs A's room. The ladder knows A's requests in flight
+(its front reports them): A is not displaced until they end (bounded by A's ``max_job``), and B
+is told why while it waits. Seen on main before the fix: without a park, A was drained at once
+and its stream died after a few tokens; with a checkpoint park, the park waited the release grace
+(4 s here) for A to go quiet, then fell back to a drain and the stream died."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.berthd import wait_for
+from tests.promise.conftest import Chat, engine_run, free_port, in_thread, serving
+
+TOKENS, RATE = 80, 20.0      # a 4 s stream
+
+
+def _race(d, runs, park: bool, tokens: int = TOKENS):
+    port = free_port()
+    # 2 GiB of weights: the stand-in cuda-checkpoint moves them well inside the grace.
+    engine_run(d, runs, "A", front=port, park=park, tokens_per_s=RATE, weights="2GiB")
+    wait_for(lambda: serving(d, "A"), 20, "A serving")
+    job = Chat(port, max_tokens=tokens, stream=True, timeout_s=30)
+    t = in_thread(job)
+    wait_for(lambda: job.tokens > 0, 10, "A's stream started")
+    wait_for(lambda: (d.lease_of("A") or {}).get("in_flight") == 1, 5, "A's job known to berthd")
+    engine_run(d, runs, "B")
+    why = wait_for(lambda: (d.status()["waiting"] or [{}])[0].get("why"), 10, "B waiting")
+    assert "A" in why and "1 request in flight" in why, why
+    t.join(30)
+    assert job.status == 200 and job.error is None, (job.status, job.error)
+    assert job.tokens == tokens and job.finish == "length", (job.tokens, job.finish)
+    wait_for(lambda: serving(d, "B"), 20, "B serving once A's job ended")
+    return d
+
+
+def test_a_job_in_flight_finishes_before_a_drain(berthd, runs):
+    d = _race(berthd(), runs, park=False)
+    assert d.status()["counters"]["drains"] == 1
+
+
+LONG = pytest.mark.skipif(not os.environ.get("BERTH_PROMISE_LONG"),
+                          reason="a longer form (about 10 s): set BERTH_PROMISE_LONG=1")
+
+
+def test_a_park_waits_for_the_job_not_the_release_grace(berthd, runs):
+    # An 8 s job against a 4 s release grace (the stand-in cuda-checkpoint needs a few of
+    # those seconds on a loaded machine).
+    d = _race(berthd(policy={"release_grace": "4s", "ram_budget": "64GiB"}), runs, park=True,
+              tokens=160)
+    c = d.status()["counters"]
+    assert c["fallbacks_to_drain"] == 0 and c["drains"] == 0, c
+    assert d.state_of("A") == "parked"
+
+
+@LONG
+def test_max_job_bounds_the_wait(berthd, runs):
+    d = berthd(extra='[engines.A]\nsize = "14GiB"\nmax_job = "1s"\n')
+    port = free_port()
+    engine_run(d, runs, "A", front=port, tokens_per_s=RATE)
+    wait_for(lambda: serving(d, "A"), 20, "A serving")
+    job = Chat(port, max_tokens=10 * TOKENS, stream=True, timeout_s=40)
+    t = in_thread(job)
+    wait_for(lambda: job.tokens > 0, 10, "A's stream started")
+    t0 = time.monotonic()
+    engine_run(d, runs, "B")
+    wait_for(lambda: serving(d, "B"), 15, "B serving after A's max_job")
+    t.join(10)
+    assert job.finish is None, "the 30 s job cannot have finished"
+    assert time.monotonic() - t0 < 12

@@ -1,0 +1,69 @@
+"""Issue 12 case 6: a wait that cannot end is answered at once, every held request's 503 names
+its cause, and a higher priority is not held back by a lower one's minimum turn.
+
+Seen on main before the fix: (1) a higher priority waited out the holder's whole minimum turn
+(not granted within 8 s of a 30 s turn); (2) a lower priority's chat, held while an idle
+higher-priority engine held the card, waited the wait limit (10 s) and got "wait_limit" with no
+cause; (3) a parked engine whose card a stowaway filled held its chat the whole wait limit and
+said "state waking"."""
+
+from __future__ import annotations
+
+import time
+
+from tests.berthd import wait_for
+from tests.promise.conftest import (GiB, Chat, engine_run, free_port, in_thread, run_log,
+                                    serving)
+
+
+def test_a_higher_priority_is_not_held_by_a_minimum_turn(berthd, runs):
+    d = berthd(policy={"min_turn": "30s"})
+    engine_run(d, runs, "low", priority=0)
+    wait_for(lambda: serving(d, "low"), 20, "low serving")
+    t0 = time.monotonic()
+    engine_run(d, runs, "high", priority=5)
+    wait_for(lambda: serving(d, "high"), 8, "high granted inside low's minimum turn")
+    assert time.monotonic() - t0 < 8
+
+
+def test_a_lower_priority_is_told_at_once_who_holds_the_card(berthd, runs):
+    d = berthd(policy={"wait_limit": "10s"})
+    engine_run(d, runs, "boss", priority=5)
+    wait_for(lambda: serving(d, "boss"), 20, "boss serving")
+    port = free_port()
+    engine_run(d, runs, "minion", priority=0, front=port)
+    wait_for(lambda: d.status()["waiting"], 10, "minion waiting")
+    c = Chat(port, timeout_s=30)()
+    assert c.status == 503, c.body
+    assert c.total_s < 3, f"held {c.total_s:.1f}s though nothing could change"
+    msg = c.body["error"]["message"]
+    assert c.body["reason"] == "no_room", c.body
+    assert "boss" in msg and "priority 5" in msg and "0 requests in flight" in msg, msg
+    # berth run says why it waits, in its own log, where llama-swap users look.
+    wait_for(lambda: "boss" in run_log(d, "minion") and "priority 5" in run_log(d, "minion"),
+             5, "the wait reason in minion's log")
+
+
+def test_a_parked_engine_behind_a_stowaway_answers_at_once(berthd, runs, holders):
+    d = berthd(policy={"wait_limit": "10s", "ram_budget": "64GiB"})
+    port = free_port()
+    engine_run(d, runs, "sleepy", front=port, park=True, weights="2GiB")
+    wait_for(lambda: serving(d, "sleepy"), 20, "sleepy serving")
+    assert d.call("POST", "/v1/operator/park", {"target": "sleepy"})[0] == 200
+    wait_for(lambda: d.state_of("sleepy") == "parked", 10, "sleepy parked")
+    stow = holders()
+    assert stow.alloc(20 * GiB)
+    c = Chat(port, timeout_s=30)()
+    assert c.status == 503, c.body
+    assert c.total_s < 3, f"held {c.total_s:.1f}s though no holder could make room"
+    msg = c.body["error"]["message"]
+    assert "stowaway" in msg and str(stow.pid) in msg and "20.0GiB" in msg, msg
+    # A client that asks to wait (X-Berth-Deadline) is held, and served once the room is there.
+    patient = Chat(port, headers={"X-Berth-Deadline": "20"}, timeout_s=30)
+    t = in_thread(patient)
+    wait_for(lambda: "stowaway" in ((d.status()["waiting"] or [{}])[0].get("why") or ""), 5,
+             "the wake waiting on the stowaway")
+    stow.free()
+    t.join(25)
+    assert patient.status == 200, (patient.status, patient.body)
+    assert d.sim_oom() == 0
