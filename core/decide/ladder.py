@@ -232,8 +232,11 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
             if why is None:
                 found.append(lease)
             else:
-                # An operator hold and a higher priority stay; a turn or the guard runs out.
-                lasting = lease.held or lease.priority > waiter.priority
+                # An operator hold and a busy higher priority stay; a turn, the guard and an
+                # idle holder's keep_warm (when shorter than a held request's wait) run out.
+                warm_left = lease.keep_warm_s - (now - lease.last_used_at)
+                lasting = lease.held or lease.priority > waiter.priority and (
+                    not lease.idle() or warm_left > policy.wait_limit_s)
                 reasons.setdefault(p, []).append((lease, why, lasting))
         found.sort(key=lambda le: (le.in_flight > 0, le.priority, le.last_used_at,
                                    -counted_bytes(le.shares[p])))
