@@ -58,9 +58,16 @@ class Route:
 
 def address_url(addr: str | None) -> str | None:
     """``"host:port"`` or a URL -> a base URL without a trailing slash; ``None`` for a word such
-    as ``"gateway"`` or ``"comfyui-port"`` (a front that is not an address)."""
+    as ``"gateway"`` or ``"comfyui-port"`` (a front that is not an address). A described front,
+    such as the ComfyUI node's ``"comfyui-node http://127.0.0.1:8188[; FLAG: ...]"``, gives the
+    URL it names (read whole, it became ``http://comfyui-node http://...``)."""
     if not addr:
         return None
+    words = addr.replace(";", " ").split()
+    if len(words) != 1:
+        urls = [w for w in words if w.startswith(("http://", "https://"))]
+        return urls[0].rstrip("/") if urls else None
+    addr = words[0]
     if addr.startswith(("http://", "https://")):
         return addr.rstrip("/")
     host, sep, port = addr.rpartition(":")

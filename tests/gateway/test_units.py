@@ -82,6 +82,30 @@ def test_states_and_addresses():
     assert address_url("127.0.0.1:80") == "http://127.0.0.1:80"
     assert address_url("http://h:1/") == "http://h:1"
     assert address_url("comfyui-port") is None and address_url(None) is None
+    assert address_url("a word: not 1") is None
+
+
+def test_the_comfyui_nodes_lease_routes_to_the_url_it_names(tmp_path):
+    """The node registers its front as ``comfyui-node URL[; FLAG ...]``; the gateway sent
+    ComfyUI's API to ``http://comfyui-node http://127.0.0.1:8188`` (a 502), even over an
+    entry's ``url``."""
+    from berth.client import Client
+    from berth.config import parse
+    from berth.gateway.table import LocalTable
+
+    def target(entry: dict, front: str) -> str | None:
+        t = LocalTable(parse({"engines": {"comfyui": entry}}), Client(socket=tmp_path / "x"))
+        st = {"leases": [{"id": "comfyui-1-1", "engine": "comfyui",
+                          "capabilities": {"front": front},
+                          "shares": [{"state": "active"}]}], "waiting": []}
+        return {r.name: r.target for r in t._build(st)}["comfyui"]
+
+    assert target({"size": "4GiB"}, "comfyui-node http://127.0.0.1:8188") \
+        == "http://127.0.0.1:8188"
+    assert target({"size": "4GiB"}, "comfyui-node http://127.0.0.1:8188/; --highvram: "
+                                    "unloading frees nothing, no park") == "http://127.0.0.1:8188"
+    assert target({"url": "http://127.0.0.1:9"}, "comfyui-node http://127.0.0.1:8188") \
+        == "http://127.0.0.1:8188"
 
 
 def test_network_config_is_off_by_default_and_checks_peers_and_key():
