@@ -143,9 +143,14 @@ class LocalTable:
                 st = await self.client.call("GET", "/v1/status", timeout_s=5.0)
             except (BerthdUnavailable, ApiError, asyncio.TimeoutError) as e:
                 if self.berthd_up is not False:
-                    log.warning("gateway: berthd cannot be read (%s); routing by berth.toml", e)
+                    log.warning("gateway: berthd cannot be read (%s); routing by berth.toml and "
+                                "the runs last seen", e)
                 self.berthd_up = False
-                self.routes = self._from_config()
+                # A run's front keeps forwarding while berthd is down (fail-open), so its route
+                # stays; dropping it answered 404 "served by no engine" for a running engine.
+                routes = {r.name: r for r in self._from_config()}
+                routes.update({r.name: r for r in self.routes if r.source == "run" and r.target})
+                self.routes = list(routes.values())
                 self.read_at = time.monotonic()
                 return
             self.berthd_up = True

@@ -121,3 +121,23 @@ def test_network_config_is_off_by_default_and_checks_peers_and_key():
         with pytest.raises(ConfigError) as e:
             parse({"network": doc})
         assert words in str(e.value), str(e.value)
+
+
+def test_runs_keep_their_routes_while_berthd_is_down(tmp_path):
+    """berth run fails open: its front forwards while berthd is down. The gateway dropped the
+    run's route then and answered 404 "served by no engine here or on a peer; known: "."""
+    import asyncio
+
+    from berth.client import Client
+    from berth.config import parse
+    from berth.gateway.table import LocalTable
+
+    t = LocalTable(parse({"engines": {"cfg": {"url": "http://127.0.0.1:9"}}}),
+                   Client(socket=tmp_path / "no-berthd.sock"))
+    t.routes = t._build({"leases": [{"id": "llama-1-1", "engine": "llama",
+                                     "capabilities": {"front": "127.0.0.1:17102"},
+                                     "shares": [{"state": "active"}]}], "waiting": []})
+    asyncio.run(t.refresh())
+    assert t.berthd_up is False
+    assert t.find("llama") is not None and t.find("llama").target == "http://127.0.0.1:17102"
+    assert t.find("cfg").target == "http://127.0.0.1:9"
