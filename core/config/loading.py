@@ -121,6 +121,9 @@ def _in_words(data: Any, errors: list[dict]) -> list[tuple[str, str]]:
         value = err.get("input")
         if err["type"] == "extra_forbidden":
             loc, msg = unknown_key(loc, value)
+        elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            # pydantic's words name a Python class ("instance of EngineConfig"); a user wrote TOML.
+            msg = f"expected a table ([{loc_str(loc)}] with its keys), got {value!r}"
         elif err["type"] not in ("value_error", CROSS) and not isinstance(value, dict):
             msg += f" (got {value!r})"
         rank = (order.index(loc[0]) if loc and loc[0] in order else len(order), 0)

@@ -322,3 +322,15 @@ def test_a_pci_given_by_default_counts_for_duplicates():
     _one({"driver": {"kind": "sim", "cards": [{"name": "a", "total": "8GiB"},
                                               {"pci": "01:00.0", "name": "b", "total": "8GiB"}]}},
          "driver.cards.1.pci", "'0000:01:00.0'", "driver.cards.0")
+
+
+
+@pytest.mark.parametrize("doc, key", [({"engines": {"x": 5}}, "engines.x"), ({"driver": 5}, "driver"),
+                                      ({"cards": {"gpu0": "x"}}, "cards.gpu0")])
+def test_a_value_where_a_table_belongs_is_named_in_toml_words(doc, key):
+    """It read "Input should be a valid dictionary or instance of EngineConfig (got 5)"."""
+    with pytest.raises(ConfigError) as e:
+        parse(doc)
+    text = str(e.value)
+    assert f"{key}: expected a table ([{key}] with its keys), got " in text, text
+    assert "instance of" not in text and "Config" not in text.split("\n", 1)[1], text
