@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 __all__ = ["main", "daemon_main", "build_parser"]
@@ -39,7 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    rc = args.func(args)
+    try:
+        rc = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `berth status | head -1`: the reader left; say nothing more, as cat and grep do (the
+        # flush at exit would raise again, so stdout goes to /dev/null first).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return int(rc or 0)
 
 
