@@ -38,15 +38,17 @@ _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 class ComfyPort:
     """A pass-through for ComfyUI. ``target()`` gives ComfyUI's base URL now (``None``: not
-    configured). ``wait_limit_s``: the longest a write is held while closing, seconds.
+    configured); ``ws_target()`` the one websockets go to (default ``target``). ``wait_limit_s``: the longest a write is held while closing, seconds.
 
     Counters: ``in_flight`` (HTTP requests being forwarded; websockets never count),
     ``websockets`` (open now), ``forwarded``, ``held``, ``held_timeouts``."""
 
     def __init__(self, host: str, port: int, target: Callable[[], str | None],
-                 wait_limit_s: float = 120.0):
+                 wait_limit_s: float = 120.0,
+                 ws_target: Callable[[], str | None] | None = None):
         self.host, self.port = host, port
         self._target = target
+        self._ws_target = ws_target or target
         self.wait_limit_s = wait_limit_s
         self.state = "open"
         self.in_flight = self.websockets = 0
@@ -96,11 +98,12 @@ class ComfyPort:
                 "held_timeouts": self.held_timeouts}
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        target = self._target()
+        websocket = request.headers.get("Upgrade", "").lower() == "websocket"
+        target = self._ws_target() if websocket else self._target()
         if target is None:
             return error(503, "no_comfyui", "berth.toml has no [engines.comfyui] with a url or "
                                             "a front address")
-        if request.headers.get("Upgrade", "").lower() == "websocket":
+        if websocket:
             try:
                 return await relay_ws(request, self._session, target, on_open=self._ws_open,
                                       on_close=self._ws_close)

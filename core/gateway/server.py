@@ -36,11 +36,11 @@ from aiohttp import web
 from berth.client import Client
 from berth.config import Config
 from berth.gateway.choose import Candidate, rank
-from berth.gateway.errors import error
+from berth.gateway.errors import error, openai_errors
 from berth.gateway.peers import ENGINES_PATH, Peer, Peers
 from berth.gateway.relay import Unreachable, new_session, relay, relay_ws
 from berth.gateway.signing import Refused, Verifier
-from berth.gateway.table import LocalTable, Route
+from berth.gateway.table import LocalTable, Route, address_url
 
 __all__ = ["Gateway", "OPENAI_POSTS", "COMFY_PREFIXES", "is_comfy_path"]
 
@@ -54,6 +54,8 @@ COMFY_PREFIXES = ("/api/", "/prompt", "/queue", "/history", "/interrupt", "/free
                   "/userdata", "/settings", "/extensions", "/embeddings")
 COMFY_ENGINE = "comfyui"
 MAX_BODY_BYTES = 64 << 20
+#: The gateway's own routes and the methods they take (another method: a 405, not a 404).
+_ALLOWED = {**{p: ("POST",) for p in OPENAI_POSTS}, "/v1/models": ("GET",)}
 
 
 def is_comfy_path(path: str) -> bool:
@@ -83,7 +85,8 @@ class Gateway:
             from berth.gateway.comfy import ComfyPort
             host, port = _addr(comfyui_listen, "--comfyui-listen")
             self.comfy = ComfyPort(host, port, self._comfy_target,
-                                   wait_limit_s=cfg.policy.wait_limit)
+                                   wait_limit_s=cfg.policy.wait_limit,
+                                   ws_target=self._comfy_ws_target)
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
         self.served_local = self.forwarded = self.refused = 0
@@ -95,7 +98,7 @@ class Gateway:
         await self.table.start()
         if self.peers is not None:
             await self.peers.start(self._session)
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
         r = app.router
         for path in OPENAI_POSTS:
             r.add_post(path, self._openai)
@@ -138,7 +141,7 @@ class Gateway:
             elif isinstance(doc, dict) and doc.get("model") is not None:
                 return error(400, "model_invalid", f"model: expected a string naming the model, "
                                                    f"got {doc['model']!r}")
-        except ValueError:
+        except (ValueError, RecursionError):      # RecursionError: nested too deep to parse
             if model is None:
                 return error(400, "invalid_json", "the body is not JSON and no ?model= is given")
         if not model:
@@ -215,11 +218,14 @@ class Gateway:
                                                    f"reached ({'; '.join(failures)})")
         r = self.table.find(model)
         if r is not None:
-            return error(503, "no_front", f"model {model!r} is known on {self.machine} but has "
-                                          f"no front or url to send requests to")
+            return error(503, "no_front", f"model {model!r} is an engine on {self.machine} "
+                         f"({r.state}) with no front or url to send requests to: run it with "
+                         f"`berth run --engine {r.name} --front HOST:PORT -- ...`, or give its "
+                         f"entry a url")
         known = sorted({x.name for x in self._all_routes()})
         return error(404, "model_not_found", f"model {model!r} is served by no engine here"
-                     + ("" if local_only else " or on a peer") + f"; known: {', '.join(known)}")
+                     + ("" if local_only else " or on a peer")
+                     + (f"; known: {', '.join(known)}" if known else "; no engine is known"))
 
     async def _local(self, request: web.Request, route: Route, body: bytes) -> web.StreamResponse:
         name = route.name
@@ -314,17 +320,30 @@ class Gateway:
         r = self.table.find(COMFY_ENGINE)
         return r.target if r is not None else None
 
+    def _comfy_ws_target(self) -> str | None:
+        """Where ComfyUI's ``/ws`` goes: the entry's own ``url`` when it names one, past a Berth
+        front (a front does not pass websocket upgrades, and an idle status socket must never
+        count as a request in flight before a park), else where the API goes."""
+        e = self.cfg.engines.get(COMFY_ENGINE)
+        return address_url(e.url) if e is not None and e.url else self._comfy_target()
+
     async def _other(self, request: web.Request) -> web.StreamResponse:
+        allowed = _ALLOWED.get(request.path) or (
+            ("GET",) if request.path.startswith("/v1/models/") else None)
+        if allowed:
+            return error(405, "method_not_allowed", f"{request.method} {request.path}: this "
+                         f"route takes {' or '.join(allowed)}", headers={"Allow": ", ".join(allowed)})
         if not is_comfy_path(request.path):
             return error(404, "no_route", f"{request.method} {request.path}: not a route of the "
                                           f"gateway (OpenAI: {', '.join(OPENAI_POSTS)}, "
                                           f"/v1/models; ComfyUI's API)")
-        target = self._comfy_target()
+        websocket = request.headers.get("Upgrade", "").lower() == "websocket"
+        target = self._comfy_ws_target() if websocket else self._comfy_target()
         if target is None:
-            return error(503, "no_comfyui", "ComfyUI's API: berth.toml has no [engines.comfyui] "
+            return error(404, "no_comfyui", "ComfyUI's API: berth.toml has no [engines.comfyui] "
                                             "with a url or a front address")
         try:
-            if request.headers.get("Upgrade", "").lower() == "websocket":
+            if websocket:
                 return await relay_ws(request, self._session, target)
             return await relay(request, self._session, target)
         except Unreachable as e:

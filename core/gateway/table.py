@@ -108,12 +108,10 @@ class LocalTable:
         self._lock = asyncio.Lock()
 
     def _from_config(self) -> list[Route]:
-        out = []
-        for name, e in self.cfg.engines.items():
-            target = address_url(e.front) or address_url(e.url)
-            if target:
-                out.append(Route(name, [], target, "unknown", source="config"))
-        return out
+        # An entry with neither front nor url is listed too (issue 14: /v1/models lists every
+        # engine, "not running" included); a request for it gets a 503 naming what is missing.
+        return [Route(name, [], address_url(e.front) or address_url(e.url), "unknown",
+                      source="config") for name, e in self.cfg.engines.items()]
 
     async def start(self) -> None:
         await self.refresh()
