@@ -16,6 +16,8 @@ other problem and adds no false one. Messages quote a value as the file wrote it
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -215,6 +217,10 @@ def _card_problems(c: _Card) -> list[Problem]:
     return out
 
 
+#: As berthd's lease body takes an engine name (berth.daemon.api_bodies).
+_ENGINE_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
+
+
 def _engines(cfg, v: _View, sims: list[_Card], all_known: bool, declared: str
              ) -> list[Problem]:
     """Engines: need within size; on simulated cards, a card that exists and a size that fits."""
@@ -226,6 +232,11 @@ def _engines(cfg, v: _View, sims: list[_Card], all_known: bool, declared: str
             by_key[c.shown if c.shown is not None else c.name] = c
     for name, e in cfg.engines.items():
         at = ("engines", name)
+        if not _ENGINE_NAME.match(name):
+            # berthd's API refuses such a name for a lease (a run of this entry could never be
+            # granted), and the board and the gateway show names as given.
+            out.append((at, f"engine name {name!r}: an engine's name has no spaces or control "
+                            f"characters (1 to 200 of them), as berthd's API takes it", name))
         size, size_known = e.size, v.known(*at, "size")
         need = e.need if v.known(*at, "need") else None
         if size_known and size is not None and need is not None and need > size:

@@ -191,6 +191,14 @@ def test_a_dotted_engine_name_says_to_quote_it(tmp_path):
     assert '[engines."qwen2.5-coder-14b"]' in msg and "quote" in msg
 
 
+def test_an_engine_name_berthd_would_refuse_is_refused_here():
+    # berthd refuses a lease for a name with a space (the board's XSS test spells one), so a
+    # run of such an entry could never be granted; the config said nothing.
+    name = "<img src=x onerror=alert(1)>"
+    _one({"engines": {name: {"size": "1GiB"}}}, f'engines."{name}"', repr(name), "no spaces")
+    assert list(parse({"engines": {"<img/src=x>": {}}}).engines) == ["<img/src=x>"]
+
+
 def test_an_unknown_key_is_named_with_the_allowed_keys():
     msg = _one({"engines": {"e": {"sise": "8GiB"}}}, "engines.e.sise", "unknown key", "'8GiB'",
                "'size'")
