@@ -141,7 +141,7 @@ async def events(request: web.Request) -> web.StreamResponse:
 async def _body(request: web.Request) -> dict:
     try:
         doc = await request.json()
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):    # RecursionError: nested deep
         raise web.HTTPBadRequest(reason="the body must be a JSON object") from None
     if not isinstance(doc, dict):
         raise web.HTTPBadRequest(reason="the body must be a JSON object")
