@@ -2,7 +2,8 @@
 
 ``src`` names who failed: ``"berth"`` (this gateway or berthd), ``"peer"`` (another machine's
 gateway could not be reached or refused), ``"engine"`` (the engine or its front answered with an
-error the gateway passes on unchanged; the gateway itself never writes ``"engine"``)::
+error: passed on as it came, with ``"src": "engine"`` added to a JSON object that names no
+``src``, :func:`berth.gateway.relay.relay`)::
 
     {"error": {"message": "...", "type": "unavailable_error", "code": 503},
      "src": "peer", "reason": "peer_down"}

@@ -14,6 +14,7 @@ answer by closing its connection, so the client sees it incomplete.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Mapping
 
@@ -62,14 +63,16 @@ def strip(headers: Mapping[str, str], drop: frozenset[str] = HOP_BY_HOP) -> CIMu
 async def relay(request: web.BaseRequest, session: aiohttp.ClientSession, base: str, *,
                 body: bytes | None = None, extra_headers: Mapping[str, str] | None = None,
                 path_qs: str | None = None, answer_headers: Mapping[str, str] | None = None,
-                abort: asyncio.Future | None = None) -> web.StreamResponse:
+                abort: asyncio.Future | None = None, src: str | None = None
+                ) -> web.StreamResponse:
     """Send ``request`` to ``base`` (a base URL) and stream the answer back.
 
     ``body``: the request body already read (else it is streamed from the client).
     ``extra_headers``: added to the request (signatures). ``path_qs``: the path to send (default
     the request's own). ``abort``: a future whose completion before the answer's headers arrive
     gives up (a peer marked down). ``answer_headers``: added to the answer (unless the upstream
-    set them). Raises :class:`Unreachable` then, and when the connection
+    set them). ``src``: written into an error answer's JSON object that has none (``"engine"``:
+    issue 14, errors say who failed). Raises :class:`Unreachable` then, and when the connection
     cannot be made."""
     headers = strip(request.headers, _REQUEST_DROP)
     if extra_headers:
@@ -111,6 +114,9 @@ async def relay(request: web.BaseRequest, session: aiohttp.ClientSession, base: 
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
                 log.warning("gateway: %s failed mid-answer: %r", base, e)
                 raise        # nothing sent to the client yet: the caller answers 502
+            if src is not None and up.status >= 400:
+                payload = _with_src(payload, src)
+                out_headers.pop("Content-Length", None)
             return web.Response(status=up.status, reason=up.reason, body=payload,
                                 headers=out_headers)
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=out_headers)
@@ -176,3 +182,14 @@ async def relay_ws(request: web.Request, session: aiohttp.ClientSession, base: s
         if on_close is not None:
             on_close()
     return ws
+
+
+def _with_src(payload: bytes, src: str) -> bytes:
+    """An error body with ``"src"`` added when it is a JSON object without one; else as it was."""
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        return payload
+    if not isinstance(doc, dict) or "src" in doc:
+        return payload
+    return json.dumps({**doc, "src": src}).encode()

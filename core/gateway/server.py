@@ -234,7 +234,7 @@ class Gateway:
         self.served_local += 1
         try:
             resp = await relay(request, self._session, route.target, body=body,
-                               answer_headers={"X-Berth-Machine": self.machine})
+                               answer_headers={"X-Berth-Machine": self.machine}, src="engine")
             return resp
         finally:
             inf[name] -= 1

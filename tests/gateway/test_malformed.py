@@ -50,6 +50,16 @@ def _front() -> web.Application:
     return app
 
 
+def _engine() -> web.Application:
+    """An engine that refuses every chat, as llama.cpp does a bad one: OpenAI's error shape."""
+    async def chat(request):
+        return web.json_response({"error": {"message": "messages: required", "code": 400,
+                                            "type": "invalid_request_error"}}, status=400)
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
 async def _openai_error(r: aiohttp.ClientResponse, status: int, reason: str) -> dict:
     text = await r.text()
     assert r.status == status, (r.status, text)
@@ -63,7 +73,9 @@ async def _openai_error(r: aiohttp.ClientResponse, status: int, reason: str) -> 
 async def _scenario(tmp_path) -> None:
     comfy, comfy_port = await _serve(_comfy())
     front, front_port = await _serve(_front())
+    engine, engine_port = await _serve(_engine())
     cfg = parse({"engines": {
+        "picky": {"url": f"http://127.0.0.1:{engine_port}"},
         "quiet": {"size": "4GiB"},                      # an entry with no front and no url
         "comfyui": {"url": f"http://127.0.0.1:{comfy_port}",
                     "front": f"127.0.0.1:{front_port}"}},
@@ -104,10 +116,16 @@ async def _scenario(tmp_path) -> None:
             # out), and a request for it says what is missing.
             async with s.get(base + "/v1/models") as r:
                 ids = [e["id"] for e in (await r.json())["data"]]
-            assert ids == ["comfyui", "quiet"], ids
+            assert ids == ["comfyui", "picky", "quiet"], ids
             async with s.post(chat, json={"model": "quiet", "messages": []}) as r:
                 doc = await _openai_error(r, 503, "no_front")
                 assert "berth run --engine quiet --front" in doc["error"]["message"], doc
+
+            # The engine's own error passes through, marked as the engine's (it had no src).
+            async with s.post(chat, json={"model": "picky"}) as r:
+                assert r.status == 400
+                doc = await r.json()
+                assert doc["src"] == "engine" and doc["error"]["message"] == "messages: required"
 
             # ComfyUI's API goes to its front; its websocket past the front to ComfyUI itself,
             # through the main gateway and through the ComfyUI port alike (through the front,
@@ -130,6 +148,7 @@ async def _scenario(tmp_path) -> None:
         await bare.stop()
         await gw.stop()
         await front.cleanup()
+        await engine.cleanup()
         await comfy.cleanup()
 
 
