@@ -362,6 +362,20 @@ class PromptServer:
         async def object_info(request):
             return web.json_response({name: {"name": name} for name in NODE_CLASS_MAPPINGS})
 
+        @r.get("/ws")
+        async def websocket(request):
+            # ComfyUI's status channel (server.py websocket_handler): a status message on
+            # connect, then open, mostly idle, for as long as the page is.
+            sock = web.WebSocketResponse()
+            await sock.prepare(request)
+            await sock.send_json({"type": "status", "data": {
+                "status": {"exec_info": {"queue_remaining":
+                                         self.prompt_queue.get_tasks_remaining()}},
+                "sid": request.query.get("clientId", "")}})
+            async for _ in sock:
+                pass
+            return sock
+
     def add_routes(self) -> None:
         """Every route twice, as ``/x`` and ``/api/x`` (server.py ``add_routes``)."""
         api = web.RouteTableDef()
