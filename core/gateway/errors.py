@@ -54,7 +54,9 @@ async def openai_errors(request: web.Request, handler):
     """Every answer the gateway writes itself keeps OpenAI's shape: aiohttp's own refusals (a
     body over ``client_max_size`` is a 413, raised inside ``request.read()``) become :func:`error`
     answers, and a failure of the gateway's own code a logged 500 without a traceback to the
-    client."""
+    client. The board's pages (``/board/``) keep their own answers and headers."""
+    if request.path.startswith("/board/"):
+        return await handler(request)
     try:
         return await handler(request)
     except web.HTTPException as e:

@@ -13,6 +13,7 @@ endpoints": routing by the JSON ``model`` field or ``?model=``).
                                        engine, so a read wakes nothing
 ``GET /berth/v1/peer/engines``         for peers (signed): this machine's routes and costs
 ``GET /berth/v1/gateway``              the gateway's own state (peers, ComfyUI port)
+``/board/``                            the web board (:mod:`berth.daemon.web`), read from berthd
 ComfyUI's API (``/prompt``, ``/api/…``, to the ``comfyui`` engine (its front, else its ``url``),
 ``/queue``, ``/history``, ``/ws``, …)  websocket included
 =====================================  ============================================================
@@ -89,6 +90,7 @@ class Gateway:
                                    ws_target=self._comfy_ws_target)
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
+        self._hub = None
         self.served_local = self.forwarded = self.refused = 0
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -106,6 +108,12 @@ class Gateway:
         r.add_get("/v1/models/{model:.+}", self._model)
         r.add_get(ENGINES_PATH, self._peer_engines)
         r.add_get("/berth/v1/gateway", self._status)
+        # The board (issue 15: served by the gateway when it runs), read over berthd's socket.
+        from berth.daemon.web import Hub, SocketSource, board_app
+        self._hub = Hub(SocketSource(self.table.client.socket))
+        await self._hub.start()
+        app.add_subapp("/board/", board_app(self._hub, self.cfg.board.key))
+        r.add_get("/board", _to_board)
         r.add_route("*", "/{tail:.*}", self._other)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
                                      shutdown_timeout=2.0)
@@ -121,6 +129,8 @@ class Gateway:
             await self.comfy.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._hub is not None:
+            await self._hub.stop()
         if self.peers is not None:
             await self.peers.stop()
         await self.table.stop()
@@ -350,6 +360,10 @@ class Gateway:
             return error(502, "engine_unreachable", f"ComfyUI cannot be reached: {e}")
         except aiohttp.ClientError as e:
             return error(502, "engine_failed", f"ComfyUI failed mid-request: {e!r}")
+
+
+async def _to_board(request: web.Request) -> web.Response:
+    raise web.HTTPFound("/board/")
 
 
 def _addr(value: str, flag: str) -> tuple[str, int]:

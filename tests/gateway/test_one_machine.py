@@ -21,6 +21,16 @@ def test_two_models_routed_to_their_fronts_and_a_parked_one_woken(machine):
         assert doc["model"] == want          # the stub answers with the model it serves
         assert h["X-Berth-Machine"] == "solo"
 
+    # The board, served by the gateway too (issue 15), read from berthd over its socket.
+    code, doc, h = http(m.port, "GET", "/board/")
+    assert code == 200 and "default-src 'none'" in h["Content-Security-Policy"], (code, doc)
+    assert 'src="static/board.js"' in doc["raw"]
+    wait_for(lambda: any(le["engine"] == "alpha" for le in
+                         (http(m.port, "GET", "/board/state")[1].get("board") or {})
+                         .get("status", {}).get("leases", [])), 10, "the board to show alpha")
+    assert http(m.port, "POST", "/board/operator/park", {"target": "alpha"},
+                headers={"X-Berth-Board": "1"})[0] == 403          # no [board] key: read-only
+
     code, doc, _ = chat(m.port, "gamma")
     assert code == 404 and doc["src"] == "berth" and doc["reason"] == "model_not_found", doc
     assert doc["error"]["type"] and doc["error"]["code"] == 404
