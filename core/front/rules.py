@@ -172,7 +172,8 @@ def strip_headers(headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]
         elif kind == _TE:
             chunked = value.rstrip().lower().endswith(b"chunked")
         elif kind == _CONNECTION:
-            tokens = {t.strip().lower() for t in value.split(b",")} - {b"keep-alive", b"close"}
+            tokens = {t.strip().lower() for t in value.split(b",")}
+            tokens.discard(b"keep-alive")   # dropped anyway: the common case needs no filter
             if tokens:
                 listed = tokens if listed is None else listed | tokens
         elif kind == _EXPECT:
