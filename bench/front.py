@@ -25,7 +25,7 @@ latency.
 
     python bench/front.py [--json] [--scale X] [--only CASE] [--profile FILE]
 
-``--scale`` multiplies the request counts (default 1: about 15 s on two cores). ``--only`` runs
+``--scale`` multiplies the request counts (default 1: about 1.5 min on two shared cores). ``--only`` runs
 one case and prints its runs as JSON lines. ``--profile`` writes the front process's cProfile
 stats to FILE. With ``--json`` the last line is one JSON object with keys ``added_p50_ms_c1``,
 ``rps_ratio_c1``, ``rps_ratio_c32``, ``stream_ratio`` (``sse`` chunks/s ratio at concurrency 32),
