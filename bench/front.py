@@ -4,9 +4,9 @@ Separate processes, so that no two share an event loop: a minimal aiohttp upstre
 nginx in front of it (Debian's package, started here with its own config in a temporary directory:
 one worker, ``proxy_buffering off``, a keep-alive upstream pool), the front pointed at it (open),
 and this process, an aiohttp client that generates the load. Each case runs direct, through nginx
-and through the front, at concurrency 1 and 32, all in one run and in three rounds whose order
-rotates, so that the machine's other load falls on every path alike and the ratios compare like
-with like. Without nginx on the PATH the script says so and measures the other two:
+and through the front, at concurrency 1 and 32, all in one run and in up to twelve rounds whose
+order rotates, so that the machine's other load falls on every path alike and the ratios compare
+like with like. Without nginx on the PATH the script says so and measures the other two:
 
 - ``json``: ``POST /v1/completions`` with a small JSON body, answered with a ~300-byte JSON body;
 - ``sse``: ``POST /v1/chat/completions`` answered with a 256-chunk server-sent-event stream, one
@@ -25,7 +25,7 @@ latency.
 
     python bench/front.py [--json] [--scale X] [--only CASE] [--profile FILE]
 
-``--scale`` multiplies the request counts (default 1: about 15 s on two cores). ``--only`` runs
+``--scale`` multiplies the request counts (default 1: about 1.5 min on two shared cores). ``--only`` runs
 one case and prints its runs as JSON lines. ``--profile`` writes the front process's cProfile
 stats to FILE. With ``--json`` the last line is one JSON object with keys ``added_p50_ms_c1``,
 ``rps_ratio_c1``, ``rps_ratio_c32``, ``stream_ratio`` (``sse`` chunks/s ratio at concurrency 32),
@@ -62,10 +62,14 @@ PACE_MS, PACED_CHUNKS = 5.0, 64
 CASES = ("json", "sse", "sse_paced")
 CONCURRENCY = (1, 32)
 # requests per run at scale 1, by (case, concurrency)
-COUNTS = {("json", 1): 3000, ("json", 32): 8000, ("sse", 1): 150, ("sse", 32): 480,
+COUNTS = {("json", 1): 3000, ("json", 32): 8000, ("sse", 1): 150, ("sse", 32): 768,
           ("sse_paced", 1): 3, ("sse_paced", 32): 64}
 WARMUP = {"json": 300, "sse": 20, "sse_paced": 0}
-ROUNDS = 3   # each path's requests in rounds of rotating order (see load())
+# Each path's requests go in up to ROUNDS rounds of rotating order (see load()), a round of at
+# least ROUND_LOAD x the concurrency where the count allows (else at least the concurrency, in up
+# to 3): on two shared cores the machine's other load changes within seconds, and short rounds
+# spread it over every path alike (with 3 rounds of ~5 s, nginx / direct ranged 0.9..1.6).
+ROUNDS, ROUND_LOAD = 12, 4
 
 _REPLY = json.dumps({
     "id": "cmpl-bench", "object": "text_completion", "created": 1, "model": "bench",
@@ -252,8 +256,10 @@ async def load(paths: list[tuple[str, str, dict[str, psutil.Process]]], case: st
     """Run ``count`` requests on each of ``paths`` (name, base URL, processes whose CPU to
     count), after ``warmup`` requests, in up to :data:`ROUNDS` rounds whose order rotates
     (direct, nginx, front, then nginx, front, direct, ...), so that a change in the machine's
-    other load falls on every path alike. A round has at least ``concurrency`` requests."""
-    rounds = max(1, min(ROUNDS, count // concurrency))
+    other load falls on every path alike. A round has at least :data:`ROUND_LOAD` x
+    ``concurrency`` requests where ``count`` allows, else at least ``concurrency``."""
+    rounds = max(1, min(ROUNDS, max(count // (ROUND_LOAD * concurrency),
+                                    min(3, count // concurrency))))
     sessions = {name: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
                 for name, _, _ in paths}
     got: dict[str, dict] = {name: {"lat": [], "chunks": 0, "wall": 0.0,

@@ -122,27 +122,62 @@ REQUEST_DROP = _HOP | {b"host", b"expect", b"content-length"}
 ANSWER_DROP = _HOP
 
 
+# What strip_headers does with a header, by its name as sent (names repeat from request to
+# request, so each is lowered and classified once; bounded, as a client could send any names)
+_KEEP, _DROP, _LENGTH, _LENGTH_DROP, _TE, _CONNECTION, _EXPECT = range(7)
+_KINDS: dict[frozenset[bytes], dict[bytes, int]] = {}
+_KINDS_MAX = 1024
+
+
+def _kind(name: bytes, drop: frozenset[bytes]) -> int:
+    low = name.lower()
+    if low == b"content-length":
+        return _LENGTH_DROP if low in drop else _LENGTH
+    if low == b"transfer-encoding":
+        return _TE
+    if low == b"connection":
+        return _CONNECTION
+    if low == b"expect" and low in drop:
+        return _EXPECT
+    if low in drop or low.startswith(b"proxy-"):
+        return _DROP
+    return _KEEP
+
+
 def strip_headers(headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]
-                  ) -> tuple[list[bytes], int | None, bool]:
+                  ) -> tuple[list[bytes], int | None, bool, bool]:
     """Header lines (``b"Name: value\\r\\n"``) of ``headers`` without hop-by-hop ones: those in
     ``drop``, ``proxy-*``, and those named in ``Connection``; plus the ``Content-Length``
-    (None when absent) and whether ``Transfer-Encoding`` ends in ``chunked``. Names keep their
-    case; the parser has already refused malformed lines."""
-    listed: set[bytes] | None = None
-    for name, value in headers:
-        if len(name) == 10 and name.lower() == b"connection":
-            tokens = {t.strip().lower() for t in value.split(b",")}
-            listed = tokens if listed is None else listed | tokens
+    (None when absent), whether ``Transfer-Encoding`` ends in ``chunked``, and whether an
+    ``Expect: 100-continue`` was dropped. Names keep their case; the parser has already refused
+    malformed lines. Raises ``ValueError`` for a Content-Length that is not a number."""
+    kinds = _KINDS.get(drop)
+    if kinds is None or len(kinds) > _KINDS_MAX:
+        kinds = _KINDS[drop] = {}
     lines: list[bytes] = []
     length: int | None = None
-    chunked = False
+    chunked = expect = False
+    listed: set[bytes] | None = None
     for name, value in headers:
-        low = name.lower()
-        if low == b"content-length":
+        kind = kinds.get(name)
+        if kind is None:
+            kind = kinds[name] = _kind(name, drop)
+        if kind == _KEEP:
+            lines.append(b"%s: %s\r\n" % (name, value))
+        elif kind == _LENGTH:
             length = int(value)
-        elif low == b"transfer-encoding":
+            lines.append(b"%s: %s\r\n" % (name, value))
+        elif kind == _LENGTH_DROP:
+            length = int(value)
+        elif kind == _TE:
             chunked = value.rstrip().lower().endswith(b"chunked")
-        if low in drop or low.startswith(b"proxy-") or (listed is not None and low in listed):
-            continue
-        lines.append(b"%s: %s\r\n" % (name, value))
-    return lines, length, chunked
+        elif kind == _CONNECTION:
+            tokens = {t.strip().lower() for t in value.split(b",")}
+            tokens.discard(b"keep-alive")   # dropped anyway: the common case needs no filter
+            if tokens:
+                listed = tokens if listed is None else listed | tokens
+        elif kind == _EXPECT:
+            expect = expect or value.strip().lower() == b"100-continue"
+    if listed is not None:   # rare: names listed in Connection go too
+        lines = [line for line in lines if line.partition(b":")[0].lower() not in listed]
+    return lines, length, chunked, expect

@@ -113,12 +113,13 @@ class Request:
         return data
 
 
-class ClientConnection(asyncio.Protocol):
+class ClientConnection(asyncio.BufferedProtocol):
     """One client's connection to the front. Parses requests, queues them, and runs them in
     order through :meth:`Front._handle`, which writes each answer with :meth:`write`."""
 
     def __init__(self, front: "Front"):
         self.front = front
+        self._buffer = front._pool.buffer
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.queue: collections.deque[Request] = collections.deque()
@@ -133,11 +134,17 @@ class ClientConnection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
 
-    # ---- asyncio.Protocol -------------------------------------------------------------------------
+    # ---- asyncio.BufferedProtocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport   # type: ignore[assignment]
         self.front._conns.add(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer   # the front's one read buffer (berth.front.upstream.READ_BYTES)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._buffer[:nbytes])
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -162,7 +169,7 @@ class ClientConnection(asyncio.Protocol):
         if self.feeding is not None and not self.feeding.is_closing():
             self.feeding.resume_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
         if self._refused:
             return   # lingering after a 4xx
         try:
@@ -210,10 +217,8 @@ class ClientConnection(asyncio.Protocol):
         req.method = p.get_method()
         req.version = p.get_http_version()
         req.keep_alive = p.should_keep_alive()
-        req.lines, req.length, req.chunked = strip_headers(req.headers, REQUEST_DROP)
-        for name, value in req.headers:
-            if len(name) == 6 and name.lower() == b"expect":
-                req.expect = value.strip().lower() == b"100-continue" and req.version == "1.1"
+        req.lines, req.length, req.chunked, expect = strip_headers(req.headers, REQUEST_DROP)
+        req.expect = expect and req.version == "1.1"
         self.queue.append(req)
         if len(self.queue) > _PIPELINE_LIMIT:
             self.pause_reading()
