@@ -22,7 +22,7 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
                                            the growth (202; the reservation grows once the
                                            ladder made room: ``GET /v1/leases/{id}``)
 ``POST /v1/leases/{id}/touch``             the engine served a request
-``POST /v1/leases/{id}/jobs``              ``{"in_flight"}``: requests its front forwards now
+``POST /v1/leases/{id}/jobs``              ``{"in_flight", "oldest_age_s"}``: requests its front has now
 ``POST /v1/leases/{id}/ready``             the engine answers: its minimum turn starts
 ``POST /v1/leases/{id}/release``           the run is done (``?wait=S``: until the driver
                                            confirms the memory free)
@@ -335,14 +335,18 @@ async def wake(request: web.Request) -> web.Response:
 
 
 async def jobs(request: web.Request) -> web.Response:
-    """``{"in_flight": N}``: the requests the lease's front forwards now (issue 12 case 4)."""
+    """``{"in_flight": N, "oldest_age_s": S}``: the requests the lease's front forwards or holds
+    now (issue 12 case 4) and the age of the oldest (issue 16: FIFO turns)."""
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     body: JobsBody = await parse_body(request, JobsBody)
     refused = _not_owner(_lease(broker, lid), request, "report the jobs of")
     if refused is not None:
         return refused
-    await broker.submit(lambda now: broker.sched.jobs(lid, body.in_flight, now))
+    age = body.oldest_age_s
+    # An age, not a time, crosses from the run: it becomes a time on berthd's own clock here.
+    await broker.submit(lambda now: broker.sched.jobs(
+        lid, body.in_flight, now, None if age is None else now - age))
     return web.json_response({"id": lid, "in_flight": body.in_flight})
 
 

@@ -76,7 +76,11 @@ class AttachBody(_Body):
 
 
 class JobsBody(_Body):
+    """``POST /v1/leases/{id}/jobs``: ``in_flight`` requests the front has (forwarded or held),
+    ``oldest_age_s`` seconds since the oldest of them arrived (``None``: not said)."""
+
     in_flight: int = Field(ge=0, le=1_000_000)
+    oldest_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
 
 
 class ReportBody(_Body):

@@ -44,12 +44,15 @@ def board(broker: "Broker") -> dict:
                       "reserve_below_suggested": sugg[pci]["below"], "shares": shares,
                       "stowaways": _stowaways(broker, pci)})
     leases = []
+    now = broker.clock()
     for le in led.leases.values():
         extra = _orphans(broker, le)
         leases.append({**extra,
             "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
             "priority": le.priority, "bound": le.bound.value, "held": le.held,
             "ready": le.ready_at is not None, "in_flight": le.in_flight,
+            "oldest_job_age_s": None if le.oldest_job_at is None
+            else round(max(0.0, now - le.oldest_job_at), 3),
             "capabilities": le.caps.as_dict(),
             "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
                         "size_bytes": sh.size_bytes, "state": sh.state.value,
@@ -58,7 +61,6 @@ def board(broker: "Broker") -> dict:
                         "lent_to": sh.lent_to, "borrowed_from": sh.borrowed_from,
                         "in_ram_bytes": _in_ram(sh)}
                        for sh in le.shares.values()]})
-    now = broker.clock()
     waiting = [{"id": w.lease_id, "engine": led.leases[w.lease_id].engine, "kind": w.kind.value,
                 "need": [{"card": p, "card_name": led.cards[p].name, "size_bytes": b}
                          for p, b in w.need.items()],

@@ -129,7 +129,7 @@ class SwapLog:
 
 
 def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
-                 swaps: SwapLog | None = None) -> str | None:
+                 swaps: SwapLog | None = None, since: float | None = None) -> str | None:
     """``None`` if ``holder`` may be made to give room to ``waiter`` now, else the reason.
 
     Numbered as in the code: (1) never itself; (2) an operator hold protects; (3) a holder of
@@ -158,8 +158,14 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     ready = holder.ready_at if holder.ready_at is not None and holder.ready_at >= (
         holder.granted_at or 0.0) else (holder.granted_at or 0.0) + policy.wake_limit_s
     turn_start = max(ready, _last_resume(holder))
-    if now - turn_start < policy.min_turn_s and holder.priority >= waiter.priority:   # (4)
+    # A turn is worth at least what the switch into it cost (issue 16: cost-aware turns):
+    # an engine whose load took 30 s is not drained after 10 s of serving.
+    turn = max(policy.min_turn_s, holder.switch_cost_s)
+    if now - turn_start < turn and holder.priority >= waiter.priority:   # (4)
         return f"{holder.engine} is inside its minimum turn"
+    if since is not None and holder.oldest_job_at is not None and \
+            holder.oldest_job_at < since and holder.priority >= waiter.priority:    # (4b)
+        return f"{holder.engine} serves requests older than {waiter.engine}'s"
     if swaps is not None and policy.juggle_max_swaps >= 0:                   # (5)
         n = swaps.count(holder.engine, waiter.engine, now - policy.juggle_window_s)
         if n >= policy.juggle_max_swaps and holder.engine != waiter.engine:
@@ -223,12 +229,15 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
     # busy, then lowest priority, then least recently used, then the largest).
     reasons: dict[str, list[tuple[Lease, str, bool]]] = {}
     cands: dict[str, list[Lease]] = {}
+    # The waiter has waited since its oldest request at its front (held while it sleeps),
+    # which may be older than its place in the queue (a wake asked while it was parking).
+    since = w.since if waiter.oldest_job_at is None else min(w.since, waiter.oldest_job_at)
     for p in short:
         found = []
         for lease, sh in ledger.active_on(p):
             if lease.id == waiter.id:
                 continue
-            why = displaceable(lease, waiter, policy, now, swaps)
+            why = displaceable(lease, waiter, policy, now, swaps, since)
             if why is None:
                 found.append(lease)
             else:

@@ -284,7 +284,12 @@ class Lease:
     ``restarting_until`` is when that hold ends (``None``: no hold running).
     ``max_job_s``: how long the ladder waits for its requests in flight before displacing it
     anyway (``None``: the policy's ``max_job_s``); ``may_preempt`` lets it, when of higher
-    priority, displace a busy holder without waiting (issue 12 case 4).
+    priority, displace a busy holder without waiting (issue 12 case 4). ``switch_cost_s``: what
+    its last start cost, measured (seconds from the grant to ``ready``, or from the wake's
+    instruction to its report); its minimum turn is at least that long (issue 16).
+    ``oldest_job_at``: when the oldest request its front has now (held or forwarded) arrived,
+    as the front reports it (``None``: not reported); a busy holder keeps its card for a waiter
+    that asked later than that (issue 16: no engine waits longer than under FIFO swapping).
     """
 
     id: str
@@ -313,6 +318,8 @@ class Lease:
     restarting_until: float | None = None
     max_job_s: float | None = None
     may_preempt: bool = False
+    switch_cost_s: float = 0.0
+    oldest_job_at: float | None = None
 
     def idle(self) -> bool:
         """Nothing in flight at its front, as its front last reported (issue 16: turns protect

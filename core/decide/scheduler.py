@@ -101,11 +101,14 @@ class Scheduler(Deadlines):
                                              f"keeps its room")]
         return [Note(lease_id, "attach", f"{lease.engine} runs as pid {pid}")]
 
-    def jobs(self, lease_id: str, in_flight: int, now: float) -> list[Effect]:
+    def jobs(self, lease_id: str, in_flight: int, now: float,
+             oldest_at: float | None = None) -> list[Effect]:
         """The holder's front forwards ``in_flight`` requests now (its run reports each change).
         A holder that goes idle yields at once to anyone waiting (issue 16), so the admission
         pass runs then; a busy one's park or drain waits for its jobs, up to its ``max_job``
-        (issue 12 case 4). Raises ``ValueError`` for a negative count."""
+        (issue 12 case 4). ``oldest_at``: when the oldest of those requests arrived (seconds, the
+        scheduler's clock; ``None`` when the front does not say). Raises ``ValueError`` for a
+        negative count."""
         if in_flight < 0:
             raise ValueError(f"in_flight: expected a count >= 0, got {in_flight}")
         lease = self.ledger.leases[lease_id]
@@ -114,9 +117,13 @@ class Scheduler(Deadlines):
         elif not in_flight:
             lease.busy_since = None
         went_idle = not in_flight and (lease.in_flight or not lease.jobs_reported)
+        # Its older requests ended: a waiter that asked before the ones left may go now.
+        moved_on = lease.oldest_job_at is not None and (
+            oldest_at is None or oldest_at > lease.oldest_job_at)
         lease.in_flight, lease.jobs_reported = in_flight, True
+        lease.oldest_job_at = oldest_at if in_flight else None
         lease.last_used_at = now
-        return self._pass(now) if went_idle and len(self.queue) else []
+        return self._pass(now) if (went_idle or moved_on) and len(self.queue) else []
 
     def touch(self, lease_id: str, now: float) -> list[Effect]:
         """The engine served a request (for least-recently-used victim order)."""
@@ -129,6 +136,8 @@ class Scheduler(Deadlines):
         lease = self.ledger.leases[lease_id]
         if lease.ready_at is None or (lease.granted_at is not None and lease.ready_at < lease.granted_at):
             lease.ready_at = now
+            if lease.granted_at is not None:
+                lease.switch_cost_s = now - lease.granted_at
             return [Note(lease_id, "ready", f"{lease.engine} is serving")] + self._pass(now)
         return []
 
@@ -214,6 +223,8 @@ class Scheduler(Deadlines):
                     continue
                 self.deadlines.pop((lease_id, pci, op), None)
                 if ok:
+                    if op == Op.WAKE:
+                        lease.switch_cost_s = now - sh.since
                     self.ledger.move(lease_id, pci, S.ACTIVE, now)
             if src in sts:
                 if ok:

@@ -39,7 +39,7 @@ class FastPath(RequestPath):
         engine = self._pool.take(addr)
         if engine is None:
             return False
-        self._forwarding()
+        self._forwarding(req)
         body = b"".join(req.parts)   # kept in req.parts: a stale connection's retry sends it
         engine.begin(client, req.method == b"HEAD", req.version == "1.0",
                      functools.partial(self._fast_done, req, client, engine, addr))
@@ -77,8 +77,11 @@ class FastPath(RequestPath):
             self._pool.release(engine, addr)
         else:
             engine.close()
-        self._forwarded()
+        arrived = self._arrived.get(req)
+        self._forwarded(req)
         if retry:
+            if arrived is not None:      # the retry is the same request: it keeps its age
+                self._arrived[req] = arrived
             client.run_queue()
         else:
             client.answered(keep)

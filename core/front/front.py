@@ -82,6 +82,7 @@ class Front(FastPath):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_activity = float("-inf")
         self.in_flight = self._holding = 0
+        self._arrived: dict = {}                # request -> when it reached the front (monotonic s)
         self.forwarded = self.held = self.held_timeouts = self.client_gone = self.errors = 0
         self.refused_reads = self.wakes = 0
 

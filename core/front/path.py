@@ -48,6 +48,7 @@ class RequestPath:
     _fail_epoch: int
     _fail_reason: str
     _holding: int
+    _arrived: dict
     _last_activity: float
     _addr: Address | None
     _pool: Pool
@@ -96,6 +97,8 @@ class RequestPath:
         epoch = self._fail_epoch
         self.held += 1
         self._holding += 1
+        self._arrived.setdefault(req, time.monotonic())
+        forward = False
         try:
             async with asyncio.timeout_at(loop.time() + limit_s):
                 while True:
@@ -106,6 +109,7 @@ class RequestPath:
                     st = self._state
                     if st is F.OPEN and (self.max_in_flight is None
                                          or self.in_flight < self.max_in_flight):
+                        forward = True
                         break
                     if st is not F.OPEN and self.lasting and not patient:
                         return self._unavailable(req, "no_room", f"engine {self.name!r} cannot "
@@ -131,6 +135,8 @@ class RequestPath:
             raise
         finally:
             self._holding -= 1
+            if not forward:
+                self._arrived.pop(req, None)
             if self._holding == 0 and self._state is F.WAKING and self._on_unwanted is not None:
                 try:
                     self._on_unwanted()
@@ -143,7 +149,7 @@ class RequestPath:
         in-flight count rises before the first suspension, so a drain that starts later waits."""
         addr = self._addr
         assert addr is not None
-        self._forwarding()
+        self._forwarding(req)
         engine: EngineConnection | None = None
         reusable = False
         try:
@@ -196,10 +202,11 @@ class RequestPath:
                     self._pool.release(engine, addr)
                 else:
                     engine.close()   # the engine sees its connection close
-            self._forwarded()
+            self._forwarded(req)
 
-    def _forwarding(self) -> None:
+    def _forwarding(self, req: "Request") -> None:
         """A request goes to the engine: count it in flight (a drain waits for it)."""
+        self._arrived.setdefault(req, time.monotonic())
         self.in_flight += 1
         if self.in_flight == 1:
             self._idle.clear()
@@ -213,8 +220,9 @@ class RequestPath:
                 except Exception:
                     log.exception("front %s: on_activity callback failed", self.name)
 
-    def _forwarded(self) -> None:
+    def _forwarded(self, req: "Request") -> None:
         """A forward ended (answered, failed, or its client went)."""
+        self._arrived.pop(req, None)
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
@@ -235,6 +243,13 @@ class RequestPath:
             await engine.drain()
         if req.chunked:
             engine.write(b"0\r\n\r\n")
+
+    @property
+    def oldest_at(self) -> float | None:
+        """When the oldest request held or forwarded now arrived at the front (``time.monotonic``
+        seconds; ``None``: none). berthd's ladder keeps a busy holder's card for a waiter that
+        asked later than that (issue 16: no engine waits behind requests newer than its own)."""
+        return min(self._arrived.values(), default=None)
 
     def _unavailable(self, req: "Request", reason: str, message: str) -> bool:
         req.conn.write(error_answer(503, reason, message, "unavailable_error",

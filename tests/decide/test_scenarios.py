@@ -345,6 +345,9 @@ class TestFoundByThePolicySimulator:
         w.apply(w.s.ready(lease, w.now))                      # it serves at t = 31
         w.advance(9)
         assert state(w, "big") is S.ACTIVE                    # inside its turn (from t = 31)
+        # The turn is worth what the load cost (31 s, issue 16), not just min_turn_s.
+        w.advance(21)
+        assert state(w, "big") is S.ACTIVE
         w.advance(2)
         assert state(w, "big") is S.DRAINING
 

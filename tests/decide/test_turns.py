@@ -111,3 +111,40 @@ class TestPriorityKeepWarm:
         assert "higher priority" in texts(w)[-1]
         w.advance(61)
         assert state(w, "a") is S.PARKING          # keep_warm ran out: parked for anyone
+
+
+class TestCostAwareTurns:
+    """Issue 16: a turn is worth what the switch into it cost, and no engine waits behind
+    requests that came after its own (as under llama-swap's FIFO). Both failed before: the
+    holder lost its card after min_turn_s whatever its load cost, and a holder's newer requests
+    kept nobody waiting."""
+
+    def test_a_turn_lasts_at_least_what_the_load_cost(self):
+        w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60))
+        w.s.request(_lease("a", 20 * GiB), w.now)
+        w.advance(25)
+        w.apply(w.s.ready("a", w.now))              # its load took 25 s
+        jobs(w, "a", 1)
+        w.request("b", "B", {G0: 10 * GiB})
+        w.advance(15)                               # past min_turn_s, inside the 25 s
+        w.apply(w.s.tick(w.now))
+        assert state(w, "a") is S.ACTIVE and "minimum turn" in texts(w)[-1]
+        w.advance(11)
+        w.apply(w.s.tick(w.now))
+        assert state(w, "a") is S.DRAINING
+
+    def test_a_holder_serving_older_requests_keeps_its_card(self):
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0))
+        w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        w.advance(5)
+        w.apply(w.s.jobs("a", 3, w.now, oldest_at=1.0))     # its oldest arrived at t = 1
+        w.request("b", "B", {G0: 10 * GiB})                 # b asks at t = 5
+        assert state(w, "a") is S.ACTIVE and "older than B's" in texts(w)[-1]
+        w.advance(5)
+        w.apply(w.s.jobs("a", 2, w.now, oldest_at=7.0))     # what is left came after b
+        assert state(w, "a") is S.PARKING
+
+
+def _lease(lid: str, size: int):
+    from berth.decide.model import Lease, Share
+    return Lease(lid, lid, {G0: Share(G0, size)})

@@ -72,3 +72,29 @@ def test_max_job_bounds_the_wait(berthd, runs):
     t.join(10)
     assert job.finish is None, "the 30 s job cannot have finished"
     assert time.monotonic() - t0 < 12
+
+
+def test_a_holder_serves_its_older_queue_before_a_later_waiter(berthd, runs):
+    """Issue 16, FIFO turns live: A (one slot, --max-in-flight 1) has one request running and
+    three queued at its front when B asks for the card. A keeps the card until the requests that
+    came before B's ask are answered, then yields. Before the front reported the oldest
+    request's age (and counted held requests as work), A was drained once its one running
+    request ended and the three queued ones were answered 503."""
+    d = berthd()
+    port = free_port()
+    engine_run(d, runs, "A", front=port, tokens_per_s=RATE, run_args=("--max-in-flight", "1"))
+    wait_for(lambda: serving(d, "A"), 20, "A serving")
+    jobs = [Chat(port, max_tokens=60, timeout_s=60) for _ in range(4)]     # about 3 s each
+    threads = [in_thread(j) for j in jobs]
+    le = wait_for(lambda: (lambda x: x if x and x["in_flight"] == 4 else None)(d.lease_of("A")),
+                  10, "A's four requests known to berthd")
+    assert le["oldest_job_age_s"] is not None, le
+    engine_run(d, runs, "B")
+    # Once A's turn (at least what its start cost) has run out, its older requests keep it.
+    wait_for(lambda: "older than B's" in ((d.status()["waiting"] or [{}])[0].get("why") or ""),
+             15, "B told that A serves older requests")
+    for t in threads:
+        t.join(30)
+    assert [j.status for j in jobs] == [200] * 4, [(j.status, j.body) for j in jobs]
+    wait_for(lambda: serving(d, "B"), 20, "B serving once A's older requests were answered")
+    assert d.status()["counters"]["drains"] == 1

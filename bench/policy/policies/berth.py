@@ -168,10 +168,12 @@ class BerthPolicy(SimPolicy):
         if lid not in self.sched.ledger.leases:
             return
         proc = self.proc_of.get(lid)
-        n = len(self.held[engine]) + (len(proc.running) + len(proc.queue) if proc else 0)
-        if self.reported.get(lid) != n:
-            self.reported[lid] = n
-            self._apply(self.sched.jobs(lid, n, self.world.now))
+        jobs = list(self.held[engine]) + (list(proc.running) + list(proc.queue) if proc else [])
+        n = len(jobs)
+        oldest = min((j.arrival_s for j in jobs), default=None)
+        if self.reported.get(lid) != (n, oldest):
+            self.reported[lid] = (n, oldest)
+            self._apply(self.sched.jobs(lid, n, self.world.now, oldest))
 
     def _pump(self, engine: str) -> None:
         """Move the engine's held requests along: forward, ask for a wake, or ask for a lease."""

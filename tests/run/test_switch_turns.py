@@ -1,0 +1,154 @@
+"""Issue 16 acceptance, live: turns protect work, not idleness.
+
+Two stub engines of 14 GiB behind ``berth run --park checkpoint`` on one simulated 24 GiB card
+(1 GiB reserve), with the default policy (minimum turn 10 s, juggle guard 4 swaps in 120 s; only
+the reads are made faster, as in ``berth demo``). A client alternates requests between them back
+to back for two minutes: every request goes to the parked engine, so every one is a switch
+(park the other, restore this one). Nobody competes (the holder has nothing in flight and nothing
+queued when the other's request arrives), so neither the minimum turn nor the juggle guard may
+hold a switch: each first byte comes within the mechanism's own time plus 1 s.
+
+The mechanism's time is what bench/switch.py subtracts: the wall time of every call of the
+stand-in cuda-checkpoint on both engines during the switch, timed by a shim around the tool.
+Seen under llama-swap (the issue): 11-15 s per switch (the 10 s minimum turn held an idle
+engine's card) and 57-84 s on the fifth switch in two minutes (the juggle guard).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.berthd import BERTH, Berthd, wait_for
+from tests.helpers import sweep
+
+TOOL = str(Path(sys.executable).parent / "berth-sim-cuda-checkpoint")
+SHIM = """\
+#!/bin/sh
+t0=$(date +%s%N)
+{tool} "$@"
+rc=$?
+t1=$(date +%s%N)
+echo "$t0 $t1 $rc $*" >> {log}
+exit $rc
+"""
+CONFIG = """\
+state_dir = "{tmp}/state"
+
+[driver]
+kind = "sim"
+sim_dir = "{tmp}/sim"
+free_delay = "0.5s"
+checkpoint_rate = "7000000000"
+host_ram = "64GiB"
+
+[[driver.cards]]
+pci = "0000:01:00.0"
+name = "gpu0"
+total = "24GiB"
+
+[cards.gpu0]
+reserve = "1GiB"
+
+[policy]
+read_interval = "0.25s"
+"""
+RUN_S = 120.0
+SLACK_S = 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _chat(port: int, model: str) -> tuple[float, float]:
+    """One streamed chat: (wall time sent, wall time of the first byte); raises on a failure."""
+    body = json.dumps({"model": model, "stream": True, "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "hello"}]}).encode()
+    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+           f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+           f"Connection: close\r\n\r\n").encode() + body
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
+        t0 = time.time()
+        s.sendall(req)
+        data = s.recv(65536)
+        t1 = time.time()
+        while b"data: [DONE]" not in data:
+            more = s.recv(65536)
+            if not more:
+                break
+            data += more
+    assert data.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in data, data[:400]
+    return t0, t1
+
+
+def _tool_s(log: Path, t0: float, t1: float) -> tuple[float, set[str]]:
+    """Seconds of stand-in cuda-checkpoint calls inside [t0, t1], and their actions."""
+    total, what = 0.0, set()
+    for line in log.read_text().splitlines() if log.exists() else []:
+        a, b, _rc, *args = line.split()
+        start, end = int(a) / 1e9, int(b) / 1e9
+        if start >= t0 and end <= t1:
+            total += end - start
+            what.add(args[args.index("--action") + 1] if "--action" in args else args[0])
+    return total, what
+
+
+@pytest.mark.timeout(RUN_S + 150)        # two minutes of switches, plus the start and the end
+def test_back_to_back_switches_wait_for_nothing_but_the_mechanism(tmp_path):
+    (tmp_path / "berth.toml").write_text(CONFIG.format(tmp=tmp_path))
+    calls = tmp_path / "checkpoint-calls.log"
+    shim = tmp_path / "cuda-checkpoint-shim"
+    shim.write_text(SHIM.format(tool=TOOL, log=calls))
+    shim.chmod(0o755)
+    d = Berthd(tmp_path, tmp_path / "berth.toml")
+    ports = {"A": _free_port(), "B": _free_port()}
+    runs = []
+    try:
+        d.start()
+        env = {**d.env}
+        env.pop("BERTH_SIM_CHECKPOINT_BPS", None)     # the rate is the config's
+        for name in ("A", "B"):
+            runs.append(subprocess.Popen(
+                [BERTH, "run", "--engine", name, "--front", f"127.0.0.1:{ports[name]}",
+                 "--size", "14GiB", "--park", "checkpoint", "--checkpoint-path", str(shim), "--",
+                 BERTH, "sim", "engine", "--port", "{port}", "--weights", "13GiB",
+                 "--load-s", "0.1", "--model", name],
+                env=env, stdout=open(tmp_path / f"run-{name}.log", "ab"),
+                stderr=subprocess.STDOUT, start_new_session=True))
+            wait_for(lambda n=name: (d.lease_of(n) or {}).get("ready")
+                     and d.state_of(n) == "active", 60, f"{name} serving")
+        wait_for(lambda: d.state_of("A") == "parked", 60, "A parked for B")
+        rows = []
+        target, end = "A", time.monotonic() + RUN_S
+        while time.monotonic() < end:
+            wait_for(lambda t=target: d.state_of(t) == "parked"
+                     and d.state_of("B" if t == "A" else "A") == "active", 30,
+                     f"{target} parked, the other serving")
+            t0, t1 = _chat(ports[target], target)
+            tool, what = _tool_s(calls, t0, t1)
+            assert {"checkpoint", "restore"} <= what, (target, what)   # a real switch
+            rows.append((target, round(t1 - t0, 2), round(tool, 2), round(t1 - t0 - tool, 2)))
+            target = "B" if target == "A" else "A"
+        print("target, first byte s, mechanism s, the rest s:", *rows, sep="\n  ")
+        late = [r for r in rows if r[3] > SLACK_S]
+        # (target, first byte s, mechanism s, the rest s) per switch
+        assert len(rows) >= 5 and not late, rows
+        assert d.status()["counters"]["drains"] == 0
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        d.stop()
+        sweep(tmp_path)
