@@ -74,3 +74,27 @@ def test_max_job_bounds_the_wait(berthd, runs):
     t.join(10)
     assert job.finish is None, "the 30 s job cannot have finished"
     assert time.monotonic() - t0 < 12
+
+
+@pytest.mark.parametrize("preempt", [False, True], ids=["no-right", "preempt"])
+def test_a_higher_priority_stops_a_job_only_where_its_entry_allows_it(berthd, runs, preempt):
+    """A higher priority is no right to kill a running job: B (priority 5) waits for A's job
+    unless B's entry says ``preempt = true``, and then A is stopped at once. On main A was
+    stopped at once either way."""
+    d = berthd(extra=f"[engines.B]\npriority = 5\npreempt = {str(preempt).lower()}\n")
+    port = free_port()
+    engine_run(d, runs, "A", front=port, tokens_per_s=RATE, weights="2GiB")
+    wait_for(lambda: serving(d, "A"), 20, "A serving")
+    job = Chat(port, max_tokens=2 * TOKENS, stream=True, timeout_s=30)     # an 8 s stream
+    t = in_thread(job)
+    wait_for(lambda: job.tokens > 0, 10, "A's stream started")
+    wait_for(lambda: (d.lease_of("A") or {}).get("in_flight") == 1, 5, "A's job known to berthd")
+    engine_run(d, runs, "B", priority=5)
+    wait_for(lambda: serving(d, "B"), 30, "B serving")
+    t.join(30)
+    if preempt:
+        assert job.finish is None and job.tokens < 2 * TOKENS, (job.tokens, job.finish)
+    else:
+        assert job.error is None and job.tokens == 2 * TOKENS and job.finish == "length", \
+            (job.tokens, job.finish, job.error)
+    assert d.status()["counters"]["drains"] == 1
