@@ -8,7 +8,6 @@ and its stream died after a few tokens; with a checkpoint park, the park waited 
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -43,10 +42,6 @@ def test_a_job_in_flight_finishes_before_a_drain(berthd, runs):
     assert d.status()["counters"]["drains"] == 1
 
 
-LONG = pytest.mark.skipif(not os.environ.get("BERTH_PROMISE_LONG"),
-                          reason="a longer form (about 10 s): set BERTH_PROMISE_LONG=1")
-
-
 def test_a_park_waits_for_the_job_not_the_release_grace(berthd, runs):
     # A 14 s job against a 10 s release grace. The grace also bounds the checkpoint once the
     # job has ended: the stand-in cuda-checkpoint makes about five calls, each a Python process
@@ -59,8 +54,9 @@ def test_a_park_waits_for_the_job_not_the_release_grace(berthd, runs):
     assert d.state_of("A") == "parked"
 
 
-@LONG
 def test_max_job_bounds_the_wait(berthd, runs):
+    """A job longer than its engine's ``max_job`` is stopped once that runs out: B does not
+    wait for a 40 s stream of A's whose entry says max_job = "1s"."""
     d = berthd(extra='[engines.A]\nsize = "14GiB"\nmax_job = "1s"\n')
     port = free_port()
     engine_run(d, runs, "A", front=port, tokens_per_s=RATE)
