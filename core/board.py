@@ -40,9 +40,13 @@ def render(st: dict) -> str:
         lines.append(f"{c['name']} {c['pci']}  [{_bar(c)}]  {format_size(c['total_bytes'])} total, "
                      f"budget {format_size(c['budget_bytes'])}, driver free "
                      f"{format_size(c['free_bytes'])}")
+        # Stowaways by PID, so that the process to deal with is named (issue 12 case 5).
+        pids = ", ".join(f"pid {s['pid']} {format_size(s['bytes'])}" for s in c.get("stowaways")
+                         or [])
         lines.append(f"    reserve {format_size(c['reserve_bytes'])} · baseline "
                      f"{format_size(c['baseline_bytes'])} · stowaways "
-                     f"{format_size(c['stowaway_bytes'])} · claims {format_size(c['claim_bytes'])}"
+                     f"{format_size(c['stowaway_bytes'])}" + (f" ({pids})" if pids else "")
+                     + f" · claims {format_size(c['claim_bytes'])}"
                      + (f" · suggested reserve {format_size(c['suggested_reserve_bytes'])} (above "
                         f"the configured reserve)" if c.get("reserve_below_suggested") else ""))
         for sh in c["shares"]:

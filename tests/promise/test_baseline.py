@@ -1,5 +1,6 @@
 """Issue 12 case 5: the baseline is what the card uses with no process on it; a process without a
-lease is a stowaway whenever it came, and its bytes go when it goes.
+lease is a stowaway whenever it came, and its bytes go when it goes; the board (``berth status``)
+names each stowaway by PID.
 
 Seen on main before the fix: a process holding 8 GiB when berthd started was measured into the
 baseline; after it exited and the driver showed the card free, a 20 GiB lease was refused as "more
@@ -7,7 +8,9 @@ than its capacity" until berthd restarted."""
 
 from __future__ import annotations
 
-from tests.berthd import wait_for
+import subprocess
+
+from tests.berthd import BERTH, wait_for
 from tests.promise.conftest import GiB, declare_sim
 
 
@@ -21,6 +24,9 @@ def test_a_stowaway_from_before_berthd_leaves_with_its_bytes(tmp_path, berthd, h
     wait_for(lambda: d.status()["cards"][0]["stowaway_bytes"] == 8 * GiB, 5, "8 GiB of stowaway")
     stow = d.status()["cards"][0]["stowaways"]
     assert stow == [{"pid": early.pid, "bytes": 8 * GiB}], stow
+    board = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
+                           timeout=30)
+    assert f"stowaways 8.0GiB (pid {early.pid} 8.0GiB)" in board.stdout, board.stdout
     early.exit()
     from berth.sim.cards import SimCards
     wait_for(lambda: SimCards(tmp_path / "sim").snapshot().cards[0].free_bytes == 24 * GiB, 5,

@@ -67,3 +67,26 @@ def test_a_parked_engine_behind_a_stowaway_answers_at_once(berthd, runs, holders
     t.join(25)
     assert patient.status == 200, (patient.status, patient.body)
     assert d.sim_oom() == 0
+
+
+def test_a_wait_limit_503_names_what_the_request_waited_for(berthd, runs):
+    """A request held while something under way could still make room (A's job may end) waits
+    the wait limit, and its 503 names the cause. On main it said only "not ready within the
+    wait limit (..., state starting)"."""
+    d = berthd(policy={"wait_limit": "3s"})
+    pa, pb = free_port(), free_port()
+    engine_run(d, runs, "A", front=pa, tokens_per_s=20.0, weights="2GiB")
+    wait_for(lambda: serving(d, "A"), 20, "A serving")
+    job = Chat(pa, max_tokens=300, stream=True, timeout_s=40)     # a 15 s stream
+    t = in_thread(job)
+    wait_for(lambda: (d.lease_of("A") or {}).get("in_flight") == 1, 10, "A's job known to berthd")
+    engine_run(d, runs, "B", front=pb)
+    wait_for(lambda: "in flight" in ((d.status()["waiting"] or [{}])[0].get("why") or ""), 10,
+             "B waiting on A's job")
+    c = Chat(pb, timeout_s=20)()
+    assert c.status == 503 and c.body["reason"] == "wait_limit", (c.status, c.body)
+    assert c.total_s >= 2.5, f"answered after {c.total_s:.1f}s: A's job could still end"
+    msg = c.body["error"]["message"]
+    assert "it waits for:" in msg and "A" in msg and "1 request in flight" in msg, msg
+    t.join(30)
+    assert job.error is None and job.finish == "length", (job.tokens, job.error)

@@ -45,3 +45,18 @@ def test_a_program_supervisord_restarts_keeps_its_room_and_nothing_ooms(stack_fa
     log = s.log("listener.log")
     assert "neither owns lease" not in log and "runs unleased" not in log, log
     assert s.oom_events() == 0
+
+
+def test_the_listener_releases_a_lease_it_adopted(stack_factory):
+    """Issue 12 case 2, the listener's own release: stopping an observed program in supervisord
+    releases the lease the listener adopted for it. On main berthd refused that release every
+    time ("release refused: pid N neither owns lease ... nor started its engine"), and the lease
+    ended only when a read saw the PID gone."""
+    s = stack_factory([Prog("vllm-a", engine_cmd(free_port(), "4GiB"), engine="vllm-a")])
+    lease = wait_for(lambda: s.active("vllm-a") if s.info("vllm-a").statename == "RUNNING"
+                     else None, 20, "vllm-a RUNNING with an adopted lease")
+    s.ctl("stop", "vllm-a")
+    wait_for(lambda: not s.leases("vllm-a"), 20, "the adopted lease ended")
+    log = wait_for(lambda: (lambda t: t if f"lease {lease['id']} released" in t else None)(
+        s.log("listener.log")), 10, "the listener's release accepted")
+    assert "neither owns lease" not in log and "earlier listener" not in log, log
