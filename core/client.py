@@ -2,19 +2,27 @@
 
 Every call raises :class:`BerthdUnavailable` when berthd cannot be reached (so callers can fail
 open) and :class:`ApiError` for a 4xx/5xx answer, with berthd's message.
+
+:class:`JobReporter` is what every front tells berthd about its engine's jobs (``berth run``'s
+front and ComfyUI's gate alike; issue 12 case 4, issue 16).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 
 from berth import paths
 
-__all__ = ["Client", "ApiError", "BerthdUnavailable"]
+__all__ = ["Client", "ApiError", "BerthdUnavailable", "JobReporter"]
+
+log = logging.getLogger("berth.client")
 
 
 class BerthdUnavailable(ConnectionError):
@@ -127,3 +135,60 @@ class Client:
     async def timeline(self, after: int = 0, timeout_s: float = 0.0) -> dict:
         return await self.call("GET", "/v1/timeline", timeout_s=timeout_s + 10, after=after,
                                timeout=timeout_s)
+
+
+class JobReporter:
+    """Tells berthd (``POST /v1/leases/{id}/jobs``) what a front's engine has to do, so its
+    ladder does not displace a holder with a job running (bounded by its ``max_job``; issue 12
+    case 4), and lets an idle one yield at once (issue 16: turns protect work, not idleness; a
+    holder that never reported counts as busy).
+
+    ``work()``: ``(jobs, oldest_at)``, the requests the front forwards or holds now (held
+    requests are this engine's work too) and when the oldest of them arrived
+    (``time.monotonic`` seconds, ``None`` when unknown). ``lease_id()``: the lease's id now
+    (``None`` while unleased). ``client()``: the :class:`Client` to report through. Every
+    ``poll_s`` seconds it reports a change: at once between zero and non-zero, else at most once
+    per ``every_s``; again in full for a new lease. A failed report (berthd away, no lease) is
+    tried again at the next poll. The age (seconds at the report, not this process's clock) is
+    what crosses to berthd, which turns it into its own clock's time of arrival."""
+
+    def __init__(self, work: Callable[[], tuple[int, float | None]],
+                 lease_id: Callable[[], str | None], client: Callable[[], "Client | None"], *,
+                 poll_s: float = 0.05, every_s: float = 1.0):
+        self.work, self.lease_id, self.client = work, lease_id, client
+        self.poll_s, self.every_s = poll_s, every_s
+        self.sent: tuple[int, float | None] | None = None
+        self._sent_at = float("-inf")
+        self._lease: str | None = None
+
+    async def run(self) -> None:
+        while True:
+            await self.poll()
+            await asyncio.sleep(self.poll_s)
+
+    async def poll(self) -> bool:
+        """Report now if the work changed enough; True when a report was sent."""
+        n, oldest = self.work()
+        now = time.monotonic()
+        lid = self.lease_id()
+        if lid != self._lease:
+            self.sent = None               # a new lease: berthd knows nothing of its jobs
+        edge = self.sent is None or (n == 0) != (self.sent[0] == 0)
+        if (n, oldest) == self.sent or not (edge or now - self._sent_at >= self.every_s):
+            return False
+        try:
+            await self.send(lid, n, None if oldest is None else max(0.0, now - oldest))
+        except Exception as e:             # berthd away: it learns the count when back
+            log.debug("could not report %s requests in flight: %s", n, e)
+            return False
+        self.sent, self._sent_at, self._lease = (n, oldest), now, lid
+        return True
+
+    async def send(self, lid: str | None, n: int, oldest_age_s: float | None = None) -> None:
+        client = self.client()
+        if not lid or client is None:
+            raise RuntimeError("no lease")
+        body: dict = {"in_flight": n}
+        if oldest_age_s is not None:
+            body["oldest_age_s"] = round(oldest_age_s, 3)
+        await client.call("POST", f"/v1/leases/{lid}/jobs", body)

@@ -46,7 +46,7 @@ from berth.front import Front
 from berth.run.actions import Actions
 from berth.run.engine import EngineProcess, NoEngine
 from berth.run.lease import LeaseClient
-from berth.run.waits import JobReporter
+from berth.run.waits import job_reporter
 from berth_plugins.manager import is_write, make_plugin_manager
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
@@ -130,7 +130,7 @@ class EngineRun:
             healthy.cancel()
         instr = asyncio.create_task(self.lease.follow(self.actions.carry_out, self.engine))
         # berthd's ladder waits for the requests in flight (issue 12 case 4): tell it.
-        jobs = asyncio.create_task(JobReporter(self.front, self.lease).run()) \
+        jobs = asyncio.create_task(job_reporter(self.front, self.lease).run()) \
             if self.front is not None else None
         try:
             if engine_exit not in done and stop not in done:

@@ -17,9 +17,12 @@ long polls, a park waiting for the queue) runs on ComfyUI's loop. It:
    until the worker took them, answer; berthd confirms with a driver read and falls back as
    usual), **wake** (open the gate), **drain** (as a park, then the gate refuses prompts until
    ComfyUI restarts: Berth does not stop what it did not start);
-3. before a prompt passes, asks berthd to extend the reservation when the model files the
+3. reports ComfyUI's jobs (gated writes held or handled, prompts queued or running, and when
+   the oldest arrived) as ``berth run``'s front does, so an idle ComfyUI yields the card at
+   once and a busy one keeps it until its prompts end (issue 16; :mod:`.jobs`);
+4. before a prompt passes, asks berthd to extend the reservation when the model files the
    prompt names, plus the allowance, pass it (:meth:`Agent.before_prompt`);
-4. with dynamic VRAM, keeps ComfyUI's own budget inside the lease: the loader's headroom is
+5. with dynamic VRAM, keeps ComfyUI's own budget inside the lease: the loader's headroom is
    the card's total less the reservation, updated at the grant, park, wake and extension.
 
 berthd down: the gate is ``off`` (everything passes) and the agent keeps asking to register,
@@ -39,10 +42,10 @@ import time
 from typing import Any
 
 from berth import paths
-from berth.client import ApiError, BerthdUnavailable, Client
+from berth.client import ApiError, BerthdUnavailable, Client, JobReporter
 from berth.process import identify
 
-from . import comfy
+from . import comfy, jobs
 from .gate import Gate
 from .reservation import Reservation
 
@@ -117,6 +120,10 @@ class Agent(Reservation):
 
     async def _main(self) -> None:
         self._client = Client()
+        # Kept on self: the loop holds tasks only weakly.
+        self._jobs = asyncio.create_task(JobReporter(
+            lambda: jobs.work(self.gate, self.queue), lambda: self.lease_id,
+            lambda: self._client).run())
         if self.defeated:
             log.warning("Berth: ComfyUI runs with %s: unloading frees nothing (the GPU is the "
                         "offload device), so Berth cannot park it; registering without park. "

@@ -27,6 +27,10 @@ or when the wake fails::
     {"error": {"type": "berth_unavailable", "message": "...", "details": "<reason>",
                "extra_info": {"src": "berth", "reason": "<reason>"}}, "node_errors": {}}
 
+The gate also keeps when each gated write arrived (held or being handled) and, once ComfyUI
+queued it, its prompt's id with that time (:meth:`Gate.arrivals`): ComfyUI's queue keeps no
+arrival times, and berthd's ladder wants the oldest job's age (issue 16).
+
 Threads: the middleware runs on ComfyUI's event loop; the node's agent changes the state from
 its own thread. State lives under a lock, and a change wakes held requests through
 ``call_soon_threadsafe`` on the loop that serves them.
@@ -35,6 +39,7 @@ its own thread. State lives under a lock, and a change wakes held requests throu
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -83,6 +88,8 @@ class Gate:
         self.stop_reason = ""
         self.in_flight = 0          # gated writes being handled by ComfyUI now
         self.holding = 0
+        self._arrived: dict[int, float] = {}       # writes held or handled now: arrival time
+        self.queued_at: dict[str, float] = {}      # prompt id: when its write arrived
         self.passed = self.held = self.refused = self.wakes = 0
 
     # -- state (any thread) ----------------------------------------------------------------
@@ -124,6 +131,18 @@ class Gate:
     def idle(self) -> bool:
         return self.in_flight == 0
 
+    def arrivals(self) -> tuple[list[float], dict[str, float]]:
+        """The arrival times of the writes held or handled now, and ``{prompt id: arrival
+        time}`` of the writes ComfyUI queued; ``time.monotonic`` seconds (any thread)."""
+        with self._lock:
+            return list(self._arrived.values()), dict(self.queued_at)
+
+    def forget(self, prompt_ids) -> None:
+        """Drop the arrival times of prompts no longer queued or running."""
+        with self._lock:
+            for pid in prompt_ids:
+                self.queued_at.pop(pid, None)
+
     def counters(self) -> dict:
         return {"state": self._state, "in_flight": self.in_flight, "holding": self.holding,
                 "passed": self.passed, "held": self.held, "refused": self.refused,
@@ -134,17 +153,29 @@ class Gate:
     async def middleware(self, request: web.Request, handler):
         if (request.method, request.path) not in GATED:
             return await handler(request)
-        refusal = await self._admit(request)
-        if refusal is not None:
-            return refusal
+        key, arrived = id(request), time.monotonic()
         with self._lock:
-            self.in_flight += 1
+            self._arrived[key] = arrived
         try:
-            return await handler(request)
+            refusal = await self._admit(request)
+            if refusal is not None:
+                return refusal
+            with self._lock:
+                self.in_flight += 1
+            try:
+                resp = await handler(request)
+                pid = _prompt_id(resp)
+                if pid is not None:
+                    with self._lock:
+                        self.queued_at[pid] = arrived
+                return resp
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
+                self._notify()
         finally:
             with self._lock:
-                self.in_flight -= 1
-            self._notify()
+                self._arrived.pop(key, None)
 
     async def _admit(self, request: web.Request) -> web.Response | None:
         loop = asyncio.get_running_loop()
@@ -223,3 +254,14 @@ class Gate:
                 log.warning("Berth: asking for the wake failed: %s", e)
                 self.set("asleep", f"wake failed: {e}")
                 self.fail_held(f"wake failed: {e}")
+
+
+def _prompt_id(resp) -> str | None:
+    """The prompt id in ComfyUI's answer to a queued prompt (``{"prompt_id": ...}``), or None."""
+    if getattr(resp, "status", None) != 200 or not isinstance(getattr(resp, "body", None), bytes):
+        return None
+    try:
+        pid = json.loads(resp.body).get("prompt_id")
+    except (ValueError, AttributeError):
+        return None
+    return str(pid) if pid is not None else None

@@ -216,3 +216,76 @@ def test_a_drain_unloads_and_refuses_prompts_at_once_instead_of_holding_them(wor
     assert code == 503
     assert ans["error"]["details"] == "stopped" and "drained by Berth" in ans["error"]["message"]
     assert ans["node_errors"] == {}
+
+
+# -- the node reports ComfyUI's jobs (issue 16: turns protect work, not idleness) ------------
+# A minimum turn of 30 s: a ComfyUI that never reported its jobs would count as busy and keep
+# the card that long; one that reports yields at once when idle, and only then.
+TURN = {"min_turn": "30s", "ram_budget": "64GiB"}
+WELL_INSIDE_S = 12.0
+
+
+def _an_llm_asks(world, d):
+    """Start a 14 GiB LLM under ``berth run`` (it does not fit beside ComfyUI's 11 GiB);
+    returns when berthd has its lease waiting, with the time it saw it."""
+    import time
+    from tests.berthd import berth_run
+    world.procs.append(berth_run(d, "llm", "--size", "14GiB", weights="13GiB"))
+    wait_for(lambda: d.state_of("llm") == "waiting", 20, "the LLM's lease waiting for room")
+    return time.monotonic()
+
+
+def _comfyui_with_flux_loaded(world, d):
+    c = world.comfyui("--disable-dynamic-vram")
+    wait_for(lambda: d.state_of("comfyui") == "active" and c.berth()["gate"]["state"] == "open",
+             10, "ComfyUI leased")
+    return c
+
+
+def test_an_idle_comfyui_yields_the_card_at_once_not_after_its_minimum_turn(world):
+    import time
+    d = world.berthd(policy=TURN)
+    c = _comfyui_with_flux_loaded(world, d)
+    code, ans = c.post("/prompt", prompt(FLUX))
+    assert code == 200, ans
+    assert wait_for(lambda: c.done(ans["prompt_id"]), 20)["status_str"] == "success"
+    assert d.lease_of("comfyui")["shares"][0]["reserved_bytes"] >= 10 << 30
+    asked = _an_llm_asks(world, d)
+    # Idle after its image, ComfyUI is parked for the LLM well inside its 30 s turn.
+    wait_for(lambda: d.state_of("llm") == "active", WELL_INSIDE_S, "the LLM granted")
+    waited = time.monotonic() - asked
+    assert waited < WELL_INSIDE_S, waited
+    assert d.state_of("comfyui") == "parked"
+    kinds = [e["kind"] for e in d.timeline()]
+    assert "drain" not in kinds and "fallback" not in kinds, kinds
+    assert d.sim_oom() == 0
+
+
+def test_a_comfyui_with_a_prompt_running_keeps_the_card_until_it_ends_then_yields(world):
+    import time
+    d = world.berthd(policy=TURN)
+    c = _comfyui_with_flux_loaded(world, d)
+    code, ans = c.post("/prompt", prompt(FLUX))             # loads FLUX, then is idle
+    assert wait_for(lambda: c.done(ans["prompt_id"]), 20)["status_str"] == "success"
+    code, ans = c.post("/prompt", prompt(FLUX, steps=80))   # about 4 s of sampling
+    assert code == 200, ans
+    wait_for(lambda: c.get("/queue")[1]["queue_running"], 5, "the prompt to start")
+    wait_for(lambda: d.lease_of("comfyui")["in_flight"] >= 1, 5, "berthd told of the prompt")
+    _an_llm_asks(world, d)
+    # While the prompt runs, ComfyUI keeps its card: berthd knows it is busy.
+    polls, end = 0, time.monotonic() + 20
+    while c.done(ans["prompt_id"]) is None:
+        assert time.monotonic() < end, "the prompt did not end"
+        assert d.state_of("comfyui") == "active", d.timeline()
+        assert d.state_of("llm") == "waiting"
+        polls += 1
+    assert polls >= 3, polls                    # the check ran while the prompt did
+    assert c.done(ans["prompt_id"])["status_str"] == "success"
+    ended = time.monotonic()
+    # Once it ends, ComfyUI is parked for the LLM, well inside its 30 s turn.
+    wait_for(lambda: d.state_of("llm") == "active", WELL_INSIDE_S, "the LLM granted")
+    assert time.monotonic() - ended < WELL_INSIDE_S
+    assert d.state_of("comfyui") == "parked"
+    kinds = [e["kind"] for e in d.timeline()]
+    assert "drain" not in kinds and "fallback" not in kinds, kinds
+    assert d.sim_oom() == 0
