@@ -46,9 +46,11 @@ def jobs_words(n: int) -> str:
 
 def holder_words(lease: Lease, pci: str | None = None) -> str:
     """``"boss (priority 5, 0 requests in flight) holds 14.0GiB"``: a holder as a waiting
-    client is told about it."""
+    client is told about it. A holder whose front never reported its requests is said to be
+    so (``"requests in flight not reported"``): it counts as busy, and no count is known."""
     held = f" holds {format_size(counted_bytes(lease.shares[pci]))}" if pci else ""
-    return f"{lease.engine} (priority {lease.priority}, {jobs_words(lease.in_flight)}){held}"
+    jobs = jobs_words(lease.in_flight) if lease.jobs_reported else "requests in flight not reported"
+    return f"{lease.engine} (priority {lease.priority}, {jobs}){held}"
 
 
 def stowaway_words(card: Card) -> str:

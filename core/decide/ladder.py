@@ -33,7 +33,7 @@ from .admission import Policy, Waiter
 from .causes import card_causes, quiet_bound_s
 from .ledger import Ledger, counted_bytes, hook_residual_guess
 from .model import Lease, ParkMechanism, ShareState
-from .units import format_size
+from .units import format_duration, format_size
 
 __all__ = ["Rung", "RUNGS", "Action", "Step", "Plan", "NoPlan", "plan", "displaceable",
            "expected_residual", "SwapLog"]
@@ -137,7 +137,8 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     request (equal priority may be, as llama-swap swaps models; an idle high-priority engine can
     be parked for anyone once that runs out); (4) a busy holder keeps its card for its minimum
     turn, counted from when it could serve (``ready_at``, else at most ``wake_limit_s`` after its
-    grant) or its last wake, against a waiter of equal priority only (a turn guards against
+    grant) or its last wake, against a waiter of equal priority only (a holder that has not
+    said it serves is "starting", whatever the minimum turn) (a turn guards against
     equals juggling, never holds back a higher priority; issue 12 case 6); (5) the juggle
     guard: two busy engines swap a card at most ``juggle_max_swaps`` times inside
     ``juggle_window_s``. Turns and the guard protect work, not
@@ -162,6 +163,9 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     # an engine whose load took 30 s is not drained after 10 s of serving.
     turn = max(policy.min_turn_s, holder.switch_cost_s)
     if now - turn_start < turn and holder.priority >= waiter.priority:   # (4)
+        if now < turn_start:       # no turn has begun: it has not said it serves (even at 0s)
+            return (f"{holder.engine} is starting: it has not said it serves yet (given up to "
+                    f"{format_duration(policy.wake_limit_s)} after its grant)")
         return f"{holder.engine} is inside its minimum turn"
     if since is not None and holder.oldest_job_at is not None and \
             holder.oldest_job_at < since and holder.priority >= waiter.priority:    # (4b)

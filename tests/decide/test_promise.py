@@ -74,6 +74,7 @@ def test_only_a_waiter_with_the_right_preempts_a_job():
 def test_an_idle_higher_priority_holder_is_a_lasting_cause():
     w = World([24 * GiB], reserve=GiB)
     w.request("a", "boss", {G0: 14 * GiB}, priority=5)
+    w.apply(w.s.jobs("a", 0, w.now))            # its front says it is idle
     w.request("b", "minion", {G0: 14 * GiB})
     why, lasting = w.s.wait_cause("b")
     assert lasting and "boss (priority 5, 0 requests in flight)" in why, why
