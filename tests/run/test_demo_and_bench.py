@@ -57,8 +57,8 @@ def _run(argv: list[str], env: dict, timeout_s: float) -> tuple[int, str, float]
 def test_berth_demo_exits_0_within_120s_parks_and_wakes_both_ways_with_no_oom(isolated):
     """An LLM and ComfyUI (the stand-in with Berth's node) on one card (issue 13): each parks for
     the other and wakes again; the image prompts ask for room before they load. On the default
-    policy in a 24 GiB host (issue 12 case 3): every switch a park, none a drain; each waits out
-    the holder's minimum turn (10 s), so the demo takes about a minute."""
+    policy in a 24 GiB host (issue 12 case 3): every switch a park, none a drain; both fronts
+    (``berth run``'s and the node's) report their jobs, so an idle holder yields at once."""
     rc, out, elapsed = _run([BERTH, "demo"], isolated, 150)
     assert rc == 0, out
     assert elapsed < 120
