@@ -30,7 +30,7 @@ import enum
 from dataclasses import dataclass, field
 
 from .admission import Policy, Waiter
-from .causes import card_causes, quiet_bound_s
+from .causes import card_causes, max_job_s, quiet_bound_s
 from .ledger import Ledger, counted_bytes, hook_residual_guess
 from .model import Lease, ParkMechanism, ShareState
 from .units import format_duration, format_size
@@ -167,8 +167,11 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
             return (f"{holder.engine} is starting: it has not said it serves yet (given up to "
                     f"{format_duration(policy.wake_limit_s)} after its grant)")
         return f"{holder.engine} is inside its minimum turn"
+    # Older requests keep the card only while the oldest is younger than the holder's max_job
+    # (a job that outlived it protects nothing, as in the park's wait for quiet).
     if since is not None and holder.oldest_job_at is not None and \
-            holder.oldest_job_at < since and holder.priority >= waiter.priority:    # (4b)
+            holder.oldest_job_at < since and holder.priority >= waiter.priority and \
+            now - holder.oldest_job_at < max_job_s(holder, policy.max_job_s):          # (4b)
         return f"{holder.engine} serves requests older than {waiter.engine}'s"
     if swaps is not None and policy.juggle_max_swaps >= 0:                   # (5)
         n = swaps.count(holder.engine, waiter.engine, now - policy.juggle_window_s)

@@ -145,6 +145,21 @@ class TestCostAwareTurns:
         assert state(w, "a") is S.PARKING
 
 
+    def test_older_requests_keep_the_card_no_longer_than_max_job(self):
+        """A job older than its engine's max_job protects nothing: before, the FIFO rule kept a
+        holder whose 40 s stream had outlived max_job = 1 s for the whole stream."""
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0))
+        w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        w.s.ledger.leases["a"].max_job_s = 5.0
+        w.advance(2)
+        w.apply(w.s.jobs("a", 1, w.now, oldest_at=1.0))     # one stream, since t = 1
+        w.request("b", "B", {G0: 10 * GiB})                 # b asks at t = 2
+        assert state(w, "a") is S.ACTIVE and "older than B's" in texts(w)[-1]
+        w.advance(5)                                        # the stream is 6 s old: past 5 s
+        w.apply(w.s.tick(w.now))
+        assert state(w, "a") is S.PARKING
+
+
 def _lease(lid: str, size: int):
     from berth.decide.model import Lease, Share
     return Lease(lid, lid, {G0: Share(G0, size)})
