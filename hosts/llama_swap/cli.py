@@ -45,6 +45,10 @@ def _cmd_wrap(args) -> int:
     except OSError as e:
         print(f"{_PROG}: {args.config}: {e.strerror or e}", file=sys.stderr)
         return 2
+    except UnicodeDecodeError as e:
+        print(f"{_PROG}: {args.config}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+              f"offset {e.start}); a llama-swap config is a YAML file", file=sys.stderr)
+        return 2
     sizes = None
     if args.size_from:
         try:
