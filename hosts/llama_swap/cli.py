@@ -37,6 +37,10 @@ def _write(path: str, text: str) -> None:
 
 
 def _cmd_wrap(args) -> int:
+    if args.health_check_timeout < 1:
+        print(f"{_PROG}: --health-check-timeout: must be at least 1 second, got "
+              f"{args.health_check_timeout}", file=sys.stderr)
+        return 2
     try:
         if args.config == "-":
             text, source = sys.stdin.read(), "<stdin>"

@@ -83,3 +83,9 @@ def test_a_config_that_is_not_utf8_text_is_named_not_a_traceback(tmp_path, capsy
     err = capsys.readouterr().err
     assert f"{bad}: not UTF-8 text" in err and "byte 0xd0" in err, err
 
+
+def test_a_negative_health_check_timeout_is_refused(capsys):
+    path = next(p for p in EXAMPLES if p.stem == "multiline")
+    assert main(["llama-swap", "wrap", str(path), "--health-check-timeout", "-5"]) == 2
+    err = capsys.readouterr().err
+    assert "--health-check-timeout: must be at least 1 second, got -5" in err, err
