@@ -184,3 +184,11 @@ def _post(port: int, headers: dict | None = None) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+
+
+def test_two_sizes_without_a_card_say_to_name_each_card(berthd):
+    d = berthd()
+    out = subprocess.run([BERTH, "run", "--size", "1GiB", "--size", "2GiB", "--", "true"],
+                         env=d.env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, out.stderr
+    assert "two shares name no card" in out.stderr and "card None" not in out.stderr, out.stderr
