@@ -45,7 +45,7 @@ class SimCard(_Strict):
         # The second validation of berth.config.loading.parse leaves refused values out; a
         # required one gets a stand-in that the cross-checks never read (its key is unknown).
         if isinstance(data, dict) and cross.UNKNOWN in (info.context or {}):
-            data = {"name": "", "total": 1, **data}
+            data = {"name": "", "total": "1B", **data}
         return data
 
 

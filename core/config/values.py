@@ -26,13 +26,24 @@ def _not_absurd(n: int | None, v: Any, field: str) -> None:
                          f"(a unit typo?)")
 
 
+def _with_unit(v: Any, field: str) -> Any:
+    """Refuse a bare number other than 0 (``size = 14``, ``"14"``): berth.toml's sizes carry
+    their unit, and 14 read as bytes would lease nothing for an engine meant to hold 14 GiB."""
+    bare = (isinstance(v, int) and not isinstance(v, bool)) or \
+        (isinstance(v, str) and v.strip().isdigit())
+    if bare and int(v) != 0:
+        raise ValueError(f"{field}: {v!r} has no unit; write '{int(v)}GiB' or '{int(v)}MiB' "
+                         f"(or '{int(v)}B' for bytes)")
+    return v
+
+
 def _size(v: Any) -> int:
-    return parse_size(v, field="size")
+    return parse_size(_with_unit(v, "size"), field="size")
 
 
 def _mem(v: Any) -> int:
     """A size on a card: bytes, at most 1 PiB."""
-    n = parse_size(v, field="size")
+    n = parse_size(_with_unit(v, "size"), field="size")
     _not_absurd(n, v, "size")
     return n
 
@@ -42,7 +53,7 @@ def _opt_mem(v: Any) -> int | None:
 
 
 def _total(v: Any) -> int:
-    n = parse_size(v, field="total")
+    n = parse_size(_with_unit(v, "total"), field="total")
     if n == 0:
         raise ValueError(f"total: a card needs some memory, got {v!r}")
     _not_absurd(n, v, "total")
@@ -52,7 +63,7 @@ def _total(v: Any) -> int:
 def _engine_size(v: Any) -> int | None:
     if v is None:
         return None
-    n = parse_size(v, field="size", allow_card=True)
+    n = parse_size(_with_unit(v, "size"), field="size", allow_card=True)
     if n == 0:
         raise ValueError(f"size: an engine's size must be more than 0, got {v!r} "
                          f"(size = 'card' asks for the whole card)")
@@ -61,14 +72,14 @@ def _engine_size(v: Any) -> int | None:
 
 
 def _rate(v: Any) -> int:
-    n = parse_size(v, field="checkpoint_rate")
+    n = parse_size(_with_unit(v, "checkpoint_rate"), field="checkpoint_rate")
     if n == 0:
         raise ValueError(f"checkpoint_rate: must be more than 0 bytes per second, got {v!r}")
     return n
 
 
 def _ram(v: Any) -> int | str:
-    return "auto" if v == "auto" else parse_size(v, field="ram_budget")
+    return "auto" if v == "auto" else parse_size(_with_unit(v, "ram_budget"), field="ram_budget")
 
 
 def _parse_dur(v: Any, field: str) -> float:

@@ -159,6 +159,10 @@ async def request_lease(request: web.Request) -> web.Response:
             pci = max(held, key=held.get) if held else _resolve_card(broker, sb.card, sb.size)
         except KeyError as e:
             raise web.HTTPBadRequest(reason=f"shares.{i}.card: {e.args[0]}")
+        if pci in shares and sb.card is None:
+            raise web.HTTPBadRequest(reason=f"shares.{i}.card: two shares name no card and "
+                                            f"both would go to {pci}; name each share's card "
+                                            f"(--size 14GiB@gpu0 --size 10GiB@gpu1)")
         if pci in shares:
             raise web.HTTPBadRequest(reason=f"shares.{i}.card: card {sb.card!r} is named twice")
         if sb.size is not None and sb.size <= 0:

@@ -335,8 +335,11 @@ class Scheduler(Deadlines):
             return self.wake(lease_id, now)
         if op == Op.PARK:
             if not lease.caps.can_park():
-                raise ValueError(f"lease {lease_id}: {lease.engine} declared no park with a "
-                                 f"front (park={lease.caps.park}, front={lease.caps.front})")
+                missing = "--park" if lease.caps.park is None else "--front"
+                raise ValueError(f"lease {lease_id}: {lease.engine} cannot park: its run gave no "
+                                 f"{missing} (`berth run --front HOST:PORT --park "
+                                 f"checkpoint|hook` makes an engine parkable); `berth drain "
+                                 f"{lease.engine}` stops it instead")
             if not all(sh.state is S.ACTIVE for sh in lease.shares.values()):
                 raise ValueError(f"lease {lease_id}: {lease.engine} can only park when every "
                                  f"share is active; it is "

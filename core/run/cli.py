@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 from berth.decide.model import Bound, ParkMechanism
 from berth.decide.units import parse_duration, parse_size
+from berth.front.upstream import Address
 from berth.run.main import EngineRun
+from berth_plugins.manager import make_plugin_manager, mechanisms
 
 __all__ = ["register", "RunOptions", "parse_sizes", "USAGE"]
 
@@ -61,6 +63,10 @@ def parse_sizes(values: list[str]) -> list[tuple[str | None, str]]:
     out = []
     for v in values:
         size, _, card = v.partition("@")
+        if size.strip().isdigit() and int(size) != 0:
+            # 14 read as bytes would lease nothing for an engine meant to hold 14 GiB
+            raise ValueError(f"--size: {v!r} has no unit; write '{int(size)}GiB' or "
+                             f"'{int(size)}MiB' (or '{int(size)}B' for bytes)")
         parse_size(size, field="--size", allow_card=True)
         if _ and not card:
             raise ValueError(f"--size: expected SIZE[@CARD], got {v!r}")
@@ -84,6 +90,32 @@ def _check_front(front: str) -> None:
         raise ValueError(f"--front: expected HOST:PORT with a port of 1-65535, got {front!r}")
     if host.startswith("[") != host.endswith("]"):
         raise ValueError(f"--front: unbalanced brackets in {front!r}")
+
+
+def _check_upstream(url: str) -> None:
+    """An http(s) URL with a host, as the front forwards to it. Raises ``ValueError``."""
+    try:
+        Address(url)
+    except ValueError:
+        raise ValueError(f"--upstream: expected the engine's URL like http://127.0.0.1:8000, "
+                         f"got {url!r}") from None
+
+
+def _check_health(path: str) -> None:
+    """A path the engine answers (``/health``) or ``none``: a path without its leading ``/``
+    would never answer, and the front would stay closed. Raises ``ValueError``."""
+    if path != "none" and not path.startswith("/"):
+        raise ValueError(f"--health: expected a path starting with '/' like '/health', or "
+                         f"'none', got {path!r}")
+
+
+def _check_adapter(adapter: str) -> None:
+    """The hook's adapter must be one some plugin carries out now, not at the first park (an
+    unknown one would turn that park into a drain). Raises ``ValueError``."""
+    known = mechanisms(make_plugin_manager())
+    if adapter not in known:
+        raise ValueError(f"--adapter: no plugin carries out {adapter!r}; known adapters: "
+                         f"{', '.join(sorted(known - {'checkpoint', 'supervisor'}))}")
 
 
 def _check_checkpoint(path: str | None) -> None:
@@ -110,6 +142,11 @@ def _cmd_run(args) -> int:
     try:
         if args.front:
             _check_front(args.front)
+        if args.upstream:
+            _check_upstream(args.upstream)
+        _check_health(args.health)
+        if args.adapter:
+            _check_adapter(args.adapter)
         options = {}
         for o in args.option or []:
             key, eq, value = o.partition("=")

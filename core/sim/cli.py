@@ -47,6 +47,11 @@ def _init(args: argparse.Namespace) -> int:
     except (ValueError, SimError) as e:
         print(f"berth sim init: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        where = f"--dir {args.dir}" if args.dir else f"$BERTH_SIM_DIR ({e.filename})"
+        print(f"berth sim init: {where}: cannot create it or write there: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
     print(f"declared {len(specs)} simulated card(s) in {store.directory}")
     return _cards(args)
 

@@ -37,6 +37,10 @@ def _write(path: str, text: str) -> None:
 
 
 def _cmd_wrap(args) -> int:
+    if args.health_check_timeout < 1:
+        print(f"{_PROG}: --health-check-timeout: must be at least 1 second, got "
+              f"{args.health_check_timeout}", file=sys.stderr)
+        return 2
     try:
         if args.config == "-":
             text, source = sys.stdin.read(), "<stdin>"
@@ -44,6 +48,10 @@ def _cmd_wrap(args) -> int:
             text, source = Path(args.config).read_text(), args.config
     except OSError as e:
         print(f"{_PROG}: {args.config}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as e:
+        print(f"{_PROG}: {args.config}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+              f"offset {e.start}); a llama-swap config is a YAML file", file=sys.stderr)
         return 2
     sizes = None
     if args.size_from:

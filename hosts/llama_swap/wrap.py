@@ -231,6 +231,13 @@ def _models(doc) -> dict[str, _Model]:
         if not isinstance(cmd, str):
             raise WrapError(f"models.{mid}.cmd: must be a string (the command that starts the "
                             f"engine), got {_kind(cmd)}: {cmd!r}")
+        for k in ("env", "aliases"):       # llama-swap reads both as []string
+            v = conf.get(k)
+            if v is not None and (not isinstance(v, list)
+                                  or any(isinstance(x, (list, dict)) for x in v)):
+                like = '["NAME=value"]' if k == "env" else '["gpt-4o"]'
+                raise WrapError(f"models.{mid}.{k}: expected a list of strings like {like}, "
+                                f"got {_kind(v)}: {v!r}")
         local = list(_macros(conf.get("macros"), f"models.{mid}.macros").items())
         scope = command.scope(mid, globals_, local)
         _check_macros(mid, conf, scope)

@@ -342,3 +342,24 @@ def test_a_value_where_a_table_belongs_is_named_in_toml_words(doc, key):
     text = str(e.value)
     assert f"{key}: expected a table ([{key}] with its keys), got " in text, text
     assert "instance of" not in text and "Config" not in text.split("\n", 1)[1], text
+
+
+@pytest.mark.parametrize("doc,key", [
+    ({"engines": {"e": {"size": 14}}}, "engines.e.size"),
+    ({"engines": {"e": {"size": "14"}}}, "engines.e.size"),
+    ({"engines": {"e": {"size": "8GiB", "need": 6}}}, "engines.e.need"),
+    ({"cards": {"gpu0": {"reserve": 1}}}, "cards.gpu0.reserve"),
+    ({"policy": {"ram_budget": 64}}, "policy.ram_budget"),
+    ({"driver": {"kind": "sim", "cards": [{"pci": "01:00.0", "name": "g", "total": 24}]}},
+     "driver.cards.0.total"),
+])
+def test_a_size_without_a_unit_is_refused_not_read_as_bytes(doc, key):
+    # `size = 14` meant 14GiB: read as 14 bytes it leases nothing, and the engine it admits
+    # then runs into the memory of others (an OOM on the card).
+    msg = _one(doc, key, "no unit")
+    assert "GiB" in msg, msg
+
+
+def test_a_size_of_zero_needs_no_unit():
+    cfg = parse({"cards": {"gpu0": {"reserve": 0}}})
+    assert cfg.cards["gpu0"].reserve == 0

@@ -129,6 +129,12 @@ def test_an_engine_name_with_a_slash_is_a_lease(berthd):
     (["--front", "127.0.0.1:1", "--park", "checkpoint", "--checkpoint-path", "/no/such/tool"],
      "cannot find '/no/such/tool'"),
     (["--wait-limit", "0s"], "--wait-limit: must be more than 0"),
+    (["--size", "14"], "--size: '14' has no unit"),
+    (["--size", "14@gpu0"], "--size: '14@gpu0' has no unit"),
+    (["--front", "127.0.0.1:1", "--upstream", "notaurl"], "--upstream: expected the engine's URL"),
+    (["--health", "health"], "--health: expected a path starting with '/'"),
+    (["--front", "127.0.0.1:1", "--park", "hook", "--adapter", "bogus"],
+     "--adapter: no plugin carries out 'bogus'"),
 ])
 def test_bad_run_lines_get_a_message_not_a_traceback(tmp_path, args, needle):
     env = {**os.environ, "BERTH_SOCKET": str(tmp_path / "none.sock")}
@@ -178,3 +184,11 @@ def _post(port: int, headers: dict | None = None) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+
+
+def test_two_sizes_without_a_card_say_to_name_each_card(berthd):
+    d = berthd()
+    out = subprocess.run([BERTH, "run", "--size", "1GiB", "--size", "2GiB", "--", "true"],
+                         env=d.env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, out.stderr
+    assert "two shares name no card" in out.stderr and "card None" not in out.stderr, out.stderr

@@ -423,3 +423,13 @@ class TestFoundByANewUser:
         assert "big" in w.rejected
         reason = [e for e in w.effects if type(e).__name__ == "Rejected"][0].reason
         assert "needs 100.0GiB" in reason and "capacity of 24.0GiB" in reason, reason
+
+
+def test_an_operator_park_of_an_engine_without_one_says_how_to_give_it_one():
+    w = World([24 * GiB])
+    w.request("a", "A", {G0: 8 * GiB})
+    with pytest.raises(ValueError) as e:
+        w.s.operator("park", "a", w.now)
+    msg = str(e.value)
+    assert "A cannot park: its run gave no --park" in msg, msg
+    assert "--park checkpoint|hook" in msg and "berth drain" in msg, msg

@@ -161,3 +161,11 @@ def test_cli_init_and_cards(tmp_path, capsys):
     assert "--card" in capsys.readouterr().err
     assert berth(["sim", "init", "--dir", d, "--card", "gpu0=lots"]) == 2
     assert "'lots'" in capsys.readouterr().err
+
+
+def test_cli_init_into_a_directory_that_cannot_be_made_says_so(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert berth(["sim", "init", "--dir", str(blocker / "sim"), "--card", "gpu0=24GiB"]) == 2
+    err = capsys.readouterr().err
+    assert f"--dir {blocker / 'sim'}: cannot create it" in err, err

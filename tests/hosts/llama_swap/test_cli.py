@@ -74,3 +74,18 @@ def test_a_model_id_with_a_space_is_warned_about_with_its_engine_name(tmp_path, 
     assert len(warned) == 1 and "warning: models.Qwen 7B:" in warned[0]
     assert "--engine Qwen-7B" in warned[0] and '[engines."Qwen-7B"]' in warned[0]
     assert llama_swap_argv(load_yaml(out), "Qwen/Qwen2.5-7B")[3] == "Qwen/Qwen2.5-7B"
+
+
+def test_a_config_that_is_not_utf8_text_is_named_not_a_traceback(tmp_path, capsys):
+    bad = tmp_path / "config.yaml"
+    bad.write_bytes(b"models:\n  a:\n    cmd: \xd0\x28 --port ${PORT}\n")
+    assert main(["llama-swap", "wrap", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: not UTF-8 text" in err and "byte 0xd0" in err, err
+
+
+def test_a_negative_health_check_timeout_is_refused(capsys):
+    path = next(p for p in EXAMPLES if p.stem == "multiline")
+    assert main(["llama-swap", "wrap", str(path), "--health-check-timeout", "-5"]) == 2
+    err = capsys.readouterr().err
+    assert "--health-check-timeout: must be at least 1 second, got -5" in err, err

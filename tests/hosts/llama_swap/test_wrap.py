@@ -615,3 +615,16 @@ def test_a_quote_left_open_by_a_macro_is_refused_and_a_closed_one_is_not():
             cmd: sh -c ${half} --port ${PORT}'
         """)
     assert split_run(llama_swap_argv(after, "m"))[2] == ["sh", "-c", "a b --port {port}"]
+
+
+@pytest.mark.parametrize("key,value", [("env", '"HF_HOME=/srv/hf"'), ("aliases", "5"),
+                                       ("aliases", "{a: b}"), ("env", "[[X=1]]")])
+def test_env_and_aliases_that_are_not_lists_of_strings_are_refused(key, value):
+    # llama-swap reads both as lists of strings and refuses to load anything else
+    with pytest.raises(WrapError, match=rf"models\.a\.{key}: expected a list of strings"):
+        wrap(f"""
+            models:
+              a:
+                cmd: srv --port ${{PORT}}
+                {key}: {value}
+            """)
