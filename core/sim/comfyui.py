@@ -489,8 +489,16 @@ def _execute(server: PromptServer, prompt: dict, args: argparse.Namespace) -> tu
 
 
 def prompt_worker(q: PromptQueue, server: PromptServer, args: argparse.Namespace) -> None:
+    # As ComfyUI's: after a prompt (or an unload) it collects garbage and empties the cache at
+    # most every 10 s, for ``--gc-s`` here. It waits on the queue only between those steps, and
+    # PromptQueue.get looks at no flag: a flag set meanwhile wakes nothing until the next
+    # set_flag or prompt (seen against ComfyUI 0.3.64: a park set its flags during that step).
+    last_gc, need_gc, interval = 0.0, False, 10.0
     while True:
-        item = q.get(timeout=1000.0)
+        timeout = 1000.0
+        if need_gc:
+            timeout = max(interval - (time.perf_counter() - last_gc), 0.0)
+        item = q.get(timeout=timeout)
         if item is not None:
             (number, prompt_id, prompt, extra, _), item_id = item
             t = time.perf_counter()
@@ -498,6 +506,7 @@ def prompt_worker(q: PromptQueue, server: PromptServer, args: argparse.Namespace
                 ok, messages = _execute(server, prompt, args)
             except Exception as e:                      # a node failed: the prompt errors
                 ok, messages = False, [f"{type(e).__name__}: {e}"]
+            need_gc = True
             q.task_done(item_id, {}, {"status_str": "success" if ok else "error",
                                       "completed": ok, "messages": messages})
             log.info("Prompt executed in %.2f seconds%s", time.perf_counter() - t,
@@ -506,6 +515,10 @@ def prompt_worker(q: PromptQueue, server: PromptServer, args: argparse.Namespace
         free_memory = flags.get("free_memory", False)
         if flags.get("unload_models", free_memory):
             server.card.unload_all_models()
+            need_gc, last_gc = True, 0.0
+        if need_gc and time.perf_counter() - last_gc > interval:
+            time.sleep(args.gc_s)                       # gc.collect(); soft_empty_cache()
+            last_gc, need_gc = time.perf_counter(), False
 
 
 # -- main ----------------------------------------------------------------------------------
@@ -523,6 +536,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activation", default="512MiB",
                    help="memory a sampler uses while it runs (default 512MiB)")
     p.add_argument("--step-s", type=float, default=0.05, help="seconds per sampler step")
+    p.add_argument("--gc-s", type=float, default=0.2,
+                   help="seconds of the worker's gc and cache emptying after a prompt (0.2)")
     vram = p.add_mutually_exclusive_group()      # as in ComfyUI's cli_args.py
     vram.add_argument("--highvram", action="store_true")
     vram.add_argument("--gpu-only", action="store_true")

@@ -207,8 +207,11 @@ class Agent(Reservation):
     async def _instructions(self) -> None:
         backoff = 0.5
         while True:
+            # Back from "off", ask without waiting: the gate must follow the lease as soon as
+            # berthd answers, not after a 20 s long poll with no growth check.
+            wait = 0.0 if self.gate.state == "off" else 20.0
             try:
-                r = await self._client.instructions(self.lease_id, self.after_seq, 20.0)
+                r = await self._client.instructions(self.lease_id, self.after_seq, wait)
                 backoff = 0.5
             except BerthdUnavailable:
                 # berthd went away: fail open, and lease again when it is back.
@@ -227,8 +230,13 @@ class Agent(Reservation):
                 await asyncio.sleep(backoff)
                 continue
             if self.gate.state == "off":
-                self.gate.set("open", "berthd is back and keeps the lease")
-                self.health = "leased"
+                states = set((r.get("states") or {}).values())
+                if states == {"parked"}:          # a prompt asks berthd to wake it, as before
+                    self.gate.set("asleep", "berthd is back and keeps the lease parked")
+                    self.health = "parked"
+                else:
+                    self.gate.set("open", "berthd is back and keeps the lease")
+                    self.health = "leased"
             for ins in r["instructions"]:
                 self.after_seq = max(self.after_seq, ins["seq"])
                 await self._carry_out(ins)
@@ -275,12 +283,17 @@ class Agent(Reservation):
                 self.gate.set("open", "park called off: the queue stayed busy")
                 return False, f"busy: prompts still queued or running after {grace:g} s"
             await asyncio.sleep(0.05)
-        # Unloading happens on ComfyUI's prompt worker, never here (reference "Threads").
-        self.queue.set_flag("unload_models", True)
-        self.queue.set_flag("free_memory", True)
-        while "unload_models" in self.queue.get_flags(reset=False):
+        # Unloading happens on ComfyUI's prompt worker, never here (reference "Threads"). Its
+        # PromptQueue.get looks at no flag: set while the worker runs its gc after a prompt,
+        # the flags wake nothing (seen on ComfyUI 0.3.64), so set them again until taken.
+        nudge = 0.0
+        while nudge == 0.0 or "unload_models" in self.queue.get_flags(reset=False):
             if time.monotonic() > end:
                 break                             # berthd's driver read decides anyway
+            if time.monotonic() >= nudge:         # the flag waited on last: none is left over
+                self.queue.set_flag("free_memory", True)
+                self.queue.set_flag("unload_models", True)
+                nudge = time.monotonic() + 0.25
             await asyncio.sleep(0.02)
         while (comfy.loaded_models() or 0) > 0 and time.monotonic() < end:
             await asyncio.sleep(0.02)

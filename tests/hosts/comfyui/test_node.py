@@ -289,3 +289,51 @@ def test_a_comfyui_with_a_prompt_running_keeps_the_card_until_it_ends_then_yield
     kinds = [e["kind"] for e in d.timeline()]
     assert "drain" not in kinds and "fallback" not in kinds, kinds
     assert d.sim_oom() == 0
+
+
+def test_berthd_back_the_gate_follows_its_lease_at_once_not_after_a_long_poll(world):
+    """Seen against a real ComfyUI 0.3.64: berthd restarted and kept the lease, but the gate
+    stayed "off" (fail-open: prompts passed without the growth check) for the instruction
+    poll's 20 s. The gate now follows berthd's lease as soon as berthd answers: open for an
+    active lease, asleep (a prompt wakes it) for a parked one."""
+    d = world.berthd()
+    c = world.comfyui()
+    wait_for(lambda: d.state_of("comfyui") == "active" and c.berth()["gate"]["state"] == "open",
+             10, "ComfyUI leased")
+    lid = d.lease_of("comfyui")["id"]
+    for parked in (False, True):
+        if parked:
+            _parked(d, c)
+        d.stop()
+        wait_for(lambda: c.berth()["gate"]["state"] == "off", 10, "the gate to fail open")
+        d.start()
+        assert d.lease_of("comfyui")["id"] == lid             # berthd kept the lease
+        want = "asleep" if parked else "open"
+        wait_for(lambda: c.berth()["gate"]["state"] == want, 6, f"the gate {want} again")
+        assert c.berth()["health"] == ("parked" if parked else "leased")
+    held = c.post_in_thread("/prompt", prompt(SD15))
+    held["thread"].join(20)
+    assert held.get("status") == 200, held
+    wait_for(lambda: d.state_of("comfyui") == "active", 10, "berthd woke ComfyUI for it")
+    st = wait_for(lambda: c.done(held["body"]["prompt_id"]), 10, "the held prompt to run")
+    assert st["status_str"] == "success"
+
+
+def test_a_park_right_after_a_prompt_unloads_though_the_worker_was_busy_in_its_gc(world):
+    """Seen against a real ComfyUI 0.3.64: a park that waited for a running prompt set the
+    unload flags while the worker ran its gc after that prompt; ComfyUI's worker then waits on
+    the queue without looking at the flags, so nothing unloaded, and the park answered only at
+    the release grace (20 s) with the models still loaded. The node sets the flags again until
+    the worker takes them."""
+    d = world.berthd()
+    c = world.comfyui("--gc-s", "2", step_s=0.05)
+    wait_for(lambda: d.state_of("comfyui") == "active", 10, "ComfyUI leased")
+    code, ans = c.post("/prompt", prompt(SD15, steps=20))          # about 1 s of sampling
+    assert code == 200
+    wait_for(lambda: c.get("/queue")[1]["queue_running"], 5, "the prompt to start")
+    assert d.call("POST", "/v1/operator/park", {"target": "comfyui"})[0] == 200
+    wait_for(lambda: c.done(ans["prompt_id"]), 10, "the prompt to finish")
+    # The worker's gc (2 s) is over well before the release grace (20 s): then it unloads.
+    wait_for(lambda: d.state_of("comfyui") == "parked", 8, "ComfyUI parked")
+    use = d.lease_of("comfyui")["shares"][0]["used_bytes"]
+    assert use <= 300 << 20, use                    # the context only: the models left the card
