@@ -214,7 +214,7 @@ class Scheduler(Deadlines):
                     continue
                 self.deadlines.pop((lease_id, pci, op), None)
                 if ok:
-                    self.ledger.move(lease_id, pci, S.ACTIVE, now)
+                    self.ledger.move(lease_id, pci, S.ACTIVE, now, lent_bytes=0)
             if src in sts:
                 if ok:
                     lease.last_used_at = now

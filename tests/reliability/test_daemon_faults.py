@@ -5,6 +5,8 @@ a 503 with a reason, and the card records no OOM (issue 18 "daemon faults")."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import pytest
@@ -74,18 +76,14 @@ def test_sigkill_of_berthd_inside_a_move_settles(tmp_path, runs, phase):
 
 
 @pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
-@pytest.mark.xfail(strict=True, reason=(
-    "defect found by this test (issue 18): berth.decide.deadlines._settle turns a returning "
-    "share active whatever the driver measures, and adopt then asks no return; when berthd died "
-    "before the run read its return instruction, the holder stays shrunk by the lend for good "
-    "(reserved 20 GiB, using 12). Fix: settle returning like resuming (stay returning and ask "
-    "again until the use shows the growth)"))
 def test_sigkill_of_berthd_while_a_lent_share_is_returning_settles(tmp_path, runs):
-    """The holder H lends 8 GiB to B; B exits, and while the driver has not yet shown B's memory
-    free (a 3 s free delay) H's share is returning: berthd dies there. After the restart H is
-    active and holds its pool again, B's lease is gone, and nothing ran out of memory."""
+    """The holder H lends 8 GiB to B; B exits, H's share turns returning, and berthd dies
+    before H's run read its return instruction (the run is stopped with SIGSTOP from before
+    the return began, so the instruction cannot have reached it). After the restart H grows
+    back and holds its pool again, B's lease is gone, and nothing ran out of memory."""
     d = Berthd(tmp_path, config(tmp_path, free_delay="3s"))
     d.start()
+    h = None
     try:
         h, hport = start_run(d, "H", size="20GiB", weights="11GiB", park=False,
                              extra=("--lend", "--lend-max", "8GiB", "--park", "hook",
@@ -99,16 +97,26 @@ def test_sigkill_of_berthd_while_a_lent_share_is_returning_settles(tmp_path, run
         runs.append(b)
         wait_for(lambda: d.state_of("H") == "lent" and d.state_of("B") == "active", 30,
                  "H lent to B")
-        b.send_signal(15)
-        wait_for(lambda: d.state_of("H") == "returning", 20, "H returning")
+        # A held instruction poll of H's run would carry the return out of the berthd that
+        # dies; a restart with the run stopped leaves it no poll in flight.
+        os.kill(h.pid, signal.SIGSTOP)
         d.kill9()
         d.start()
-        wait_for(lambda: d.state_of("H") == "active", 30, "H to settle active")
+        wait_for(lambda: d.state_of("H") == "lent" and d.state_of("B") == "active", 30,
+                 "H still lent to B after the first restart")
+        b.send_signal(signal.SIGTERM)
+        wait_for(lambda: d.state_of("H") == "returning", 30, "H returning")
+        d.kill9()
+        d.start()
+        os.kill(h.pid, signal.SIGCONT)
         wait_for(lambda: d.lease_of("B") is None, 30, "B's lease to end")
+        wait_for(lambda: d.state_of("H") == "active", 30, "H to settle active")
         wait_for(lambda: _use_of(d, hpid) >= 20 * GiB, 20, "H's pool back")
         out = Outcome()
         chat(hport, "H", 60.0, out)
         assert out.ok == 1 and out.hangs == 0, out
         assert d.sim_oom() == 0
     finally:
+        if h is not None and h.poll() is None:
+            os.kill(h.pid, signal.SIGCONT)
         d.stop()
