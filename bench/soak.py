@@ -7,7 +7,8 @@ three fronts, each with a deadline (``--deadline``, default 60 s). Every ``--swi
 seconds (default 3) an operator park forces a switch; every ``--fault-every`` seconds (default
 20) a fault lands, in turn: berthd killed with SIGKILL and restarted, an engine process killed
 with SIGKILL (its run ends; it is started again, as llama-swap would), and an operator drain of
-an engine (started again). ``--no-faults``: load and forced switches only.
+an engine (started again). Any other run that ends (a fallback drain when a park overruns
+under load) is started again too. ``--no-faults``: load and forced switches only.
 
 A request ends in one of: ``answered`` (200 with tokens), a 503 with a reason (counted by
 reason), ``other`` (by kind: another status; ``connect``, a refused connection, expected
@@ -17,10 +18,12 @@ front's (``berth run``, which serves the front) over the same span for runs that
 enough (the largest).
 
     python bench/soak.py [--minutes N] [--json] [--clients C] [--no-faults]
+                         [--faults-at-least N]
 
-With ``--json`` the last line is one JSON object: ``minutes``, ``requests_sent``, ``answered``,
+With ``--json`` the last line is one JSON object: ``minutes``, ``ran_s``, ``requests_sent``, ``answered``,
 ``refused_503`` (reason -> count), ``other`` (kind -> count), ``hangs``, ``oom_events``,
-``faults`` (kind -> count), ``switches``, ``p99_hold_s``, ``berthd_rss_growth_mib``,
+``faults`` (kind -> count), ``switches``, ``runs_restarted`` (runs that ended on their own,
+e.g. by a fallback drain, and were started again), ``p99_hold_s``, ``berthd_rss_growth_mib``,
 ``fronts_rss_growth_mib``, ``cpus`` and ``load_avg`` (the machine's 1-minute load at the end).
 """
 
@@ -102,6 +105,7 @@ class Soak:
         self.holds: list[float] = []
         self.faults: dict[str, int] = {}
         self.switches = 0
+        self.restarts = 0
         self.rss: dict[int, tuple[float, int]] = {}      # pid -> (first sample's time, bytes)
         self.growth: dict[str, float] = {"berthd": 0.0, "fronts": 0.0}
         self.stop = threading.Event()
@@ -248,7 +252,8 @@ class Soak:
         if final:
             self.rss.pop(self.berthd.pid, None)
 
-    def run(self, minutes: float, faults: bool, switch_every: float, fault_every: float) -> dict:
+    def run(self, minutes: float, faults: bool, switch_every: float, fault_every: float,
+            at_least: int = 0) -> dict:
         self.start_berthd()
         for e in ENGINES:
             self.start_run(e)
@@ -263,11 +268,21 @@ class Soak:
         next_fault = time.monotonic() + min(fault_every, max(minutes * 60 / 3, 1))
         warm = time.monotonic() + 5
         n = 0
-        while time.monotonic() < end:
+        # --faults-at-least: on a loaded machine a fault (a restart, a run's exit) takes long;
+        # the load goes on past N minutes until that many have landed.
+        while time.monotonic() < end or (faults and n < at_least):
             time.sleep(0.5)
+            owed = faults and n < at_least
             if time.monotonic() >= warm:
                 self.sample_rss()
-            if faults and time.monotonic() >= next_fault and end - time.monotonic() > 5:
+            # A run that ended on its own (a fallback drain under load, an engine that died)
+            # is started again, as llama-swap or a service manager would: the load goes on.
+            for e, (p, _) in list(self.runs.items()):
+                if p.poll() is not None and (end - time.monotonic() > 5 or owed):
+                    self.restarts += 1
+                    self.start_run(e)
+            if faults and time.monotonic() >= next_fault and (end - time.monotonic() > 5
+                                                              or owed):
                 self.fault(n)
                 n += 1
                 next_fault = time.monotonic() + fault_every
@@ -278,10 +293,12 @@ class Soak:
         from berth.sim.cards import SimCards
         oom = sum(c.oom_events for c in SimCards(self.tmp / "sim").snapshot().cards)
         holds = sorted(self.holds)
-        return {"minutes": minutes, "requests_sent": self.sent, "answered": self.answered,
+        return {"minutes": minutes, "ran_s": round(time.monotonic() - end + minutes * 60, 1),
+                "requests_sent": self.sent, "answered": self.answered,
                 "refused_503": self.refused, "other": self.other, "hangs": self.hangs,
                 "still_running": sum(t.is_alive() for t in threads),
                 "oom_events": oom, "faults": self.faults, "switches": self.switches,
+                "runs_restarted": self.restarts,
                 "p99_hold_s": round(holds[int(len(holds) * 0.99) - 1], 3) if holds else None,
                 "berthd_rss_growth_mib": round(self.growth["berthd"], 2),
                 "fronts_rss_growth_mib": round(self.growth["fronts"], 2),
@@ -316,12 +333,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switch-every", type=float, default=3.0)
     ap.add_argument("--fault-every", type=float, default=20.0)
     ap.add_argument("--no-faults", action="store_true")
+    ap.add_argument("--faults-at-least", type=int, default=0, metavar="N",
+                    help="go on past --minutes until N faults have landed")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="berth-soak-"))
     soak = Soak(tmp, a.clients, a.deadline)
     try:
-        out = soak.run(a.minutes, not a.no_faults, a.switch_every, a.fault_every)
+        out = soak.run(a.minutes, not a.no_faults, a.switch_every, a.fault_every,
+                       a.faults_at_least)
     finally:
         soak.close()
         if not a.keep:

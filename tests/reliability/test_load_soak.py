@@ -40,7 +40,8 @@ def _holds(res: dict, *, engine_faults: bool) -> None:
 
 
 def test_soak_short_form():
-    res = _soak("--minutes", "0.3", "--fault-every", "5", timeout=150)
+    res = _soak("--minutes", "0.3", "--fault-every", "5", "--faults-at-least", "2",
+                timeout=200)
     assert res["faults"].get("berthd_sigkill", 0) >= 1 and res["faults"].get("engine_sigkill", 0) >= 1, res
     _holds(res, engine_faults=True)
 
