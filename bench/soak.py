@@ -23,7 +23,9 @@ enough (the largest).
 With ``--json`` the last line is one JSON object: ``minutes``, ``ran_s``, ``requests_sent``, ``answered``,
 ``refused_503`` (reason -> count), ``other`` (kind -> count), ``hangs``, ``oom_events``,
 ``faults`` (kind -> count), ``switches``, ``runs_restarted`` (runs that ended on their own,
-e.g. by a fallback drain, and were started again), ``p99_hold_s``, ``berthd_rss_growth_mib``,
+e.g. by a fallback drain, and were started again), ``runs_killed`` (runs still up 30 s after
+an engine fault or a drain, killed with SIGKILL: their fronts' requests are dropped),
+``p99_hold_s``, ``berthd_rss_growth_mib``,
 ``fronts_rss_growth_mib``, ``cpus`` and ``load_avg`` (the machine's 1-minute load at the end).
 """
 
@@ -106,6 +108,7 @@ class Soak:
         self.faults: dict[str, int] = {}
         self.switches = 0
         self.restarts = 0
+        self.runs_killed = 0      # runs still up 30 s after their fault, killed with SIGKILL
         self.rss: dict[int, tuple[float, int]] = {}      # pid -> (first sample's time, bytes)
         self.growth: dict[str, float] = {"berthd": 0.0, "fronts": 0.0}
         self.stop = threading.Event()
@@ -232,6 +235,8 @@ class Soak:
         try:
             run.wait(30)
         except subprocess.TimeoutExpired:
+            # Its front's connections end unanswered ("dropped"): counted apart, as a fault.
+            self.runs_killed += 1
             os.killpg(run.pid, signal.SIGKILL)
             run.wait(5)
         self.start_run(engine)
@@ -298,7 +303,7 @@ class Soak:
                 "refused_503": self.refused, "other": self.other, "hangs": self.hangs,
                 "still_running": sum(t.is_alive() for t in threads),
                 "oom_events": oom, "faults": self.faults, "switches": self.switches,
-                "runs_restarted": self.restarts,
+                "runs_restarted": self.restarts, "runs_killed": self.runs_killed,
                 "p99_hold_s": round(holds[int(len(holds) * 0.99) - 1], 3) if holds else None,
                 "berthd_rss_growth_mib": round(self.growth["berthd"], 2),
                 "fronts_rss_growth_mib": round(self.growth["fronts"], 2),
