@@ -14,7 +14,6 @@ import pytest
 
 from berth.sim.cards import SimCards
 from tests.berthd import Berthd, wait_for
-from tests.reliability.conftest import LONG
 from tests.reliability.faults import GiB, Outcome, chat, config, start_run
 
 SETTLED = {"active", "parked"}
@@ -120,7 +119,6 @@ def test_sigkill_of_berthd_while_a_share_is_lending_settles(tmp_path, runs):
         d.stop()
 
 
-@pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
 def test_sigkill_of_berthd_while_a_lent_share_is_returning_settles(tmp_path, runs):
     """The holder H lends 8 GiB to B; B exits, H's share turns returning, and berthd dies
     before H's run read its return instruction (the run is stopped with SIGSTOP from before

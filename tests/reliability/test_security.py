@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from tests.berthd import BERTH, berth_run, wait_for
+from tests.berthd import berth_run, wait_for
 from tests.reliability.conftest import as_user, berth_cmd
 
 ATTACKER = str(Path(__file__).with_name("attacker.py"))
