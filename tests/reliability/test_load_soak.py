@@ -39,6 +39,7 @@ def _holds(res: dict, *, engine_faults: bool) -> None:
     assert res["answered"] > 0 and res["berthd_rss_growth_mib"] <= 10, res
 
 
+@pytest.mark.timeout(240)
 def test_soak_short_form():
     res = _soak("--minutes", "0.3", "--fault-every", "5", "--faults-at-least", "2",
                 timeout=200)
@@ -47,6 +48,7 @@ def test_soak_short_form():
 
 
 @pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
+@pytest.mark.timeout(660)
 def test_load_2000_requests_64_clients_forced_switches():
     res = _soak("--minutes", "4", "--no-faults", "--switch-every", "3", timeout=600)
     assert res["requests_sent"] >= 2000, res
@@ -55,6 +57,7 @@ def test_load_2000_requests_64_clients_forced_switches():
 
 
 @pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
+@pytest.mark.timeout(660)
 def test_soak_three_minutes_with_every_fault():
     res = _soak("--minutes", "3", timeout=600)
     assert set(res["faults"]) == {"berthd_sigkill", "engine_sigkill", "drain"}, res
