@@ -89,12 +89,15 @@ class Soak:
         self.deadline_s = deadline_s
         self.sock = tmp / "state" / "berthd.sock"
         self.config = tmp / "berth.toml"
+        # release_grace 20 s: on a loaded two-core machine the stand-in checkpoint's start alone
+        # took over a second, and a park cut short falls back to a drain (a run down, refused
+        # connections) where the load test wants every request answered.
         self.config.write_text(
             f'state_dir = "{tmp / "state"}"\n[driver]\nkind = "sim"\nsim_dir = "{tmp / "sim"}"\n'
             'free_delay = "0.5s"\ncheckpoint_rate = "70GB"\n'
             '[[driver.cards]]\npci = "0000:01:00.0"\nname = "gpu0"\ntotal = "24GiB"\n'
             '[cards.gpu0]\nreserve = "1GiB"\n[policy]\nmin_turn = "0s"\n'
-            'ram_budget = "64GiB"\nrelease_grace = "5s"\nread_interval = "0.2s"\n')
+            'ram_budget = "64GiB"\nrelease_grace = "20s"\nread_interval = "0.2s"\n')
         self.env = {**os.environ, "BERTH_STATE_DIR": str(tmp / "state"),
                     "BERTH_SOCKET": str(self.sock), "BERTH_SIM_DIR": str(tmp / "sim"),
                     "BERTH_CONFIG": str(self.config), "PYTHONUNBUFFERED": "1"}
