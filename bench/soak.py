@@ -135,9 +135,10 @@ class Soak:
                              stderr=subprocess.STDOUT, start_new_session=True)
         self.runs[engine] = (p, port)
 
-    def _api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    def _api(self, method: str, path: str, body: dict | None = None,
+             timeout: float = 10) -> tuple[int, dict]:
         try:
-            return _http(self.sock, method, path, body)
+            return _http(self.sock, method, path, body, timeout)
         except OSError:
             return 0, {}
 
@@ -212,7 +213,10 @@ class Soak:
         while not self.stop.wait(every):
             active = [e for e, s in self.states().items() if s == "active"]
             if active:
-                code, _ = self._api("POST", "/v1/operator/park", {"target": random.choice(active)})
+                # The park answers once the engine's requests in flight end (up to the release
+                # grace): a shorter timeout took a switch that happened for none.
+                code, _ = self._api("POST", "/v1/operator/park", {"target": random.choice(active)},
+                                    timeout=45)
                 self.switches += code == 200
 
     def fault(self, n: int) -> None:
