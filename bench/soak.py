@@ -89,7 +89,7 @@ class Soak:
         self.deadline_s = deadline_s
         self.sock = tmp / "state" / "berthd.sock"
         self.config = tmp / "berth.toml"
-        # release_grace 20 s: on a loaded two-core machine the stand-in checkpoint's start alone
+        # release_grace 10 s: on a loaded two-core machine the stand-in checkpoint's start alone
         # took over a second, and a park cut short falls back to a drain (a run down, refused
         # connections) where the load test wants every request answered.
         self.config.write_text(
@@ -97,7 +97,7 @@ class Soak:
             'free_delay = "0.5s"\ncheckpoint_rate = "70GB"\n'
             '[[driver.cards]]\npci = "0000:01:00.0"\nname = "gpu0"\ntotal = "24GiB"\n'
             '[cards.gpu0]\nreserve = "1GiB"\n[policy]\nmin_turn = "0s"\n'
-            'ram_budget = "64GiB"\nrelease_grace = "20s"\nread_interval = "0.2s"\n')
+            'ram_budget = "64GiB"\nrelease_grace = "10s"\nread_interval = "0.2s"\n')
         self.env = {**os.environ, "BERTH_STATE_DIR": str(tmp / "state"),
                     "BERTH_SOCKET": str(self.sock), "BERTH_SIM_DIR": str(tmp / "sim"),
                     "BERTH_CONFIG": str(self.config), "PYTHONUNBUFFERED": "1"}
@@ -213,11 +213,15 @@ class Soak:
         while not self.stop.wait(every):
             active = [e for e, s in self.states().items() if s == "active"]
             if active:
-                # The park answers once the engine's requests in flight end (up to the release
-                # grace): a shorter timeout took a switch that happened for none.
-                code, _ = self._api("POST", "/v1/operator/park", {"target": random.choice(active)},
-                                    timeout=45)
-                self.switches += code == 200
+                # Each park in its own thread: one that answers late (a busy engine) must not
+                # hold the next switch back.
+                threading.Thread(target=self._park, args=(random.choice(active),),
+                                 daemon=True).start()
+
+    def _park(self, engine: str) -> None:
+        code, _ = self._api("POST", "/v1/operator/park", {"target": engine}, timeout=45)
+        with self.lock:
+            self.switches += code == 200
 
     def fault(self, n: int) -> None:
         kind = ("berthd_sigkill", "engine_sigkill", "drain")[n % 3]
@@ -349,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="go on past --minutes until N faults have landed")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = ap.parse_args(argv)
+    # SIGTERM (a test's timeout) must still end berthd and the runs: they are not our group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="berth-soak-"))
     soak = Soak(tmp, a.clients, a.deadline)
     try:
