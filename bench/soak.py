@@ -7,7 +7,8 @@ three fronts, each with a deadline (``--deadline``, default 60 s). Every ``--swi
 seconds (default 3) an operator park forces a switch; every ``--fault-every`` seconds (default
 20) a fault lands, in turn: berthd killed with SIGKILL and restarted, an engine process killed
 with SIGKILL (its run ends; it is started again, as llama-swap would), and an operator drain of
-an engine (started again). ``--no-faults``: load and forced switches only.
+an engine (started again). Any other run that ends (a fallback drain when a park overruns
+under load) is started again too. ``--no-faults``: load and forced switches only.
 
 A request ends in one of: ``answered`` (200 with tokens), a 503 with a reason (counted by
 reason), ``other`` (by kind: another status; ``connect``, a refused connection, expected
@@ -17,10 +18,14 @@ front's (``berth run``, which serves the front) over the same span for runs that
 enough (the largest).
 
     python bench/soak.py [--minutes N] [--json] [--clients C] [--no-faults]
+                         [--faults-at-least N]
 
-With ``--json`` the last line is one JSON object: ``minutes``, ``requests_sent``, ``answered``,
+With ``--json`` the last line is one JSON object: ``minutes``, ``ran_s``, ``requests_sent``, ``answered``,
 ``refused_503`` (reason -> count), ``other`` (kind -> count), ``hangs``, ``oom_events``,
-``faults`` (kind -> count), ``switches``, ``p99_hold_s``, ``berthd_rss_growth_mib``,
+``faults`` (kind -> count), ``switches``, ``runs_restarted`` (runs that ended on their own,
+e.g. by a fallback drain, and were started again), ``runs_killed`` (runs still up 30 s after
+an engine fault or a drain, killed with SIGKILL: their fronts' requests are dropped),
+``p99_hold_s``, ``berthd_rss_growth_mib``,
 ``fronts_rss_growth_mib``, ``cpus`` and ``load_avg`` (the machine's 1-minute load at the end).
 """
 
@@ -84,12 +89,15 @@ class Soak:
         self.deadline_s = deadline_s
         self.sock = tmp / "state" / "berthd.sock"
         self.config = tmp / "berth.toml"
+        # release_grace 10 s: on a loaded two-core machine the stand-in checkpoint's start alone
+        # took over a second, and a park cut short falls back to a drain (a run down, refused
+        # connections) where the load test wants every request answered.
         self.config.write_text(
             f'state_dir = "{tmp / "state"}"\n[driver]\nkind = "sim"\nsim_dir = "{tmp / "sim"}"\n'
             'free_delay = "0.5s"\ncheckpoint_rate = "70GB"\n'
             '[[driver.cards]]\npci = "0000:01:00.0"\nname = "gpu0"\ntotal = "24GiB"\n'
             '[cards.gpu0]\nreserve = "1GiB"\n[policy]\nmin_turn = "0s"\n'
-            'ram_budget = "64GiB"\nrelease_grace = "5s"\nread_interval = "0.2s"\n')
+            'ram_budget = "64GiB"\nrelease_grace = "10s"\nread_interval = "0.2s"\n')
         self.env = {**os.environ, "BERTH_STATE_DIR": str(tmp / "state"),
                     "BERTH_SOCKET": str(self.sock), "BERTH_SIM_DIR": str(tmp / "sim"),
                     "BERTH_CONFIG": str(self.config), "PYTHONUNBUFFERED": "1"}
@@ -102,6 +110,8 @@ class Soak:
         self.holds: list[float] = []
         self.faults: dict[str, int] = {}
         self.switches = 0
+        self.restarts = 0
+        self.runs_killed = 0      # runs still up 30 s after their fault, killed with SIGKILL
         self.rss: dict[int, tuple[float, int]] = {}      # pid -> (first sample's time, bytes)
         self.growth: dict[str, float] = {"berthd": 0.0, "fronts": 0.0}
         self.stop = threading.Event()
@@ -125,9 +135,10 @@ class Soak:
                              stderr=subprocess.STDOUT, start_new_session=True)
         self.runs[engine] = (p, port)
 
-    def _api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    def _api(self, method: str, path: str, body: dict | None = None,
+             timeout: float = 10) -> tuple[int, dict]:
         try:
-            return _http(self.sock, method, path, body)
+            return _http(self.sock, method, path, body, timeout)
         except OSError:
             return 0, {}
 
@@ -202,8 +213,15 @@ class Soak:
         while not self.stop.wait(every):
             active = [e for e, s in self.states().items() if s == "active"]
             if active:
-                code, _ = self._api("POST", "/v1/operator/park", {"target": random.choice(active)})
-                self.switches += code == 200
+                # Each park in its own thread: one that answers late (a busy engine) must not
+                # hold the next switch back.
+                threading.Thread(target=self._park, args=(random.choice(active),),
+                                 daemon=True).start()
+
+    def _park(self, engine: str) -> None:
+        code, _ = self._api("POST", "/v1/operator/park", {"target": engine}, timeout=45)
+        with self.lock:
+            self.switches += code == 200
 
     def fault(self, n: int) -> None:
         kind = ("berthd_sigkill", "engine_sigkill", "drain")[n % 3]
@@ -228,6 +246,8 @@ class Soak:
         try:
             run.wait(30)
         except subprocess.TimeoutExpired:
+            # Its front's connections end unanswered ("dropped"): counted apart, as a fault.
+            self.runs_killed += 1
             os.killpg(run.pid, signal.SIGKILL)
             run.wait(5)
         self.start_run(engine)
@@ -248,7 +268,8 @@ class Soak:
         if final:
             self.rss.pop(self.berthd.pid, None)
 
-    def run(self, minutes: float, faults: bool, switch_every: float, fault_every: float) -> dict:
+    def run(self, minutes: float, faults: bool, switch_every: float, fault_every: float,
+            at_least: int = 0) -> dict:
         self.start_berthd()
         for e in ENGINES:
             self.start_run(e)
@@ -263,11 +284,21 @@ class Soak:
         next_fault = time.monotonic() + min(fault_every, max(minutes * 60 / 3, 1))
         warm = time.monotonic() + 5
         n = 0
-        while time.monotonic() < end:
+        # --faults-at-least: on a loaded machine a fault (a restart, a run's exit) takes long;
+        # the load goes on past N minutes until that many have landed.
+        while time.monotonic() < end or (faults and n < at_least):
             time.sleep(0.5)
+            owed = faults and n < at_least
             if time.monotonic() >= warm:
                 self.sample_rss()
-            if faults and time.monotonic() >= next_fault and end - time.monotonic() > 5:
+            # A run that ended on its own (a fallback drain under load, an engine that died)
+            # is started again, as llama-swap or a service manager would: the load goes on.
+            for e, (p, _) in list(self.runs.items()):
+                if p.poll() is not None and (end - time.monotonic() > 5 or owed):
+                    self.restarts += 1
+                    self.start_run(e)
+            if faults and time.monotonic() >= next_fault and (end - time.monotonic() > 5
+                                                              or owed):
                 self.fault(n)
                 n += 1
                 next_fault = time.monotonic() + fault_every
@@ -278,10 +309,12 @@ class Soak:
         from berth.sim.cards import SimCards
         oom = sum(c.oom_events for c in SimCards(self.tmp / "sim").snapshot().cards)
         holds = sorted(self.holds)
-        return {"minutes": minutes, "requests_sent": self.sent, "answered": self.answered,
+        return {"minutes": minutes, "ran_s": round(time.monotonic() - end + minutes * 60, 1),
+                "requests_sent": self.sent, "answered": self.answered,
                 "refused_503": self.refused, "other": self.other, "hangs": self.hangs,
                 "still_running": sum(t.is_alive() for t in threads),
                 "oom_events": oom, "faults": self.faults, "switches": self.switches,
+                "runs_restarted": self.restarts, "runs_killed": self.runs_killed,
                 "p99_hold_s": round(holds[int(len(holds) * 0.99) - 1], 3) if holds else None,
                 "berthd_rss_growth_mib": round(self.growth["berthd"], 2),
                 "fronts_rss_growth_mib": round(self.growth["fronts"], 2),
@@ -316,12 +349,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switch-every", type=float, default=3.0)
     ap.add_argument("--fault-every", type=float, default=20.0)
     ap.add_argument("--no-faults", action="store_true")
+    ap.add_argument("--faults-at-least", type=int, default=0, metavar="N",
+                    help="go on past --minutes until N faults have landed")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     a = ap.parse_args(argv)
+    # SIGTERM (a test's timeout) must still end berthd and the runs: they are not our group.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="berth-soak-"))
     soak = Soak(tmp, a.clients, a.deadline)
     try:
-        out = soak.run(a.minutes, not a.no_faults, a.switch_every, a.fault_every)
+        out = soak.run(a.minutes, not a.no_faults, a.switch_every, a.fault_every,
+                       a.faults_at_least)
     finally:
         soak.close()
         if not a.keep:

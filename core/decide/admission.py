@@ -209,7 +209,8 @@ def grant(ledger: Ledger, w: Waiter, now: float) -> None:
             ledger.move(w.lease_id, pci, S.RESUMING, now,
                         reserved_bytes=max(sh.reserved_bytes, sh.parked_bytes))
         elif w.kind is WaitKind.RETURN:
-            ledger.move(w.lease_id, pci, S.RETURNING, now, lent_bytes=0, lent_to=None)
+            # lent_bytes stays N while returning(N): a restart must know what to ask back.
+            ledger.move(w.lease_id, pci, S.RETURNING, now, lent_to=None)
         else:
             sh = lease.shares[pci]
             ledger.update(w.lease_id, pci, reserved_bytes=sh.reserved_bytes + need)

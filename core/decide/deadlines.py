@@ -111,7 +111,9 @@ class Deadlines(Rooms):
         - lending: N left the holder → lent, else → active (nothing was lent);
         - resuming: the memory is back (use > residual + slack) → active, else it stays resuming
           and the wake is asked again;
-        - returning: → active (room for it was confirmed before the return began);
+        - returning(N): the holder grew back (use > reserved − N + slack) → active, else it
+          stays returning and the return of N is asked again (room for it was confirmed
+          before the return began);
         - draining, released: watched until the driver shows them free.
 
         Then re-arms what each state waits for: a wake, return or drain is asked again and its
@@ -137,7 +139,8 @@ class Deadlines(Rooms):
                        (Op.PARK, S.PARKING), (Op.LEND, S.LENDING)):
             cards = tuple(pci for pci, sh in lease.shares.items() if sh.state is st)
             if cards:
-                n = {pci: lease.shares[pci].lent_bytes for pci in cards} if op == Op.LEND else {}
+                n = {pci: lease.shares[pci].lent_bytes for pci in cards} \
+                    if op in (Op.LEND, Op.RETURN) else {}
                 fx.append(Instruct(lease.id, op, cards, next(self._seq), n,
                                    reason="re-attached after a restart"))
         if waiting is not None and lease.id not in self.queue:
@@ -168,6 +171,12 @@ class Deadlines(Rooms):
             if use is not None and use > sh.residual_bytes + SLACK:
                 move(sh, S.ACTIVE, now)
         elif sh.state is S.RETURNING:
-            move(sh, S.ACTIVE, now)
+            # The run may have died with berthd before it read its return instruction: only a
+            # use that shows the growth settles it; else the return is asked again (issue 18).
+            # A share with no N recorded (a state file of an older berthd) has nothing to ask.
+            if sh.lent_bytes == 0 or (
+                    use is not None and use > sh.reserved_bytes - sh.lent_bytes + SLACK):
+                move(sh, S.ACTIVE, now)
+                sh.lent_bytes = 0
         if use is not None:
             sh.used_bytes = use

@@ -225,7 +225,7 @@ class Scheduler(Deadlines):
                 if ok:
                     if op == Op.WAKE:
                         lease.switch_cost_s = now - sh.since
-                    self.ledger.move(lease_id, pci, S.ACTIVE, now)
+                    self.ledger.move(lease_id, pci, S.ACTIVE, now, lent_bytes=0)
             if src in sts:
                 if ok:
                     lease.last_used_at = now

@@ -62,6 +62,8 @@ class Actions:
         self.drained: str | None = None
         #: how long the stop may wait for the requests in flight (berthd's quiet_s, issue 12)
         self.drain_quiet_s: float | None = None
+        #: bytes this run's engine has lent and not yet grown back, by card
+        self.lent: dict[str, int] = {}
 
     def context(self, op: Op, ins: dict) -> ActionContext:
         """The hook's context for instruction ``ins`` (``{"op", "cards", "bytes", …}``)."""
@@ -101,11 +103,25 @@ class Actions:
             self.drain_quiet_s = ins.get("quiet_s")
             return
         ok, detail = True, ""
+        if op is Op.RETURN:
+            # A berthd restarted in the middle of a return asks it again (issue 18): what was
+            # grown back already is not asked of the engine twice.
+            ins = {**ins, "bytes": {pci: min(int(n), self.lent.get(pci, 0))
+                                    for pci, n in (ins.get("bytes") or {}).items()
+                                    if self.lent.get(pci, 0) > 0}}
         try:
             if op in _FREEING:
                 await self._free(op, ins)
+                if op is Op.LEND:
+                    for pci, n in (ins.get("bytes") or {}).items():
+                        self.lent[pci] = self.lent.get(pci, 0) + int(n)
+            elif op is Op.RETURN and not ins["bytes"]:
+                log.info("return: nothing lent is left to grow back")
             else:
                 await run_action(self.pm, f"berth_{op}", self.context(op, ins))
+                if op is Op.RETURN:
+                    for pci, n in ins["bytes"].items():
+                        self.lent[pci] -= n
                 if op is Op.WAKE:
                     if not await self.engine.until_healthy(self.lease.limit("wake_limit_s")):
                         raise RuntimeError("the engine did not answer its health check after the wake")

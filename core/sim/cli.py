@@ -114,6 +114,7 @@ def engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="the context, kept by a park (default 256MiB)")
     p.add_argument("--model", default="stub", help="the model name it serves (default stub)")
     p.add_argument("--park-noop", action="store_true", help="test knob: park answers 200, frees nothing")
+    p.add_argument("--lend-noop", action="store_true", help="test knob: lend answers 200, frees nothing")
     p.add_argument("--wake-hang", action="store_true", help="test knob: wake never answers")
     p.add_argument("--crash-on-term", action="store_true",
                    help="stop as a crashed engine does: on SIGTERM/SIGINT die by that signal "

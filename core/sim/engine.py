@@ -71,13 +71,14 @@ class StubEngine:
     def __init__(self, store: SimCards, pci: str, *, weights_bytes: int, load_s: float,
                  kv_per_token_bytes: int, tokens_per_s: float, residual_bytes: int,
                  kv_pool_bytes: int | None, lend: bool, park_noop: bool, wake_hang: bool,
-                 model: str, more_pcis: tuple[str, ...] = ()):
+                 model: str, more_pcis: tuple[str, ...] = (), lend_noop: bool = False):
         self.store, self.pci, self.pid = store, pci, os.getpid()
         self.pcis = [pci, *(p for p in dict.fromkeys(more_pcis) if p != pci)]
         self.weights_bytes, self.load_s = weights_bytes, load_s
         self.kv_per_token_bytes, self.tokens_per_s = kv_per_token_bytes, tokens_per_s
         self.residual_bytes, self.kv_pool_bytes = residual_bytes, kv_pool_bytes
         self.lend_enabled, self.park_noop, self.wake_hang = lend, park_noop, wake_hang
+        self.lend_noop = lend_noop
         self.model = model
         self.loaded = False
         self.parked = False
@@ -190,7 +191,7 @@ class StubEngine:
 
     async def lend(self, pci: str, nbytes: int) -> dict:
         """Give ``nbytes`` of the unused KV cache back to the card and keep serving (409 if
-        there is not that much unused, or while parked)."""
+        there is not that much unused, or while parked; ``--lend-noop``: 200, nothing freed)."""
         async with self._mem:
             self._check_card(pci)
             if self.parked:
@@ -199,6 +200,8 @@ class StubEngine:
             if nbytes > spare:
                 raise _Reject(409, f"cannot lend {nbytes} bytes on {pci}: only {spare} "
                                    "bytes of the KV cache are unused", "conflict_error")
+            if self.lend_noop:
+                return self.state()
             await self._card(nbytes, -1, pci)
             self.kv_alloc[pci] -= nbytes
             self.lent[pci] += nbytes
@@ -451,7 +454,7 @@ def _engine_from_args(args: argparse.Namespace) -> StubEngine:
         kv_per_token_bytes=parse_size(args.kv_per_token, field="kv-per-token"),
         tokens_per_s=args.tokens_per_s, residual_bytes=parse_size(args.residual, field="residual"),
         kv_pool_bytes=pool, lend=args.lend, park_noop=args.park_noop, wake_hang=args.wake_hang,
-        model=args.model, more_pcis=tuple(m.pci for m in more))
+        model=args.model, more_pcis=tuple(m.pci for m in more), lend_noop=args.lend_noop)
 
 
 def _die_by(sig: int) -> None:

@@ -63,6 +63,29 @@ def test_resuming_is_active_once_the_memory_is_back_else_the_wake_is_asked_again
     assert [e.op for e in fx if isinstance(e, Instruct)] == [Op.WAKE]
 
 
-def test_returning_is_active():
-    _, sh, _ = adopt(S.RETURNING, None, lent_bytes=4 * GIB)
+def test_returning_is_active_once_the_holder_grew_back():
+    _, sh, fx = adopt(S.RETURNING, 20 * GIB, lent_bytes=8 * GIB)
+    assert (sh.state, sh.lent_bytes, sh.used_bytes) == (S.ACTIVE, 0, 20 * GIB)
+    assert not [e for e in fx if isinstance(e, Instruct)]
+
+
+@pytest.mark.parametrize("use", [12 * GIB, 12 * GIB + RESIDUAL_SLACK_BYTES, None])
+def test_returning_that_did_not_grow_is_asked_again_for_what_was_lent(use):
+    """berthd died before the run read its return instruction (issue 18): the holder still
+    uses what it kept (20 GiB reserved, 8 GiB lent). Settled active, it would stay shrunk by
+    the lend for good; it stays returning and the return of 8 GiB is asked again."""
+    sched, sh, fx = adopt(S.RETURNING, use, lent_bytes=8 * GIB)
+    assert sh.state is S.RETURNING and sh.lent_bytes == 8 * GIB
+    [ins] = [e for e in fx if isinstance(e, Instruct)]
+    assert (ins.op, ins.cards, ins.bytes) == (Op.RETURN, (PCI,), {PCI: 8 * GIB})
+    assert (sched.ledger.leases["a"].id, PCI, Op.RETURN) in sched.deadlines
+    # The run grows back and says so: active, nothing lent any more.
+    sched.report("a", "return", True, 11.0)
+    assert (sh.state, sh.lent_bytes) == (S.ACTIVE, 0)
+    assert sched.ledger.check() is None
+
+
+def test_returning_from_an_older_state_file_with_no_n_is_active():
+    _, sh, fx = adopt(S.RETURNING, None)
     assert sh.state is S.ACTIVE
+    assert not [e for e in fx if isinstance(e, Instruct)]

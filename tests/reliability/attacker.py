@@ -5,7 +5,6 @@ user with the system's Python and nothing of Berth imported. Prints ``STATUS BOD
 """
 
 import http.client
-import json
 import socket
 import sys
 

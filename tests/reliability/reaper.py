@@ -6,7 +6,6 @@ with its run then stays a zombie with its PID and start time, the case issue 18 
 """
 
 import ctypes
-import os
 import subprocess
 import sys
 

@@ -5,15 +5,13 @@ aside and berthd starts; deeply nested, oversized and loosely typed bodies get a
 from __future__ import annotations
 
 import json
-import os
-import tomllib
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from berth.config import ConfigError, parse
-from berth.daemon import restore, store
+from berth.daemon import restore
 from tests.berthd import Berthd, api, sim_config, wait_for
 from tests.reliability.conftest import LONG
 

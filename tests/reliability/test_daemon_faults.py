@@ -1,17 +1,19 @@
-"""berthd killed with SIGKILL while a share is parking, resuming or draining (the stand-in
-checkpoint is slowed so each fault lands inside the move), then restarted: every share settles
+"""berthd killed with SIGKILL while a share is parking, resuming, lending, returning or draining
+(the stand-in checkpoint and the card's frees are slowed so each fault lands inside the move),
+then restarted: every share settles
 to a legal state that matches the driver, a request held across the fault is answered or gets
 a 503 with a reason, and the card records no OOM (issue 18 "daemon faults")."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import pytest
 
 from berth.sim.cards import SimCards
 from tests.berthd import Berthd, wait_for
-from tests.reliability.conftest import LONG
 from tests.reliability.faults import GiB, Outcome, chat, config, start_run
 
 SETTLED = {"active", "parked"}
@@ -73,42 +75,99 @@ def test_sigkill_of_berthd_inside_a_move_settles(tmp_path, runs, phase):
         d.stop()
 
 
-@pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
-@pytest.mark.xfail(strict=True, reason=(
-    "defect found by this test (issue 18): berth.decide.deadlines._settle turns a returning "
-    "share active whatever the driver measures, and adopt then asks no return; when berthd died "
-    "before the run read its return instruction, the holder stays shrunk by the lend for good "
-    "(reserved 20 GiB, using 12). Fix: settle returning like resuming (stay returning and ask "
-    "again until the use shows the growth)"))
-def test_sigkill_of_berthd_while_a_lent_share_is_returning_settles(tmp_path, runs):
-    """The holder H lends 8 GiB to B; B exits, and while the driver has not yet shown B's memory
-    free (a 3 s free delay) H's share is returning: berthd dies there. After the restart H is
-    active and holds its pool again, B's lease is gone, and nothing ran out of memory."""
+def _lender(d: Berthd, runs, park: bool = True) -> tuple[object, int, int]:
+    """H: a 20 GiB lease on the 24 GiB card that may lend 8 GiB of its KV pool (and park by
+    its hook unless not ``park``: then a lend is the only way to make room beside it)."""
+    h, hport = start_run(d, "H", size="20GiB", weights="11GiB", park=False,
+                         extra=("--lend", "--lend-max", "8GiB", "--adapter", "protocol",
+                                *(("--park", "hook") if park else ())),
+                         engine_extra=("--kv-pool", "8.75GiB", "--protocol", "--lend"))
+    runs.append(h)
+    wait_for(lambda: d.state_of("H") == "active", 30, "H active")
+    hpid = wait_for(lambda: d.lease_of("H").get("pid"), 20, "H attached")
+    wait_for(lambda: _use_of(d, hpid) >= 20 * GiB, 20, "H loaded")
+    wait_for(lambda: d.lease_of("H").get("ready"), 20, "H serving (its turn begun)")
+    return h, hport, hpid
+
+
+@pytest.mark.parametrize("lend_lands", ["before_the_restart", "after_the_restart"])
+def test_sigkill_of_berthd_while_a_share_is_lending_settles(tmp_path, runs, lend_lands):
+    """B's arrival makes H lend 8 GiB; H's engine is stopped (SIGSTOP) so the lend is held
+    inside its engine, and berthd dies there. The engine goes on before the restart (the lend
+    lands while berthd is down: H settles lent, as the driver shows) or after it (H settles
+    active, as the driver shows then; the lend that lands later is found out by the next). B
+    is served either way, requests are answered, and nothing ran out of memory."""
     d = Berthd(tmp_path, config(tmp_path, free_delay="3s"))
     d.start()
+    hpid = None
     try:
-        h, hport = start_run(d, "H", size="20GiB", weights="11GiB", park=False,
-                             extra=("--lend", "--lend-max", "8GiB", "--park", "hook",
-                                    "--adapter", "protocol"),
-                             engine_extra=("--kv-pool", "8.75GiB", "--protocol", "--lend"))
-        runs.append(h)
-        wait_for(lambda: d.state_of("H") == "active", 30, "H active")
-        hpid = wait_for(lambda: d.lease_of("H").get("pid"), 20, "H attached")
-        wait_for(lambda: _use_of(d, hpid) >= 20 * GiB, 20, "H loaded")
+        h, hport, hpid = _lender(d, runs, park=False)
+        os.kill(hpid, signal.SIGSTOP)
+        b, bport = start_run(d, "B", size="8GiB", weights="7GiB", park=False)
+        runs.append(b)
+        wait_for(lambda: d.state_of("H") == "lending", 30, "H lending")
+        d.kill9()
+        if lend_lands == "before_the_restart":
+            os.kill(hpid, signal.SIGCONT)
+            wait_for(lambda: _use_of(d, hpid) <= 12 * GiB, 20, "the lend to leave the card")
+        d.start()
+        want = "lent" if lend_lands == "before_the_restart" else "active"
+        wait_for(lambda: d.state_of("H") == want, 30, f"H to settle {want}")
+        if lend_lands == "after_the_restart":
+            assert _use_of(d, hpid) >= 20 * GiB          # what the driver showed at the restart
+            os.kill(hpid, signal.SIGCONT)
+        wait_for(lambda: d.state_of("B") == "active" or d.lease_of("H") is None, 40,
+                 "B granted (H lent, or drained by the fallback)")
+        wait_for(lambda: d.state_of("B") == "active", 40, "B granted")
+        out = Outcome()
+        chat(bport, "B", 60.0, out)
+        if d.lease_of("H") is not None and d.state_of("H") in ("lent", "active"):
+            chat(hport, "H", 60.0, out)
+        assert out.hangs == 0 and not out.other and out.ok >= 1, out
+        assert d.sim_oom() == 0
+    finally:
+        if hpid is not None:
+            try:
+                os.kill(hpid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        d.stop()
+
+
+def test_sigkill_of_berthd_while_a_lent_share_is_returning_settles(tmp_path, runs):
+    """The holder H lends 8 GiB to B; B exits, H's share turns returning, and berthd dies
+    before H's run read its return instruction (the run is stopped with SIGSTOP from before
+    the return began, so the instruction cannot have reached it). After the restart H grows
+    back and holds its pool again, B's lease is gone, and nothing ran out of memory."""
+    d = Berthd(tmp_path, config(tmp_path, free_delay="3s"))
+    d.start()
+    h = None
+    try:
+        h, hport, hpid = _lender(d, runs)
         b, _ = start_run(d, "B", size="8GiB", weights="7GiB", park=False)
         runs.append(b)
         wait_for(lambda: d.state_of("H") == "lent" and d.state_of("B") == "active", 30,
                  "H lent to B")
-        b.send_signal(15)
-        wait_for(lambda: d.state_of("H") == "returning", 20, "H returning")
+        # A held instruction poll of H's run would carry the return out of the berthd that
+        # dies; a restart with the run stopped leaves it no poll in flight.
+        os.kill(h.pid, signal.SIGSTOP)
         d.kill9()
         d.start()
-        wait_for(lambda: d.state_of("H") == "active", 30, "H to settle active")
+        wait_for(lambda: d.state_of("H") == "lent" and d.state_of("B") == "active", 30,
+                 "H still lent to B after the first restart")
+        b.send_signal(signal.SIGTERM)
+        wait_for(lambda: d.state_of("H") == "returning", 30, "H returning")
+        d.kill9()
+        d.start()
+        os.kill(h.pid, signal.SIGCONT)
         wait_for(lambda: d.lease_of("B") is None, 30, "B's lease to end")
+        wait_for(lambda: d.state_of("H") == "active", 30, "H to settle active")
         wait_for(lambda: _use_of(d, hpid) >= 20 * GiB, 20, "H's pool back")
         out = Outcome()
         chat(hport, "H", 60.0, out)
         assert out.ok == 1 and out.hangs == 0, out
         assert d.sim_oom() == 0
     finally:
+        if h is not None and h.poll() is None:
+            os.kill(h.pid, signal.SIGCONT)
         d.stop()

@@ -1,6 +1,6 @@
 """Engine and tool faults (issue 18 "run and engine faults"), beside tests/live/test_fallbacks.py
 (park never freed, checkpoint tool hanging, wake never answering): the checkpoint tool failing,
-the engine crashing while parked and while restoring. Each ends in the seed's fallback (rule 4:
+a lend acknowledged and never freed, the engine crashing while parked and while restoring. Each ends in the seed's fallback (rule 4:
 a failed park falls back to a drain; an engine that dies ends its lease once the driver shows
 its memory free), is counted, and leaves no request hanging."""
 
@@ -77,3 +77,30 @@ def test_an_engine_crashing_while_restoring_answers_its_held_request(live):  # n
     assert time.monotonic() - t0 < 40
     wait_for(lambda: lv.lease("H") is None, 20, "H's lease to end")
     assert gone(hl["pid"]) and lv.card_use("gpu0") == {} and lv.oom_events() == 0
+
+
+def test_a_lend_acknowledged_but_never_freed_falls_back_to_drain(live):  # noqa: F811
+    """H answers its lend with 200 and frees nothing (``--lend-noop``): the driver never shows
+    the 8 GiB gone, so after the release grace H is drained (rule 4), B gets the card, and a
+    request to B is served."""
+    lv = live([("gpu0", "24GiB")], release_grace="2s")
+    h = lv.run("H", ["--size", "20GiB", "--lend", "--lend-max", "8GiB", "--park", "hook",
+                     "--adapter", "protocol"],
+               ["--weights", "11GiB", "--kv-pool", "8.75GiB", "--protocol", "--lend",
+                "--lend-noop"])
+    hl = lv.wait_serving("H")
+    served(h.front)
+    t0 = time.monotonic()
+    b = lv.run("B", ["--size", "8GiB"], ["--weights", "7GiB"])
+    wait_for(lambda: h.exited() is not None, 15, "H's run to stop its engine")
+    assert time.monotonic() - t0 < 15
+    assert gone(hl["pid"]), "H's engine still runs"
+    lv.wait_serving("B", 20)
+    fb = lv.entry("H", "fallback")
+    assert "lend not confirmed by the driver within release_grace (2s)" in fb["text"], fb
+    assert fb["seq"] < lv.entry("B", "grant")["seq"]
+    c = lv.counters()
+    assert c["lends"] == 1 and c["fallbacks_to_drain"] == 1 and c["drains"] == 1, c
+    status, body = chat(b.front, timeout_s=30)
+    assert status == 200, body
+    assert lv.oom_events() == 0

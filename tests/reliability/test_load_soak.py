@@ -21,10 +21,15 @@ SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 
 
 def _soak(*args: str, timeout: float) -> dict:
-    out = subprocess.run([sys.executable, str(SOAK), "--json", *args], capture_output=True,
-                         text=True, timeout=timeout)
-    assert out.stdout.strip(), out.stderr[-3000:]
-    res = json.loads(out.stdout.strip().splitlines()[-1])
+    p = subprocess.Popen([sys.executable, str(SOAK), "--json", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.terminate()                   # the soak ends its berthd and runs on SIGTERM
+        stdout, stderr = p.communicate(timeout=60)
+    assert stdout.strip(), stderr[-3000:]
+    res = json.loads(stdout.strip().splitlines()[-1])
     print("soak:", json.dumps(res))
     return res
 
@@ -39,13 +44,16 @@ def _holds(res: dict, *, engine_faults: bool) -> None:
     assert res["answered"] > 0 and res["berthd_rss_growth_mib"] <= 10, res
 
 
+@pytest.mark.timeout(300)
 def test_soak_short_form():
-    res = _soak("--minutes", "0.3", "--fault-every", "5", timeout=150)
+    res = _soak("--minutes", "0.3", "--fault-every", "5", "--faults-at-least", "2",
+                timeout=200)
     assert res["faults"].get("berthd_sigkill", 0) >= 1 and res["faults"].get("engine_sigkill", 0) >= 1, res
     _holds(res, engine_faults=True)
 
 
 @pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
+@pytest.mark.timeout(720)
 def test_load_2000_requests_64_clients_forced_switches():
     res = _soak("--minutes", "4", "--no-faults", "--switch-every", "3", timeout=600)
     assert res["requests_sent"] >= 2000, res
@@ -54,6 +62,7 @@ def test_load_2000_requests_64_clients_forced_switches():
 
 
 @pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
+@pytest.mark.timeout(720)
 def test_soak_three_minutes_with_every_fault():
     res = _soak("--minutes", "3", timeout=600)
     assert set(res["faults"]) == {"berthd_sigkill", "engine_sigkill", "drain"}, res

@@ -1,9 +1,11 @@
 """The holes of issue 18, each tried by a second Unix user the test creates (root runs berthd
 and the victim's engines; CI runs as root, elsewhere these skip).
 
+- hole 1: another user's ``berth run`` killed with SIGKILL takes its engine's group with it;
 - hole 2: another user cannot attach to or report on a lease it does not own;
 - hole 3: another user cannot take over the fallback state directory ``/tmp/berth-$UID``;
-- hole 4: operator actions need an operator; a client's priority is capped by berth.toml.
+- hole 4: operator actions need an operator; a client's priority is capped by berth.toml;
+- hole 5: another user's bad input (deep JSON, a report's ``ok`` not a bool) is a 4xx.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from tests.berthd import BERTH, berth_run, wait_for
+from tests.berthd import berth_run, wait_for
 from tests.reliability.conftest import as_user, berth_cmd
 
 ATTACKER = str(Path(__file__).with_name("attacker.py"))
@@ -171,3 +173,85 @@ def test_fallback_state_dir_is_made_private(make_user, public_dir):
     finally:
         p.terminate()
         p.wait(15)
+
+
+def _python_for(user_dir: Path) -> dict:
+    """Env for the system Python, run as another user, to import this venv's Berth in every
+    process it starts (``berth run``'s watchdog and engine too): a ``sitecustomize`` that adds
+    the venv's site-packages, .pth files and all."""
+    import sysconfig
+    user_dir.mkdir(mode=0o755, exist_ok=True)
+    (user_dir / "sitecustomize.py").write_text(
+        f"import site\nsite.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    os.chmod(user_dir / "sitecustomize.py", 0o644)
+    return {"PYTHONPATH": str(user_dir)}
+
+
+def test_another_users_run_killed_takes_its_engine_group(make_user, shared_berthd, public_dir):
+    """Hole 1 as another user: Mallory's ``berth run`` (its engine a grandchild behind a shell,
+    under a parent that reaps nothing) is killed with SIGKILL; her engine's whole group dies
+    with it and root's berthd ends the lease, so the card is free."""
+    import shlex
+    import signal
+    import subprocess
+
+    import psutil
+
+    from tests.reliability.test_run_faults import REAPER, _gone, _sim_engine_under
+    d = shared_berthd(cards=(("gpu0", "24GiB"),))
+    for p in [d.tmp / "sim", *(d.tmp / "sim").rglob("*")]:   # her engine writes its use there
+        os.chmod(p, 0o777 if p.is_dir() else 0o666)
+    mallory = make_user()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp",
+           "XDG_RUNTIME_DIR": "", "BERTH_SOCKET": str(d.sock),
+           "BERTH_SIM_DIR": str(d.tmp / "sim"), **_python_for(public_dir / "py")}
+    engine = shlex.join([SYS_PY, "-m", "berth.cli", "sim", "engine", "--port", "{port}",
+                         "--weights", "4GiB", "--load-s", "0.1"]) + "; true"
+    cmd = [SYS_PY, "-m", "berth.cli", "run", "--engine", "e", "--size", "6GiB", "--",
+           "sh", "-c", engine]
+    harness = subprocess.Popen([SYS_PY, REAPER, *cmd], env=env, user=mallory.pw_uid,
+                               group=mallory.pw_gid, extra_groups=[], cwd="/",
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        run_pid = int(harness.stdout.readline())
+        wait_for(lambda: (d.lease_of("e") or {}).get("pid"), 30, "her engine to attach")
+        eng = wait_for(lambda: _sim_engine_under(run_pid), 10, "her engine's pid")
+        assert psutil.Process(eng).uids().real == mallory.pw_uid
+        lid = d.lease_of("e")["id"]
+        psutil.Process(run_pid).send_signal(signal.SIGKILL)
+        wait_for(lambda: _gone(eng), 10, f"her engine {eng} to die with its run")
+        wait_for(lambda: d.lease_of("e") is None, 20, f"lease {lid} to end")
+        used = sum(c.get("used_bytes") or 0 for c in d.status()["cards"])
+        assert used < 1 << 30, d.status()["cards"]
+    finally:
+        for p in psutil.Process(harness.pid).children(recursive=True):
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        harness.stdin.close()
+        harness.wait(10)
+
+
+def test_another_users_bad_input_gets_a_4xx_and_crashes_nothing(make_user, shared_berthd, runs):
+    """Hole 5 as another user: deeply nested JSON and a report whose ``ok`` is not a JSON bool
+    (on a lease of her own; the body is refused before the lease is looked up) get a 4xx naming
+    the problem (no 500, no traceback); root's lease and berthd carry on."""
+    d = shared_berthd()
+    _victim(d, runs)
+    mallory = make_user()
+    deep = '{"engine": ' + "[" * 50_000 + "]" * 50_000 + "}"   # one argv string < 128 KiB
+    out = as_user(mallory, [SYS_PY, ATTACKER, str(d.sock), "POST", "/v1/leases", deep])
+    status, _, text = out.stdout.strip().partition(" ")
+    assert 400 <= int(status) < 500, out.stdout[:500] + out.stderr[-500:]
+    assert "Traceback" not in text and json.loads(text)["error"]["type"] != "internal", text
+    status, body = _attack(mallory, d, "POST", "/v1/leases",
+                           {"engine": "mine", "shares": [{"size": "1GiB"}]})
+    assert status == 201, body
+    mine = body["id"]
+    for ok in ("yes", 1, None):
+        status, body = _attack(mallory, d, "POST", f"/v1/leases/{mine}/report",
+                               {"op": "drain", "ok": ok})
+        assert status == 400 and "ok" in body["error"]["message"], (ok, body)
+    assert d.state_of("victim") == "active"
+    assert d.call("GET", "/v1/health")[0] == 200
