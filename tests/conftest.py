@@ -31,6 +31,7 @@ settings.register_profile("deep", max_examples=5000, deadline=None,
 settings.load_profile(os.environ.get("BERTH_HYPOTHESIS", "ci"))
 
 EXPECT_OOM = "expect_oom"
+LONG_MARK, LONG_ENV = "long", "BERTH_RELIABILITY"
 
 
 @dataclass
@@ -92,12 +93,26 @@ _CHECK = pytest.StashKey[_OomCheck]()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
+        "markers", f"{LONG_MARK}: a long form (minutes), run only with {LONG_ENV}=long; the "
+                   f"default suite leaves it out (deselected, not skipped)")
+    config.addinivalue_line(
         "markers", f"{EXPECT_OOM}: the test makes a simulated card run out of memory on purpose; "
                    f"without it, any simulated OOM counted while the test runs fails it")
     fd, path = tempfile.mkstemp(prefix="berth-sim-registry-", suffix=".txt")
     os.close(fd)
     os.environ["BERTH_SIM_REGISTRY"] = path
     config.stash[_CHECK] = _OomCheck(Path(path))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long forms are chosen, never skipped: without ``BERTH_RELIABILITY=long`` they are
+    deselected, so a default run reports what it ran and skips nothing."""
+    if os.environ.get(LONG_ENV) == "long":
+        return
+    long_ = [it for it in items if it.get_closest_marker(LONG_MARK)]
+    if long_:
+        config.hook.pytest_deselected(items=long_)
+        items[:] = [it for it in items if not it.get_closest_marker(LONG_MARK)]
 
 
 @pytest.hookimpl(wrapper=True)

@@ -15,7 +15,6 @@ import pytest
 import tests.live.test_fallbacks as fallbacks
 from tests.helpers import wait_for
 from tests.live.conftest import live  # noqa: F401  (the fixture)
-from tests.reliability.conftest import LONG
 from tests.live.world import CHECKPOINT, chat, gone, served
 
 CARD = [("gpu0", "8GiB")]
@@ -37,7 +36,7 @@ def _crash(pid: int) -> None:
     psutil.Process(pid).kill()
 
 
-@pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
+@pytest.mark.long
 def test_an_engine_crashing_while_parked_ends_its_lease(live):  # noqa: F811
     lv = live(CARD, ram_budget="16GiB")
     h = lv.run("H", PARK, ["--weights", "3GiB"])

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.conftest import LONG
 
 SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 
@@ -52,7 +51,7 @@ def test_soak_short_form():
     _holds(res, engine_faults=True)
 
 
-@pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
+@pytest.mark.long
 @pytest.mark.timeout(720)
 def test_load_2000_requests_64_clients_forced_switches():
     res = _soak("--minutes", "4", "--no-faults", "--switch-every", "3", timeout=600)
@@ -61,7 +60,7 @@ def test_load_2000_requests_64_clients_forced_switches():
     _holds(res, engine_faults=False)
 
 
-@pytest.mark.skipif(not LONG, reason="long form: BERTH_RELIABILITY=long")
+@pytest.mark.long
 @pytest.mark.timeout(720)
 def test_soak_three_minutes_with_every_fault():
     res = _soak("--minutes", "3", timeout=600)
