@@ -11,8 +11,10 @@ an engine (started again). Any other run that ends (a fallback drain when a park
 under load) is started again too. ``--no-faults``: load and forced switches only.
 
 A request ends in one of: ``answered`` (200 with tokens), a 503 with a reason (counted by
-reason), ``other`` (by kind: another status; ``connect``, a refused connection, expected
-while an engine's run is down; ``dropped``, a connection closed with no answer), or a hang (no answer before its deadline). The card's OOM counter is read at the end.
+reason), ``other`` (by kind: another status; ``connect``, a refused connection, expected while
+an engine's run is down; ``engine_killed``, a 502 for a request in flight to an engine the soak
+SIGKILLed; ``dropped``, a connection closed with no answer), or a hang (no answer before its
+deadline). The card's OOM counter is read at the end.
 RSS growth: berthd's from 5 s after each start to the end of that life (the largest), and each
 front's (``berth run``, which serves the front) over the same span for runs that lived long
 enough (the largest).
@@ -112,6 +114,7 @@ class Soak:
         self.switches = 0
         self.restarts = 0
         self.runs_killed = 0      # runs still up 30 s after their fault, killed with SIGKILL
+        self.engine_kills: dict[str, list[float]] = {}     # engine -> when the soak killed it
         self.rss: dict[int, tuple[float, int]] = {}      # pid -> (first sample's time, bytes)
         self.growth: dict[str, float] = {"berthd": 0.0, "fronts": 0.0}
         self.stop = threading.Event()
@@ -194,6 +197,8 @@ class Soak:
             else:
                 kind = "dropped"        # a front took the request and closed without an answer
         held = time.monotonic() - t0
+        if kind == "502" and self._killed_under(engine, t0, t0 + held):
+            kind = "engine_killed"      # in flight to an engine the soak SIGKILLed: its 502
         with self.lock:
             self.sent += 1
             self.holds.append(held)
@@ -207,6 +212,12 @@ class Soak:
                 self.other[kind] = self.other.get(kind, 0) + 1
         if kind == "connect":
             time.sleep(0.2)          # the front is down (an engine fault): do not spin
+
+    def _killed_under(self, engine: str, t0: float, t1: float) -> bool:
+        """Whether the soak SIGKILLed ``engine`` while a request from ``t0`` to ``t1`` was in
+        flight, or shortly before it came (its front answers 502 until its run exits)."""
+        with self.lock:
+            return any(k <= t1 and t0 <= k + 35.0 for k in self.engine_kills.get(engine, ()))
 
     # -- switches, faults, RSS -----------------------------------------------------------------
     def switcher(self, every: float) -> None:
@@ -235,6 +246,8 @@ class Soak:
         engine = random.choice(ENGINES)
         run, _ = self.runs[engine]
         if kind == "engine_sigkill":
+            with self.lock:
+                self.engine_kills.setdefault(engine, []).append(time.monotonic())
             for c in psutil.Process(run.pid).children(recursive=True):
                 try:
                     if "engine" in c.cmdline():

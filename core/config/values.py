@@ -72,7 +72,9 @@ def _engine_size(v: Any) -> int | None:
 
 
 def _rate(v: Any) -> int:
-    n = parse_size(_with_unit(v, "checkpoint_rate"), field="checkpoint_rate")
+    # A rate is bytes per second, so a bare number is read as that (the default is written
+    # 7_000_000_000); only sizes must carry a unit.
+    n = parse_size(v, field="checkpoint_rate")
     if n == 0:
         raise ValueError(f"checkpoint_rate: must be more than 0 bytes per second, got {v!r}")
     return n

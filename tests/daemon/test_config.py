@@ -142,6 +142,13 @@ def test_checkpoint_rate_must_be_positive_and_free_delay_not_negative():
     _one({"driver": {"free_delay": -1}}, "driver.free_delay", "-1", "negative")
 
 
+
+@pytest.mark.parametrize("rate", [7_000_000_000, "7000000000"])
+def test_a_checkpoint_rate_without_a_unit_is_bytes_per_second(rate):
+    """A rate is bytes per second (the default is written 7_000_000_000): the rule that a size
+    carries its unit refused it, naming '7000000000GiB' as the fix."""
+    assert parse({"driver": {"checkpoint_rate": rate}}).driver.checkpoint_rate == 7_000_000_000
+
 @pytest.mark.parametrize("tcp", ["nope", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:70000",
                                  "host:port", ""])
 def test_api_tcp_must_be_host_and_port(tcp):
