@@ -13,15 +13,7 @@ from aiohttp import web
 from berth.client import Client
 from berth.config import parse
 from berth.gateway.server import Gateway
-from tests.gateway.world import KEY, free_port
-
-
-async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]
+from tests.gateway.world import KEY, free_port, serve as _serve
 
 
 def _gateway(tmp_path, name: str, port: int, engines: dict, peers: list[int] = (),

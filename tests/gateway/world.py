@@ -15,6 +15,16 @@ from tests.berthd import BERTH, Berthd, berth_run, sim_config, stop_proc, wait_f
 KEY = "k" * 32
 
 
+async def serve(app) -> tuple:
+    """Start aiohttp ``app`` on a free loopback port: ``(runner, port)``."""
+    from aiohttp import web
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -50,13 +50,22 @@ def test_sigkill_of_berth_run_takes_the_engine_group(berthd, shape):
     cmd = [BERTH, "run", "--engine", "e", "--size", "6GiB", "--", *engine]
     harness = subprocess.Popen([sys.executable, REAPER, *cmd], env=d.env, stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True)
+    sigkill_run_and_check(d, harness, f"the engine ({shape})")
+
+
+def sigkill_run_and_check(d, harness: subprocess.Popen, who: str, uid: int | None = None) -> None:
+    """SIGKILL the ``berth run`` that ``harness`` (reaper.py) started for lease ``e``, and check
+    that its engine (owned by ``uid`` when given) dies with it, the lease ends and the card is
+    free again; whatever happens, the harness and what it started are ended."""
     try:
         run_pid = int(harness.stdout.readline())
-        wait_for(lambda: (d.lease_of("e") or {}).get("pid"), 30, "the engine to attach")
-        eng = wait_for(lambda: _sim_engine_under(run_pid), 10, "the engine's pid")
+        wait_for(lambda: (d.lease_of("e") or {}).get("pid"), 30, f"{who} to attach")
+        eng = wait_for(lambda: _sim_engine_under(run_pid), 10, f"{who}'s pid")
+        if uid is not None:
+            assert psutil.Process(eng).uids().real == uid
         lid = d.lease_of("e")["id"]
         psutil.Process(run_pid).send_signal(signal.SIGKILL)
-        wait_for(lambda: _gone(eng), 10, f"engine {eng} to die with its run ({shape})")
+        wait_for(lambda: _gone(eng), 10, f"{who} {eng} to die with its run")
         wait_for(lambda: d.lease_of("e") is None, 20, f"lease {lid} to end")
         used = sum(c.get("used_bytes") or 0 for c in d.status()["cards"])
         assert used < 1 << 30, d.status()["cards"]
@@ -64,7 +73,7 @@ def test_sigkill_of_berth_run_takes_the_engine_group(berthd, shape):
         for p in psutil.Process(harness.pid).children(recursive=True):
             try:
                 p.kill()
-            except psutil.Error:
+            except psutil.Error:       # already gone: nothing to end
                 pass
         harness.stdin.close()
         harness.wait(10)

@@ -192,12 +192,9 @@ def test_another_users_run_killed_takes_its_engine_group(make_user, shared_berth
     under a parent that reaps nothing) is killed with SIGKILL; her engine's whole group dies
     with it and root's berthd ends the lease, so the card is free."""
     import shlex
-    import signal
     import subprocess
 
-    import psutil
-
-    from tests.reliability.test_run_faults import REAPER, _gone, _sim_engine_under
+    from tests.reliability.test_run_faults import REAPER, sigkill_run_and_check
     d = shared_berthd(cards=(("gpu0", "24GiB"),))
     for p in [d.tmp / "sim", *(d.tmp / "sim").rglob("*")]:   # her engine writes its use there
         os.chmod(p, 0o777 if p.is_dir() else 0o666)
@@ -212,25 +209,7 @@ def test_another_users_run_killed_takes_its_engine_group(make_user, shared_berth
     harness = subprocess.Popen([SYS_PY, REAPER, *cmd], env=env, user=mallory.pw_uid,
                                group=mallory.pw_gid, extra_groups=[], cwd="/",
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        run_pid = int(harness.stdout.readline())
-        wait_for(lambda: (d.lease_of("e") or {}).get("pid"), 30, "her engine to attach")
-        eng = wait_for(lambda: _sim_engine_under(run_pid), 10, "her engine's pid")
-        assert psutil.Process(eng).uids().real == mallory.pw_uid
-        lid = d.lease_of("e")["id"]
-        psutil.Process(run_pid).send_signal(signal.SIGKILL)
-        wait_for(lambda: _gone(eng), 10, f"her engine {eng} to die with its run")
-        wait_for(lambda: d.lease_of("e") is None, 20, f"lease {lid} to end")
-        used = sum(c.get("used_bytes") or 0 for c in d.status()["cards"])
-        assert used < 1 << 30, d.status()["cards"]
-    finally:
-        for p in psutil.Process(harness.pid).children(recursive=True):
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        harness.stdin.close()
-        harness.wait(10)
+    sigkill_run_and_check(d, harness, "her engine", uid=mallory.pw_uid)
 
 
 def test_another_users_bad_input_gets_a_4xx_and_crashes_nothing(make_user, shared_berthd, runs):
