@@ -20,7 +20,15 @@ import random
 import statistics
 import time
 
-from berth.decide.admission import Policy, Queue, WaitKind, Waiter, admission_pass, verdict, waiter_need
+from berth.decide.admission import (
+    Policy,
+    Queue,
+    Waiter,
+    WaitKind,
+    admission_pass,
+    verdict,
+    waiter_need,
+)
 from berth.decide.ladder import plan
 from berth.decide.ledger import Ledger
 from berth.decide.model import Capabilities, Card, Lease, ParkMechanism, Share, ShareState

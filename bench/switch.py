@@ -59,7 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from berth.demo import CONFIG   # the demo's card, reserve and simulated host RAM
+from berth.demo import CONFIG  # the demo's card, reserve and simulated host RAM
 
 BIN = Path(sys.executable).parent
 BERTH = str(BIN / "berth")
@@ -278,7 +278,7 @@ class Bench:
             "resume_instruction_to_tool": (tcalls[0]["start"] - resume) * ms,
             "restore_tool_to_first_byte": (t_first - tcalls[-1]["end"]) * ms,
             "between_tool_calls": sum(b["start"] - a["end"] for cs in (ocalls, tcalls)
-                                      for a, b in zip(cs, cs[1:])) * ms,
+                                      for a, b in zip(cs, cs[1:], strict=False)) * ms,
         }
 
 

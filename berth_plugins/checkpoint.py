@@ -43,10 +43,15 @@ import time
 from typing import Awaitable
 
 import psutil
-
 from berth.decide.units import format_size
-from berth.driver.cuda import (CUDA_ERRORS, ILLEGAL_STATE, NOT_SUPPORTED, OS_CALL_FAILED,
-                               OUT_OF_MEMORY, cuda_error_of)
+from berth.driver.cuda import (
+    CUDA_ERRORS,
+    ILLEGAL_STATE,
+    NOT_SUPPORTED,
+    OS_CALL_FAILED,
+    OUT_OF_MEMORY,
+    cuda_error_of,
+)
 
 from ._http import deadline_of
 from .hookspecs import ActionContext, MechanismError, hookimpl

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import aiohttp
-
 from berth import paths
 
 __all__ = ["Client", "ApiError", "BerthdUnavailable", "JobReporter"]

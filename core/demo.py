@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import aiohttp
-
 from berth.board import render
 from berth.client import Client
 

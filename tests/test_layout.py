@@ -116,7 +116,7 @@ def test_the_daemon_and_the_run_do_not_import_each_other():
 def test_plugins_import_no_host():
     assert _breaches(lambda m, i: not (_under(m, "berth_plugins")
                                        and _under(i, "berth_hosts"))) == []
-    from berth_plugins.manager import BUILTINS          # imported by name, not by statement
+    from berth_plugins.manager import BUILTINS  # imported by name, not by statement
     assert not [b for b in BUILTINS if not _under(b, "berth_plugins")]
 
 

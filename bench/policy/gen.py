@@ -40,7 +40,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     __package__ = "bench.policy"
 
-from .workload import CardSpec, EngineSpec, GiB, MiB, Mechanisms, RequestSpec, Workload  # noqa: E402
+from .workload import CardSpec, EngineSpec, GiB, Mechanisms, MiB, RequestSpec, Workload  # noqa: E402
 
 __all__ = ["build_all", "main", "WORKLOADS"]
 
@@ -286,7 +286,7 @@ def workload_d(seed: int) -> Workload:
 def build_all(seed: int) -> dict[str, Workload]:
     """Every workload from ``seed`` (each gets ``seed * 1000 + its index``)."""
     makers = (workload_a, workload_b, workload_c, workload_d)
-    return {name: make(seed * 1000 + i) for i, (name, make) in enumerate(zip(WORKLOADS, makers))}
+    return {name: make(seed * 1000 + i) for i, (name, make) in enumerate(zip(WORKLOADS, makers, strict=True))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -66,7 +66,7 @@ def _occupancy(recs: dict, workload: str, rev: str, path: Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(12, 2.2 * rows), sharex=True, sharey=True,
                              squeeze=False)
     cmap = plt.get_cmap("tab10")
-    for ax, pol in zip(axes.flat, pols):
+    for ax, pol in zip(axes.flat, pols, strict=False):
         rec = recs[pol]
         t = np.asarray(rec.times)
         step = max(1, len(t) // 1500)

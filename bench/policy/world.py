@@ -140,7 +140,7 @@ class World:
         if not self.jobs:
             self.loop.stop()
         self.loop.run(self._horizon_s)
-        for e, (t, covered) in self._asks.items():
+        for _t, covered in self._asks.values():
             if covered:
                 self.stats.rejected_with_free += 1
         self.stats.finish(self.jobs, self.loop.now, self.policy)

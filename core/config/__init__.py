@@ -17,8 +17,18 @@ problem by its key path, e.g. ``cards.gpu0.reserve: expected a size like '24GiB'
 from __future__ import annotations
 
 from .loading import ConfigError, load, load_config, parse, plugin_problems
-from .models import (ApiConfig, CardConfig, Config, DriverConfig, EngineConfig, HostsConfig,
-                     NetworkConfig, PolicyConfig, SimCard, SupervisorHostConfig)
+from .models import (
+                     ApiConfig,
+                     CardConfig,
+                     Config,
+                     DriverConfig,
+                     EngineConfig,
+                     HostsConfig,
+                     NetworkConfig,
+                     PolicyConfig,
+                     SimCard,
+                     SupervisorHostConfig,
+)
 from .summary import summary
 from .values import MAX_CARD_BYTES, MIN_READ_INTERVAL_S
 

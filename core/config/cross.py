@@ -17,7 +17,6 @@ other problem and adds no false one. Messages quote a value as the file wrote it
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 

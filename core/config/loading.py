@@ -9,13 +9,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from berth import paths
+from pydantic import ValidationError
 
 from .cross import RAW, RULES_OFF, UNKNOWN
 from .models import CROSS, Config
 from .words import key_str, loc_str, unknown_key
+
 
 class ConfigError(ValueError):
     """A config that cannot be used. ``problems`` lists ``(key path, message)`` pairs."""

@@ -9,18 +9,40 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError,
-                      ValidationInfo, model_validator)
-from pydantic_core import InitErrorDetails, PydanticCustomError
-
 from berth.decide.admission import Policy, QueuePolicy
 from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, normalize_pci
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from . import cross
-from .values import (CardBytes, CardKey, Duration, EngineSize, OptCardBytes, Pci,
-                     PositiveDuration, RamBudget, Rate, ReadInterval, Size, TcpAddress, Total,
-                     Listen, OptPriority, Priority,
-                     Whole)
+from .values import (
+    CardBytes,
+    CardKey,
+    Duration,
+    EngineSize,
+    Listen,
+    OptCardBytes,
+    OptPriority,
+    Pci,
+    PositiveDuration,
+    Priority,
+    RamBudget,
+    Rate,
+    ReadInterval,
+    Size,
+    TcpAddress,
+    Total,
+    Whole,
+)
 
 #: The error type of a problem between values (its message needs no "(got ...)").
 CROSS = "berth_config"

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator
-
 from berth.decide.model import normalize_pci
 from berth.decide.units import parse_duration, parse_size
+from pydantic import BeforeValidator
 
 #: No card has more memory than this: a larger size is a typo (a unit slipped).
 MAX_CARD_BYTES = 1 << 50

@@ -54,12 +54,30 @@ from pathlib import Path
 
 import psutil
 from aiohttp import web
-
-from berth.daemon.api_bodies import (AttachBody, ExtendBody, JobsBody, LeaseBody, OperatorBody,
-                                     ReleaseBody, ReportBody, ShareBody, error, errors,
-                                     parse_body, query_number)
-from berth.daemon.api_claims import (auth, claim, is_operator, is_self_or_descendant, may_release,
-                                     may_report, peer_of, priority_cap)
+from berth.daemon.api_bodies import (
+    AttachBody,
+    ExtendBody,
+    JobsBody,
+    LeaseBody,
+    OperatorBody,
+    ReleaseBody,
+    ReportBody,
+    ShareBody,
+    error,
+    errors,
+    parse_body,
+    query_number,
+)
+from berth.daemon.api_claims import (
+    auth,
+    claim,
+    is_operator,
+    is_self_or_descendant,
+    may_release,
+    may_report,
+    peer_of,
+    priority_cap,
+)
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
 from berth.decide.model import Capabilities, Lease, ParkMechanism, Share
@@ -158,7 +176,7 @@ async def request_lease(request: web.Request) -> web.Response:
             held = {p: b for p, b in use.items() if b} if sb.card is None else {}
             pci = max(held, key=held.get) if held else _resolve_card(broker, sb.card, sb.size)
         except KeyError as e:
-            raise web.HTTPBadRequest(reason=f"shares.{i}.card: {e.args[0]}")
+            raise web.HTTPBadRequest(reason=f"shares.{i}.card: {e.args[0]}") from None
         if pci in shares and sb.card is None:
             raise web.HTTPBadRequest(reason=f"shares.{i}.card: two shares name no card and "
                                             f"both would go to {pci}; name each share's card "
@@ -363,7 +381,7 @@ async def extend(request: web.Request) -> web.Response:
     try:
         pci = broker.sched.ledger.card(body.card).pci if body.card else next(iter(lease.shares))
     except (KeyError, StopIteration) as e:
-        raise web.HTTPBadRequest(reason=f"card: {e.args[0] if e.args else body.card!r}")
+        raise web.HTTPBadRequest(reason=f"card: {e.args[0] if e.args else body.card!r}") from None
     await broker.submit(lambda now: broker.sched.extend(lid, pci, body.bytes, now))
     sh = lease.shares[pci]
     return web.json_response({"id": lid, "card": pci, "reserved_bytes": sh.reserved_bytes,

@@ -13,11 +13,10 @@ import reprlib
 from typing import Annotated, Any
 
 from aiohttp import web
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
-
 from berth.daemon.broker import LeaseGone
 from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
 __all__ = ["AttachBody", "JobsBody", "LeaseBody", "OperatorBody", "ReleaseBody", "ReportBody", "ShareBody",
            "error", "errors", "parse_body", "query_number"]
@@ -116,7 +115,7 @@ async def parse_body(request: web.Request, model: type[BaseModel]):
     try:
         raw = await request.json() if request.can_read_body else {}
     except (ValueError, UnicodeDecodeError) as e:
-        raise web.HTTPBadRequest(reason=f"body is not JSON: {e}")
+        raise web.HTTPBadRequest(reason=f"body is not JSON: {e}") from None
     except RecursionError:
         raise web.HTTPBadRequest(reason="body: JSON nested too deeply") from None
     if not isinstance(raw, dict):
@@ -130,7 +129,7 @@ async def parse_body(request: web.Request, model: type[BaseModel]):
             f"{'.'.join(str(x) for x in err['loc']) or '(body)'}: "
             f"{err['msg'].removeprefix('Value error, ')} (got {_show(err.get('input'))})"
             for err in e.errors()[:10])
-        raise web.HTTPBadRequest(reason=problems[:4000])
+        raise web.HTTPBadRequest(reason=problems[:4000]) from None
 
 
 def _show(value: Any) -> str:
@@ -149,7 +148,7 @@ def query_number(request: web.Request, name: str, default: float, lo: float, hi:
     try:
         v = float(raw)
     except ValueError:
-        raise web.HTTPBadRequest(reason=f"{name}: expected a number, got {raw!r}")
+        raise web.HTTPBadRequest(reason=f"{name}: expected a number, got {raw!r}") from None
     if not lo <= v <= hi or v != v:
         raise web.HTTPBadRequest(reason=f"{name}: must be between {lo} and {hi}, got {raw!r}")
     return v

@@ -16,7 +16,6 @@ import pwd
 
 import psutil
 from aiohttp import web
-
 from berth.daemon.api_bodies import error
 from berth.daemon.broker import Broker
 from berth.decide.model import Lease

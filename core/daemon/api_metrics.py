@@ -7,10 +7,9 @@ Source: issue 4 "The control API" (``GET /metrics``).
 from __future__ import annotations
 
 from aiohttp import web
+from berth.daemon.broker import Broker
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
-from berth.daemon.broker import Broker
 
 __all__ = ["REGISTRY", "metrics", "registry"]
 
@@ -79,7 +78,7 @@ class _WaitCollector:
         w = self.waits
         for kind, counts in w.counts.items():
             acc, buckets = 0, []
-            for b, n in zip((*w.buckets, float("inf")), counts):
+            for b, n in zip((*w.buckets, float("inf")), counts, strict=True):
                 acc += n
                 buckets.append(("+Inf" if b == float("inf") else repr(float(b)), acc))
             h.add_metric([kind], buckets, round(w.sums[kind], 6))

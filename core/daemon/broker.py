@@ -325,7 +325,7 @@ class Broker:
             if r is not None:
                 use = r.use_of(pids) if r.processes_known else None
 
-                def apply(now, use=use):
+                def apply(now, use=use, w=w):
                     # The confirming read proves the event; what is granted on the freed
                     # memory is decided on a read taken now, inside the writer (rule 1).
                     return self.reads.observe_now(self.sched, now) + self.sched.confirmed(

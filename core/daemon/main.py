@@ -34,10 +34,10 @@ import sys
 from pathlib import Path
 
 import psutil
-
 from berth import paths
 from berth.config import Config, ConfigError, load, load_config, plugin_problems, summary
 from berth.driver.base import Driver, DriverError
+
 from berth_plugins.manager import PluginRefused, make_plugin_manager, mechanisms
 
 __all__ = ["register", "open_driver", "main_async", "StartRefused"]
@@ -57,8 +57,8 @@ def open_driver(cfg: Config) -> Driver:
     """The configured driver. Simulated cards are declared (idempotently) first.
     Raises :class:`DriverError` (no NVIDIA driver, a sim directory declared differently)."""
     if cfg.driver.kind == "sim":
-        from berth.sim.driver import SimDriver
         from berth.sim.cards import CardSpec, SimCards, SimError
+        from berth.sim.driver import SimDriver
         specs = [CardSpec.make(c.name, c.total, pci=c.pci, baseline_bytes=c.baseline, index=i)
                  for i, c in enumerate(cfg.driver.cards)]
         d = paths.sim_dir(cfg)

@@ -19,10 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli_w
-
 from berth.decide.admission import WaitKind
-from berth.decide.model import (DEFAULT_KEEP_WARM_S, Bound, Capabilities, Lease, ParkMechanism, Share,
-                                 ShareState)
+from berth.decide.model import (
+    DEFAULT_KEEP_WARM_S,
+    Bound,
+    Capabilities,
+    Lease,
+    ParkMechanism,
+    Share,
+    ShareState,
+)
 
 __all__ = ["Snapshot", "StateCorrupt", "dump", "load", "write_atomic", "quarantine", "boot_id"]
 

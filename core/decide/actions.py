@@ -7,10 +7,11 @@ Source: seed 002 rules 1 (only the driver confirms memory moved), 2 (a lender's 
 
 from __future__ import annotations
 
-from .admission import WaitKind, Waiter
+from .admission import Waiter, WaitKind
 from .effects import Effect, Ended, Instruct, Note
-from .ledger import RESIDUAL_SLACK_BYTES as SLACK, counted_bytes
-from .model import LIVE_STATES, Op, Bound, Lease, ParkMechanism, Share, ShareState
+from .ledger import RESIDUAL_SLACK_BYTES as SLACK
+from .ledger import counted_bytes
+from .model import LIVE_STATES, Bound, Lease, Op, ParkMechanism, Share, ShareState
 from .state import SchedulerState
 from .units import format_size
 

@@ -9,10 +9,10 @@ issue 4, issue 12 case 2. Pure: no I/O, no clock.
 from __future__ import annotations
 
 from .actions import ending_fields
-from .admission import WaitKind, Waiter
+from .admission import Waiter, WaitKind
 from .effects import Effect, Ended, Instruct, Note, Until
 from .ledger import RESIDUAL_SLACK_BYTES as SLACK
-from .model import LIVE_STATES, Op, Lease, ShareState, move
+from .model import LIVE_STATES, Lease, Op, ShareState, move
 from .rooms import Rooms
 
 S = ShareState
@@ -119,7 +119,7 @@ class Deadlines(Rooms):
         Then re-arms what each state waits for: a wake, return or drain is asked again and its
         deadline restarts; released shares are watched until free; a lent share with no
         borrower grows back. ``waiting`` re-queues the lease as that kind of waiter."""
-        for pci, sh in lease.shares.items():
+        for pci in lease.shares:
             self._settle(lease, pci, (use or {}).get(pci), now)
         self.ledger.add_lease(lease)
         fx: list[Effect] = []

@@ -241,7 +241,7 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
     since = w.since if waiter.oldest_job_at is None else min(w.since, waiter.oldest_job_at)
     for p in short:
         found = []
-        for lease, sh in ledger.active_on(p):
+        for lease, _sh in ledger.active_on(p):
             if lease.id == waiter.id:
                 continue
             why = displaceable(lease, waiter, policy, now, swaps, since)

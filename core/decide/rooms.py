@@ -7,11 +7,11 @@ Source: seed 000 (admission), seed 002 "Making room". Pure: no I/O, no clock.
 from __future__ import annotations
 
 from .actions import Actions
-from .admission import WaitKind, Waiter, admission_pass
-from .effects import Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected
+from .admission import Waiter, WaitKind, admission_pass
 from .causes import jobs_words
+from .effects import Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected
 from .ladder import Action, NoPlan, Rung, Step, plan
-from .model import Op, Lease, ShareState
+from .model import Lease, Op, ShareState
 from .state import Room
 from .units import format_size
 

@@ -29,11 +29,21 @@ from __future__ import annotations
 
 import enum
 
-from .admission import WaitKind, Waiter
+from .admission import Waiter, WaitKind
 from .deadlines import Deadlines
-from .effects import (CardRead, Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected, Until,
-                      Watch)
-from .model import OPS, Op, Lease, ShareState
+from .effects import (
+    CardRead,
+    Effect,
+    Ended,
+    Granted,
+    Instruct,
+    Note,
+    ReadCards,
+    Rejected,
+    Until,
+    Watch,
+)
+from .model import OPS, Lease, Op, ShareState
 from .state import Room
 from .units import format_size
 

@@ -11,12 +11,12 @@ import itertools
 from dataclasses import dataclass, field
 
 from .admission import Policy, Queue
+from .causes import jobs_words
 from .effects import Until, Watch
 from .ladder import Plan, SwapLog
 from .ledger import Ledger, max_residual
 from .measures import Counters, GrowthMeter
 from .model import Lease, ShareState
-from .causes import jobs_words
 from .units import format_duration, format_size
 
 S = ShareState

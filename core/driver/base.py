@@ -90,7 +90,7 @@ class Driver(abc.ABC):
     def read(self, pci: str) -> Reading:
         """Read one card's free bytes and its processes, now."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (most backends hold nothing)
         """Release the backend (``nvmlShutdown``); idempotent."""
 
 

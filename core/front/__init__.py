@@ -91,8 +91,17 @@ is called on every transition. Callbacks must not block; exceptions from ``on_ac
 """
 
 from .front import Front
-from .rules import (DEADLINE_HEADERS, DEADLINE_MARGIN_S, EDGES, HOLDING_STATES, HOP_BY_HOP,
-                    READ_METHODS, TRANSITIONS, FrontState, IllegalFrontTransition)
+from .rules import (
+                    DEADLINE_HEADERS,
+                    DEADLINE_MARGIN_S,
+                    EDGES,
+                    HOLDING_STATES,
+                    HOP_BY_HOP,
+                    READ_METHODS,
+                    TRANSITIONS,
+                    FrontState,
+                    IllegalFrontTransition,
+)
 
 __all__ = [
     "Front", "FrontState", "EDGES", "TRANSITIONS", "HOLDING_STATES", "READ_METHODS",

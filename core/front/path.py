@@ -13,8 +13,14 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from .rules import (DEADLINE_MARGIN_S, HOLDING_STATES, FrontState, client_deadline_s,
-                    default_is_write, error_answer)
+from .rules import (
+    DEADLINE_MARGIN_S,
+    HOLDING_STATES,
+    FrontState,
+    client_deadline_s,
+    default_is_write,
+    error_answer,
+)
 from .upstream import Address, EngineConnection, EngineFailed, Pool, StaleConnection
 
 if TYPE_CHECKING:

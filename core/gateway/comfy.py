@@ -25,7 +25,6 @@ from typing import Callable
 
 import aiohttp
 from aiohttp import web
-
 from berth.gateway.errors import error
 from berth.gateway.relay import Unreachable, relay, relay_ws
 

@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
-
 from berth.gateway.signing import sign
 from berth.gateway.table import Route
 

@@ -25,7 +25,6 @@ signed request that fails the check gets a 401 and is not served.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import socket
@@ -33,7 +32,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-
 from berth.client import Client
 from berth.config import Config
 from berth.gateway.choose import Candidate, rank

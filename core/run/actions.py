@@ -21,12 +21,12 @@ import logging
 from typing import TYPE_CHECKING
 
 import pluggy
-
 from berth.decide.model import Op, ParkMechanism
 from berth.front import Front, FrontState
 from berth.process import tree_pids
 from berth.run.engine import EngineProcess
 from berth.run.lease import LeaseClient
+
 from berth_plugins.hookspecs import ActionContext
 from berth_plugins.manager import run_action
 

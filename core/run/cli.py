@@ -18,6 +18,7 @@ from berth.decide.model import Bound, ParkMechanism
 from berth.decide.units import parse_duration, parse_size
 from berth.front.upstream import Address
 from berth.run.main import EngineRun
+
 from berth_plugins.manager import make_plugin_manager, mechanisms
 
 __all__ = ["register", "RunOptions", "parse_sizes", "USAGE"]

@@ -27,7 +27,6 @@ import time
 from typing import TYPE_CHECKING
 
 import aiohttp
-
 from berth.process import ProcessId, SignalRefused, identify, signal_group
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run

@@ -40,13 +40,13 @@ import signal
 from typing import TYPE_CHECKING
 
 import aiohttp
-
 from berth.decide.model import Op
 from berth.front import Front
 from berth.run.actions import Actions
 from berth.run.engine import EngineProcess, NoEngine
 from berth.run.lease import LeaseClient
 from berth.run.waits import job_reporter
+
 from berth_plugins.manager import is_write, make_plugin_manager
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run

@@ -90,7 +90,7 @@ def _cards(args: argparse.Namespace) -> int:
                      ", ".join(procs) or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1])
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=False)) + "  " + r[-1])
     print(f"free delay after exit {format_duration(snap.free_delay_s)}; checkpoint speed "
           f"{format_size(int(snap.restore_bytes_per_s))}/s")
     return 0
@@ -124,7 +124,7 @@ def engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from berth.sim.engine import run   # aiohttp is loaded only for the engine
+    from berth.sim.engine import run  # aiohttp is loaded only for the engine
     return run(args)
 
 

@@ -53,7 +53,6 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-
 from berth.decide.units import parse_size
 from berth.sim.cards import SimCards, SimError, SimOOM
 

@@ -13,8 +13,8 @@ import os
 import time
 
 from berth.decide.model import normalize_pci
-from berth.sim.cards import SimCards, SimError
 from berth.driver.base import CardInfo, Driver, DriverError, Reading
+from berth.sim.cards import SimCards, SimError
 
 __all__ = ["SimDriver"]
 

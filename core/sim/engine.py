@@ -41,7 +41,6 @@ import uuid as uuidlib
 from typing import AsyncIterator
 
 from aiohttp import web
-
 from berth.decide.model import normalize_pci
 from berth.decide.units import parse_duration, parse_size
 from berth.sim.cards import RUNNING, SimBusy, SimCards, SimError, SimOOM

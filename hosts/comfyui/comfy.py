@@ -33,7 +33,7 @@ def prompt_server() -> Any | None:
 
 def cli_args() -> Any | None:
     try:
-        from comfy.cli_args import args       # ComfyUI's parsed command line
+        from comfy.cli_args import args  # ComfyUI's parsed command line
         return args
     except Exception:
         return None

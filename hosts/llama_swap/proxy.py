@@ -110,7 +110,7 @@ def front(mid: str, conf: dict, scope: command.Macros, has_port: bool) -> Front:
         return Front(None, None, parts.path)
     parts = urlsplit(expanded)
     try:
-        parts.port
+        _ = parts.port
     except ValueError:                      # a port that is not a number
         parts = parts._replace(netloc="")
     if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -50,10 +50,15 @@ from urllib.parse import urlsplit
 
 from . import command, yamlio
 from .command import PORT
-from .proxy import FRONT_HOST, ProxyError, address, front
 from .groups import GroupError, regroup
-from .timeouts import (CONTAINER_TOOLS, MIN_HEALTH_CHECK_TIMEOUT_S, MIN_UNLOAD_TIMEOUT_S,
-                       SettingError, fit_timeouts)
+from .proxy import FRONT_HOST, ProxyError, address, front
+from .timeouts import (
+    CONTAINER_TOOLS,
+    MIN_HEALTH_CHECK_TIMEOUT_S,
+    MIN_UNLOAD_TIMEOUT_S,
+    SettingError,
+    fit_timeouts,
+)
 
 __all__ = ["WrapError", "WrapOptions", "Report", "wrap_text", "wrap_config", "is_wrapped",
            "sizes_from", "MIN_HEALTH_CHECK_TIMEOUT_S", "MIN_UNLOAD_TIMEOUT_S", "FRONT_HOST"]
@@ -532,7 +537,7 @@ def wrap_text(text: str, source: str = "CONFIG", opts: WrapOptions | None = None
     back = yamlio.load(out, "the output")
     if yamlio.dump(back) != yamlio.dump(doc):
         raise WrapError(f"{source}: the wrapped YAML does not read back as written")
-    for (where, want), (_, got) in zip(yamlio.env_styles(doc), yamlio.env_styles(back)):
+    for (where, want), (_, got) in zip(yamlio.env_styles(doc), yamlio.env_styles(back), strict=True):
         if want != got:     # the emitter could not write it as the source did
             raise WrapError(f"{source}: {where.lstrip('.')}: holds ${{env.…}} and was written "
                             f"{_STYLE_WORDS[want]}, but wrapped it can only be written "

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from berth import paths
 from berth.config import ConfigError, load_config
+
 from berth_plugins.manager import make_plugin_manager
 
 __all__ = ["register", "listen"]

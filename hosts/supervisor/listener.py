@@ -52,6 +52,7 @@ from pathlib import Path
 
 from berth.client import ApiError, BerthdUnavailable, Client
 from berth.process import identify
+
 from berth_plugins.hookspecs import ActionContext, MechanismError
 from berth_plugins.manager import run_action
 

@@ -16,8 +16,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from berth.client import ApiError, BerthdUnavailable
-from berth_plugins.manager import run_action
+
 from berth_plugins.hookspecs import MechanismError
+from berth_plugins.manager import run_action
 
 from .rpc import SupervisorError, SupervisorUnavailable
 

@@ -130,7 +130,7 @@ async def _stop(ctx: ActionContext) -> None:
         await asyncio.to_thread(sup.stop, name, True, ctx.timeout_s)
     except SupervisorError as e:
         if e.fault != "NOT_RUNNING":          # already down: the drain is done
-            raise MechanismError(MECHANISM, f"stopProcess({name!r}): {e.fault}: {e.detail}")
+            raise MechanismError(MECHANISM, f"stopProcess({name!r}): {e.fault}: {e.detail}") from e
     except SupervisorUnavailable as e:
         raise MechanismError(MECHANISM, str(e)) from None
 
@@ -141,7 +141,7 @@ async def _start(ctx: ActionContext) -> None:
         await asyncio.to_thread(sup.start, name, False, ctx.timeout_s)
     except SupervisorError as e:
         if e.fault != "ALREADY_STARTED":
-            raise MechanismError(MECHANISM, f"startProcess({name!r}): {e.fault}: {e.detail}")
+            raise MechanismError(MECHANISM, f"startProcess({name!r}): {e.fault}: {e.detail}") from e
     except SupervisorUnavailable as e:
         raise MechanismError(MECHANISM, str(e)) from None
 

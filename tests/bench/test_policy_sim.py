@@ -15,10 +15,9 @@ import pytest
 from bench.policy import run as runner
 from bench.policy.gen import build_all
 from bench.policy.policies import BERTH, DEFAULT, POLICIES, make
-from bench.policy.policies.berth import DEFAULT_KNOBS
-from bench.policy.verdict import verdict
-from bench.policy.policies.berth import next_poll
+from bench.policy.policies.berth import DEFAULT_KNOBS, next_poll
 from bench.policy.policies.swap import card_components, fitting_sets
+from bench.policy.verdict import verdict
 from bench.policy.workload import CardSpec, EngineSpec, Mechanisms, RequestSpec, Workload
 from bench.policy.world import World
 
@@ -112,7 +111,7 @@ class TestConservation:
             seen = []
             audit = world.loop.after_each
 
-            def after_each():
+            def after_each(audit=audit, seen=seen, world=world):
                 audit()
                 seen.append((world.used[P], sum(p.res[P] for p in world.procs)))
             world.loop.after_each = after_each
@@ -194,7 +193,7 @@ class TestPieces:
             assert len(committed.requests) == len(wl.requests)
             assert committed.engines == wl.engines
             assert all(math.isclose(a.t_s, b.t_s, abs_tol=1e-3) and a.growth_bytes == b.growth_bytes
-                       for a, b in zip(committed.requests, wl.requests))
+                       for a, b in zip(committed.requests, wl.requests, strict=True))
 
     def test_llama_swap_groups_and_matrix(self):
         b = runner.load_workload("b-four-cards")

@@ -10,9 +10,9 @@ import socket
 import aiohttp
 import pytest
 from aiohttp import web
-
 from berth.config import ConfigError, parse
 from berth.daemon.web import CSP, Hub, SocketSource, board_app
+
 from tests.berthd import Berthd, api, sim_config, wait_for
 
 

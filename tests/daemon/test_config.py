@@ -7,8 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from berth.config import ConfigError, load, parse
+
 from tests.berthd import BERTH
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "core" / "examples" / "berth.toml"

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-
 import time
 import urllib.error
 import urllib.request

@@ -2,7 +2,6 @@
 (``Scheduler.adopt`` with the measured use; issue 4 "State that survives", issue 11)."""
 
 import pytest
-
 from berth.decide.admission import Policy
 from berth.decide.effects import Instruct
 from berth.decide.ledger import RESIDUAL_SLACK_BYTES, max_residual

@@ -4,9 +4,9 @@ files pass its reservation): the ladder makes room first, then the reservation g
 from __future__ import annotations
 
 import pytest
-
 from berth.decide.effects import Note
 from berth.decide.model import Bound, ParkMechanism, ShareState
+
 from tests.decide.world import GiB, World, pci_of
 
 G0 = pci_of(0)

@@ -8,9 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from berth.decide.model import (DIAGRAM_EDGES, TRANSITIONS, IllegalTransition, Share, ShareState,
-                         move, normalize_pci)
+from berth.decide.model import (
+    DIAGRAM_EDGES,
+    TRANSITIONS,
+    IllegalTransition,
+    Share,
+    ShareState,
+    move,
+    normalize_pci,
+)
 from berth.decide.units import format_size, parse_duration, parse_size
 
 S = ShareState

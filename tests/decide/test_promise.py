@@ -8,6 +8,7 @@ from __future__ import annotations
 from berth.decide.admission import Policy
 from berth.decide.model import Card, Lease, Share, ShareState
 from berth.decide.scheduler import CardRead, Granted, Instruct, ReadCards, Scheduler
+
 from tests.decide.world import GiB, World, pci_of
 
 S = ShareState

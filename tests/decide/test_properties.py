@@ -3,11 +3,11 @@ releases and driver reads on 1–4 cards, checked after every step (issue 2 acce
 
 from __future__ import annotations
 
+from berth.decide.admission import Policy, QueuePolicy
+from berth.decide.model import Bound, ParkMechanism, ShareState
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from berth.decide.admission import Policy, QueuePolicy
-from berth.decide.model import Bound, ParkMechanism, ShareState
 from tests.decide.world import GiB, MiB, World, pci_of
 
 S = ShareState

@@ -5,6 +5,7 @@ releases it for good, or the hold's time runs out. Virtual time, no I/O."""
 from __future__ import annotations
 
 from berth.decide.model import ShareState
+
 from tests.decide.world import GiB, World, pci_of
 
 S = ShareState

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from berth.decide.admission import Policy, QueuePolicy
 from berth.decide.model import Bound, ParkMechanism, ShareState
+
 from tests.decide.world import GiB, MiB, World, pci_of
 
 S = ShareState

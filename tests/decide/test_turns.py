@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from berth.decide.admission import Policy
 from berth.decide.model import ParkMechanism, ShareState
+
 from tests.decide.world import GiB, World, pci_of
 
 S = ShareState

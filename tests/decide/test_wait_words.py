@@ -9,6 +9,7 @@ from berth.decide.admission import Policy
 from berth.decide.causes import holder_words
 from berth.decide.ladder import displaceable
 from berth.decide.model import Lease, ParkMechanism, Share
+
 from tests.decide.world import GiB, World, pci_of
 
 G0 = pci_of(0)

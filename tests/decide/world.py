@@ -8,9 +8,17 @@ from dataclasses import dataclass, field
 
 from berth.decide.admission import Policy
 from berth.decide.model import Capabilities, Card, Lease, ParkMechanism, Share, ShareState
-from berth.decide.scheduler import (CardRead, Effect, Ended, Granted, Instruct, ReadCards, Rejected,
-                                    Scheduler,
-                             Watch)
+from berth.decide.scheduler import (
+    CardRead,
+    Effect,
+    Ended,
+    Granted,
+    Instruct,
+    ReadCards,
+    Rejected,
+    Scheduler,
+    Watch,
+)
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -22,9 +22,9 @@ import subprocess
 import sys
 import time
 
+from berth.decide.model import normalize_pci
 from berth.driver import BytesBack, DriverError, PidsGone, confirm
 from berth.driver.nvml import NvmlDriver
-from berth.decide.model import normalize_pci
 
 GiB = 1 << 30
 ALLOC_BYTES = 8 * GiB

@@ -10,10 +10,9 @@ from types import SimpleNamespace
 
 import pynvml
 import pytest
-
+from berth.decide.model import normalize_pci
 from berth.driver import DriverError, PidsGone, confirm
 from berth.driver.nvml import NvmlDriver, map_host_pids
-from berth.decide.model import normalize_pci
 
 GiB = 1 << 30
 NOT_AVAILABLE = (1 << 64) - 1

@@ -14,9 +14,8 @@ import socket
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
-from multidict import CIMultiDict
-
 from berth.front import Front
+from multidict import CIMultiDict
 
 TEST_LIMIT_S = 10.0
 

@@ -13,7 +13,6 @@ import aiohttp
 import httptools
 import pytest
 from aiohttp import web
-
 from berth.front import Front, FrontState
 
 from .conftest import Upstream, front_for, json_handler, run, until

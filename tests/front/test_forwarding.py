@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import io
-import logging
 import json
+import logging
 
 import aiohttp
 import openai
 import pytest
 from aiohttp import web
-from yarl import URL
-
 from berth.front import Front
+from yarl import URL
 
 from .conftest import Upstream, free_port, front_for, json_handler, run, sse_handler, until
 

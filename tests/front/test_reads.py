@@ -9,7 +9,6 @@ import hashlib
 
 import aiohttp
 from aiohttp import web
-
 from berth.front import rules
 from berth.front.rules import ANSWER_DROP, REQUEST_DROP, strip_headers
 

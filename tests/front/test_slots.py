@@ -7,8 +7,8 @@ import asyncio
 
 import aiohttp
 from aiohttp import web
-
 from berth.front import FrontState
+
 from tests.front.conftest import Upstream, front_for, run, until
 
 

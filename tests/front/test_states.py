@@ -9,7 +9,6 @@ import aiohttp
 import openai
 import pytest
 from aiohttp import web
-
 from berth.front import EDGES, TRANSITIONS, FrontState, IllegalFrontTransition
 
 from .conftest import Upstream, front_for, json_handler, run, sse_handler, until

@@ -9,7 +9,6 @@ import time
 
 import aiohttp
 from aiohttp import web
-
 from berth.client import Client
 from berth.config import parse
 from berth.gateway.server import Gateway

@@ -8,10 +8,10 @@ import asyncio
 
 import aiohttp
 from aiohttp import web
-
 from berth.client import Client
 from berth.config import parse
 from berth.gateway.server import MAX_BODY_BYTES, Gateway
+
 from tests.gateway.world import serve as _serve
 
 

@@ -9,11 +9,12 @@ import time
 
 import aiohttp
 from aiohttp import web
-
 from berth.client import Client
 from berth.config import parse
 from berth.gateway.server import Gateway
-from tests.gateway.world import KEY, free_port, serve as _serve
+
+from tests.gateway.world import KEY, free_port
+from tests.gateway.world import serve as _serve
 
 
 def _gateway(tmp_path, name: str, port: int, engines: dict, peers: list[int] = (),

@@ -7,6 +7,7 @@ import json
 import time
 
 from berth.gateway.signing import sign
+
 from tests.berthd import wait_for
 from tests.gateway.world import KEY, chat, free_port, http
 

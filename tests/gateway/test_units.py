@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from berth.daemon.costs import SwitchCosts
 from berth.gateway.choose import Candidate, rank
 from berth.gateway.signing import Refused, Verifier, sign

@@ -10,8 +10,8 @@ nowhere else.
 
 from __future__ import annotations
 
-from tests.live.world import GiB, MiB, served
 from tests.helpers import wait_for
+from tests.live.world import GiB, MiB, served
 
 CARDS = [f"gpu{i}" for i in range(5)]
 MAYA_RUN = [a for c in CARDS for a in ("--size", f"20GiB@{c}")] + [

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from berth_plugins.hookspecs import ActionContext
 
-from ..sim.conftest import GiB, MiB, PCI, kit  # noqa: F401  (re-exported; kit is a fixture)
+from ..sim.conftest import PCI, GiB, MiB, kit  # noqa: F401  (re-exported; kit is a fixture)
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,7 @@ from berth_plugins import checkpoint
 from berth_plugins.hookspecs import MechanismError
 from berth_plugins.manager import make_plugin_manager, run_action
 
-from .conftest import GiB, MiB, PCI, ctx
+from .conftest import PCI, GiB, MiB, ctx
 
 CONTEXT = 256 * MiB   # the stub's default --residual
 TOOL = [sys.executable, "-m", "berth.sim.checkpoint"]

@@ -8,8 +8,16 @@ import pytest
 
 from berth_plugins import hookspecs
 from berth_plugins.hookspecs import MechanismError, hookimpl
-from berth_plugins.manager import (ACTION_HOOKS, BUILTINS, DECISION_HOOKS, PluginRefused,
-                                   is_write, make_plugin_manager, mechanisms, run_action)
+from berth_plugins.manager import (
+    ACTION_HOOKS,
+    BUILTINS,
+    DECISION_HOOKS,
+    PluginRefused,
+    is_write,
+    make_plugin_manager,
+    mechanisms,
+    run_action,
+)
 
 from .conftest import ctx
 

@@ -10,7 +10,7 @@ import pytest
 from berth_plugins.hookspecs import MechanismError
 from berth_plugins.manager import make_plugin_manager, run_action
 
-from .conftest import GiB, MiB, PCI, ctx
+from .conftest import PCI, GiB, MiB, ctx
 
 CONTEXT = 256 * MiB   # the stub's default --residual, kept by a park
 

@@ -10,12 +10,12 @@ import time
 
 import pytest
 from aiohttp import web
-
 from berth.driver import UseAtMost, confirm
+
 from berth_plugins.hookspecs import MechanismError
 from berth_plugins.manager import make_plugin_manager, run_action
 
-from .conftest import GiB, MiB, PCI, ctx, serve
+from .conftest import PCI, GiB, MiB, ctx, serve
 
 RESIDUAL = 1200 * MiB   # context and graph pools stay (vllm#28714)
 WEIGHTS = 6 * GiB

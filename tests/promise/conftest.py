@@ -102,9 +102,9 @@ def declare_sim(tmp: Path, cards=(("gpu0", 24 * GiB),)) -> None:
 
 
 # -- berth run lines and chats ---------------------------------------------------------------------
+import http.client as _http
 import json as _json
 import socket as _socket
-import http.client as _http
 
 from tests.berthd import BERTH, BIN
 

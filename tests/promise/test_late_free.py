@@ -8,6 +8,7 @@ and a grant on the exit alone was never caught."""
 from __future__ import annotations
 
 from berth.sim.cards import SimCards
+
 from tests.berthd import wait_for
 from tests.promise.conftest import engine_run, run_log, serving
 

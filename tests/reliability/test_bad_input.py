@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from berth.config import ConfigError, parse
+from berth.daemon import restore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from berth.config import ConfigError, parse
-from berth.daemon import restore
 from tests.berthd import Berthd, api, sim_config, wait_for
 from tests.reliability.conftest import LONG
 

@@ -11,8 +11,8 @@ import signal
 import threading
 
 import pytest
-
 from berth.sim.cards import SimCards
+
 from tests.berthd import Berthd, wait_for
 from tests.reliability.faults import GiB, Outcome, chat, config, start_run
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-
 SOAK = Path(__file__).resolve().parents[2] / "bench" / "soak.py"
 
 

@@ -50,7 +50,7 @@ def _run(argv: list[str], env: dict, timeout_s: float) -> tuple[int, str, float]
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             out, _ = p.communicate()
-        raise AssertionError(f"{argv[:3]} ran past {timeout_s} s:\n{out}")
+        raise AssertionError(f"{argv[:3]} ran past {timeout_s} s:\n{out}") from None
     return p.returncode, out, time.monotonic() - t0
 
 

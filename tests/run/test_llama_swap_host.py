@@ -13,9 +13,8 @@ import threading
 
 import psutil
 
-from tests.helpers import wait_for
+from tests.helpers import ours, wait_for
 from tests.run.llamaswap import UNLOAD_TIMEOUT_S
-from tests.helpers import ours
 from tests.run.world import GiB, chat, run_cmd
 
 MAX_TOKENS = 8
@@ -52,7 +51,7 @@ def test_two_models_alternate_on_one_card_every_chat_answered_idle_one_parked(wo
         # so the idle one is parked the moment the answer is complete. The target's share turns
         # active on the run's report, sent as its front opens (possibly after a short answer).
         assert d.state_of(idle) == "parked"
-        wait_for(lambda: d.state_of(target) == "active", 5, f"{target}'s wake reported")
+        wait_for(lambda target=target: d.state_of(target) == "active", 5, f"{target}'s wake reported")
         new = _since(d, seq)
         park = _first(new, idle, "park", "parks by checkpoint")
         parked = _first(new, idle, "parked")

@@ -10,8 +10,9 @@ from berth.decide.model import Op
 from berth.process import identify
 from berth.run.actions import Actions
 from berth.run.cli import RunOptions
+
 from berth_plugins.manager import make_plugin_manager
-from tests.sim.conftest import GiB, PCI, kit  # noqa: F401  (the fixture)
+from tests.sim.conftest import PCI, GiB, kit  # noqa: F401  (the fixture)
 
 
 class _Lease:

@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from berth.sim.driver import SimDriver
 from berth.sim.cards import CardSpec, SimCards
+from berth.sim.driver import SimDriver
+
 from tests.helpers import wait_for
 
 GiB = 1 << 30

@@ -9,15 +9,15 @@ import sys
 import time
 
 import pytest
-
 from berth.cli import main as berth
 from berth.driver import DriverError
-from berth.sim.driver import SimDriver
-from berth.sim.cards import CardSpec, SimBusy, SimCards, SimError, SimOOM, sim_uuid
 from berth.driver.cuda import cuda_error_of
+from berth.sim.cards import CardSpec, SimBusy, SimCards, SimError, SimOOM, sim_uuid
+from berth.sim.driver import SimDriver
+
+from tests.helpers import wait_for
 
 from .conftest import GiB, MiB
-from tests.helpers import wait_for
 
 A, B = "0000:01:00.0", "0000:41:00.0"
 

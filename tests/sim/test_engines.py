@@ -5,22 +5,22 @@ from __future__ import annotations
 import asyncio
 import http.client as httpclient
 import os
-import subprocess
 import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
 import urllib.request
 
 import pytest
-from openai import OpenAI
-
 from berth.driver import PidsGone, UseAtMost, confirm
 from berth.sim.cards import sim_uuid
+from openai import OpenAI
 
-from .conftest import FREE_DELAY_S, GiB, MiB, PCI, http
 from tests.helpers import wait_for
+
+from .conftest import FREE_DELAY_S, PCI, GiB, MiB, http
 
 CONTEXT = 256 * MiB   # the stub's default --residual, allocated before the weights
 

@@ -39,29 +39,29 @@ class SimPolicy(abc.ABC):
     def on_arrival(self, job) -> None:
         """A request (or a client's retry) arrives for ``job.engine``."""
 
-    def on_job_start(self, job) -> None:
+    def on_job_start(self, job) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass
 
-    def on_job_end(self, job, ok: bool) -> None:
+    def on_job_end(self, job, ok: bool) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass
 
-    def on_ready(self, proc) -> None:
+    def on_ready(self, proc) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass
 
-    def on_parked(self, proc) -> None:
+    def on_parked(self, proc) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass
 
-    def on_exit(self, proc, crashed: bool) -> None:
+    def on_exit(self, proc, crashed: bool) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass
 
-    def on_freed(self, proc) -> None:
+    def on_freed(self, proc) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass
 
-    def on_mem(self, proc, pci: str) -> None:
+    def on_mem(self, proc, pci: str) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass
 
-    def on_lent(self, proc, pci: str) -> None:
+    def on_lent(self, proc, pci: str) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass
 
-    def on_read(self, now: float) -> None:
+    def on_read(self, now: float) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass

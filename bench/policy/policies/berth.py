@@ -40,9 +40,27 @@ from berth.decide.admission import Policy as CoreKnobs
 from berth.decide.admission import QueuePolicy
 from berth.decide.ledger import Ledger
 from berth.decide.measures import reserve_fraction
-from berth.decide.model import Bound, Capabilities, Card, Lease, Op, ParkMechanism, Share, ShareState
-from berth.decide.scheduler import (CardRead, Ended, Granted, Instruct, Note, ReadCards, Rejected,
-                                    Scheduler, Watch)
+from berth.decide.model import (
+    Bound,
+    Capabilities,
+    Card,
+    Lease,
+    Op,
+    ParkMechanism,
+    Share,
+    ShareState,
+)
+from berth.decide.scheduler import (
+    CardRead,
+    Ended,
+    Granted,
+    Instruct,
+    Note,
+    ReadCards,
+    Rejected,
+    Scheduler,
+    Watch,
+)
 
 from ..world import EXITED, GONE, PARKED, READY
 from .base import SimPolicy

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
-
 from berth.daemon.web.app import CSP, OPS, board_app, operator_of
 from berth.daemon.web.hub import BrokerSource, Hub, SocketSource, WaitTimes
 

@@ -35,7 +35,6 @@ import re
 from importlib import resources
 
 from aiohttp import web
-
 from berth.daemon.web.hub import Hub
 
 __all__ = ["board_app", "CSP", "OPS"]

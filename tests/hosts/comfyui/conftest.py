@@ -15,10 +15,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import berth_hosts.comfyui
 import pytest
 
-import berth_hosts.comfyui
-from tests.berthd import BERTH, GiB, Berthd, sim_config, stop_proc, wait_for
+from tests.berthd import BERTH, Berthd, GiB, sim_config, stop_proc, wait_for
 
 NODE_DIR = Path(berth_hosts.comfyui.__file__).parent
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import psutil
-
 from berth.sim.comfyui import LOADERS as STAND_IN_LOADERS
 from berth_hosts.comfyui.estimate import LOADERS
+
 from tests.berthd import wait_for
 
 from .conftest import prompt
@@ -130,6 +130,7 @@ def test_a_prompt_that_does_not_fit_beside_the_llm_parks_the_llm_first(world):
     10 GiB model beside a 14 GiB LLM on a 24 GiB card would be an out-of-memory error. The node
     asks berthd for the room first; berthd parks the LLM; only then does the prompt pass."""
     from tests.berthd import BERTH, berth_run
+
     from .conftest import free_port
     d = world.berthd(policy={"ram_budget": "64GiB"})     # simulated host RAM for the park
     front = free_port()
@@ -229,6 +230,7 @@ def _an_llm_asks(world, d):
     """Start a 14 GiB LLM under ``berth run`` (it does not fit beside ComfyUI's 11 GiB);
     returns when berthd has its lease waiting, with the time it saw it."""
     import time
+
     from tests.berthd import berth_run
     world.procs.append(berth_run(d, "llm", "--size", "14GiB", weights="13GiB"))
     wait_for(lambda: d.state_of("llm") == "waiting", 20, "the LLM's lease waiting for room")
@@ -309,7 +311,7 @@ def test_berthd_back_the_gate_follows_its_lease_at_once_not_after_a_long_poll(wo
         d.start()
         assert d.lease_of("comfyui")["id"] == lid             # berthd kept the lease
         want = "asleep" if parked else "open"
-        wait_for(lambda: c.berth()["gate"]["state"] == want, 6, f"the gate {want} again")
+        wait_for(lambda want=want: c.berth()["gate"]["state"] == want, 6, f"the gate {want} again")
         assert c.berth()["health"] == ("parked" if parked else "leased")
     held = c.post_in_thread("/prompt", prompt(SD15))
     held["thread"].join(20)

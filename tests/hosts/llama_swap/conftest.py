@@ -7,10 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import berth_hosts.llama_swap
 import pytest
 import yaml
-
-import berth_hosts.llama_swap
 
 EXAMPLES = sorted((Path(berth_hosts.llama_swap.__file__).parent / "examples").glob("*.yaml"))
 
@@ -51,7 +50,7 @@ def split_run(argv: list[str]) -> tuple[list[str], dict[str, list[str]], list[st
     end = argv.index("--")
     opts: dict[str, list[str]] = {}
     words = argv[6:end]
-    for flag, value in zip(words[::2], words[1::2]):
+    for flag, value in zip(words[::2], words[1::2], strict=False):
         opts.setdefault(flag, []).append(value)
     assert len(words) % 2 == 0, words
     return argv[:6], opts, argv[end + 1:]

@@ -5,7 +5,6 @@ golib's shlex, comment lines, backslash continuations and the order of macro exp
 import shlex
 
 import pytest
-
 from berth_hosts.llama_swap import command
 
 

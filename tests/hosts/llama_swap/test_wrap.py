@@ -5,7 +5,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from berth_hosts.llama_swap import WrapError, WrapOptions, wrap_text
 from berth_hosts.llama_swap.timeouts import MIN_UNLOAD_TIMEOUT_S
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from berth.config import load
 from berth.daemon.main import open_driver
 from berth_hosts.supervisor.rpc import Endpoint, ProcessInfo, Supervisor, SupervisorError
+
 from tests.helpers import wait_for
 
 PY = sys.executable

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from supervisor.options import ServerOptions
-
 from berth.config import load
+from supervisor.options import ServerOptions
 
 HERE = Path(__file__).resolve().parents[3] / "hosts" / "supervisor"
 CONF = HERE / "examples" / "supervisord.conf"

@@ -8,13 +8,13 @@ import asyncio
 
 import psutil
 from aiohttp.test_utils import TestClient, TestServer
-
+from berth.config import parse
 from berth.daemon.api import make_app
 from berth.daemon.broker import Broker
-from berth.config import parse
 from berth.sim.driver import SimDriver
 from berth_hosts.supervisor import plugin
 from berth_hosts.supervisor.rpc import ProcessInfo, SupervisorError
+
 from berth_plugins.hookspecs import hookimpl
 from berth_plugins.manager import make_plugin_manager
 
@@ -66,7 +66,7 @@ class _TestHost:
         return (pid in self.pids) if host == "test" else None
 
 
-def test_adopted_process_counts_its_own_memory_and_runs_over_budget_visibly(kit, tmp_path):
+def test_adopted_process_counts_its_own_memory_and_runs_over_budget_visibly(kit, tmp_path):  # noqa: F811
     big = kit.start(weights="20GiB")              # 20.25 GiB with its context
     small = kit.start(weights="1GiB")             # 1.25 GiB; 2.5 GiB of the card stay free
     cfg = parse({"driver": {"kind": "sim", "sim_dir": str(kit.dir),

@@ -9,9 +9,7 @@ import subprocess
 import sys
 
 import pytest
-
-from berth_hosts.supervisor.protocol import (Protocol, ProtocolError, parse_header,
-                                             parse_tokens)
+from berth_hosts.supervisor.protocol import Protocol, ProtocolError, parse_header, parse_tokens
 
 PY = sys.executable
 

@@ -7,7 +7,6 @@ import os
 import signal
 
 import psutil
-
 from berth_hosts.supervisor.plugin import START_TOLERANCE_S
 
 from tests.helpers import wait_for
