@@ -54,7 +54,7 @@ class TestGrants:
         assert code == 409 and "capacity" in r["error"]["message"]
 
 
-class TestStageB:
+class TestTwoCards:
     def test_a_two_card_run_leases_both_cards_or_waits_for_both(self, berthd, runs):
         d = berthd(cards=(("gpu0", "24GiB"), ("gpu1", "24GiB")))
         blocker = lease(d, "blocker", "20GiB", card="gpu1", priority=9)

@@ -358,7 +358,7 @@ def _lease_not_ready(w: World, lid: str, size: int) -> str:
     return lid
 
 
-class TestFoundByANewUser:
+class TestWithdrawalsAndExplanations:
     def test_a_wake_nobody_waits_for_any_more_is_withdrawn(self):
         w = World([24 * GiB], Policy(min_turn_s=30, juggle_window_s=0))
         w.request("a", "A", {G0: 14 * GiB}, park=CKPT)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from tests.berthd import berth_run, wait_for
-from tests.reliability.conftest import as_user, berth_cmd
+from tests.faults.conftest import as_user, berth_cmd
 
 ATTACKER = str(Path(__file__).with_name("attacker.py"))
 SYS_PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -194,7 +194,7 @@ def test_another_users_run_killed_takes_its_engine_group(make_user, shared_berth
     import shlex
     import subprocess
 
-    from tests.reliability.test_run_faults import REAPER, sigkill_run_and_check
+    from tests.faults.test_run_faults import REAPER, sigkill_run_and_check
     d = shared_berthd(cards=(("gpu0", "24GiB"),))
     for p in [d.tmp / "sim", *(d.tmp / "sim").rglob("*")]:   # her engine writes its use there
         os.chmod(p, 0o777 if p.is_dir() else 0o666)

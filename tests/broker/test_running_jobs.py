@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.berthd import wait_for
-from tests.promise.conftest import Chat, engine_run, free_port, in_thread, serving
+from tests.broker.conftest import Chat, engine_run, free_port, in_thread, serving
 
 TOKENS, RATE = 80, 20.0      # a 4 s stream
 

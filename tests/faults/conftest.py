@@ -1,4 +1,4 @@
-"""Fixtures for the reliability suite (issue 18): second Unix users made by the test, a berthd
+"""Fixtures for the fault tests: second Unix users made by the test, a berthd
 whose socket such a user can reach, and ``berth run`` processes killed whatever the outcome.
 
 The short forms run in the default suite; ``BERTH_RELIABILITY=long`` selects the long forms."""

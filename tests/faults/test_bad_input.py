@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.berthd import Berthd, api, sim_config, wait_for
-from tests.reliability.conftest import LONG
+from tests.faults.conftest import LONG
 
 #: State files that parse as TOML (or not at all) but have the wrong shape.
 CORRUPT = {

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.helpers import wait_for
-from tests.live.world import CHECKPOINT, GiB, MiB, chat, gone, served
+from tests.making_room.world import CHECKPOINT, GiB, MiB, chat, gone, served
 
 # One 8 GiB card, 1 GiB reserve: the holder's 4 GiB and the waiter's 4 GiB do not fit together.
 CARD = [("gpu0", "8GiB")]

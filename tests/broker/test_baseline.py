@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 
 from tests.berthd import BERTH, wait_for
-from tests.promise.conftest import GiB, declare_sim
+from tests.broker.conftest import GiB, declare_sim
 
 
 def test_a_stowaway_from_before_berthd_leaves_with_its_bytes(tmp_path, berthd, holders):

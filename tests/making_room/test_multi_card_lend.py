@@ -11,7 +11,7 @@ nowhere else.
 from __future__ import annotations
 
 from tests.helpers import wait_for
-from tests.live.world import GiB, MiB, served
+from tests.making_room.world import GiB, MiB, served
 
 CARDS = [f"gpu{i}" for i in range(5)]
 MAYA_RUN = [a for c in CARDS for a in ("--size", f"20GiB@{c}")] + [

@@ -10,7 +10,7 @@ from (``--lend --lend-max 8GiB``; it could park too). The borrower B asks for 8 
 from __future__ import annotations
 
 from tests.helpers import wait_for
-from tests.live.world import GiB, MiB, served
+from tests.making_room.world import GiB, MiB, served
 
 HOLDER_RUN = ["--size", "20GiB", "--lend", "--lend-max", "8GiB", "--park", "hook",
               "--adapter", "protocol"]

@@ -14,7 +14,7 @@ import pytest
 from berth.sim.cards import SimCards
 
 from tests.berthd import Berthd, wait_for
-from tests.reliability.faults import GiB, Outcome, chat, config, start_run
+from tests.faults.faults import GiB, Outcome, chat, config, start_run
 
 SETTLED = {"active", "parked"}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from berth.sim.cards import SimCards
 
 from tests.berthd import wait_for
-from tests.promise.conftest import engine_run, run_log, serving
+from tests.broker.conftest import engine_run, run_log, serving
 
 FREE_DELAY_S = 3.0
 

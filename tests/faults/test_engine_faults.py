@@ -1,4 +1,4 @@
-"""Engine and tool faults (issue 18 "run and engine faults"), beside tests/live/test_fallbacks.py
+"""Engine and tool faults (issue 18 "run and engine faults"), beside tests/making_room/test_fallbacks.py
 (park never freed, checkpoint tool hanging, wake never answering): the checkpoint tool failing,
 a lend acknowledged and never freed, the engine crashing while parked and while restoring. Each ends in the seed's fallback (rule 4:
 a failed park falls back to a drain; an engine that dies ends its lease once the driver shows
@@ -12,10 +12,10 @@ import time
 import psutil
 import pytest
 
-import tests.live.test_fallbacks as fallbacks
+import tests.making_room.test_fallbacks as fallbacks
 from tests.helpers import wait_for
-from tests.live.conftest import live  # noqa: F401  (the fixture)
-from tests.live.world import CHECKPOINT, chat, gone, served
+from tests.making_room.conftest import live  # noqa: F401  (the fixture)
+from tests.making_room.world import CHECKPOINT, chat, gone, served
 
 CARD = [("gpu0", "8GiB")]
 PARK = ["--size", "4GiB", "--park", "checkpoint", "--checkpoint-path", CHECKPOINT]

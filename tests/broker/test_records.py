@@ -7,7 +7,7 @@ import signal
 import urllib.parse
 
 from tests.berthd import wait_for
-from tests.promise.conftest import Chat, GiB, engine_run, free_port, run_log, serving
+from tests.broker.conftest import Chat, GiB, engine_run, free_port, run_log, serving
 
 _HOOK = ("--park", "hook", "--adapter", "protocol")
 

@@ -1,10 +1,10 @@
-"""Fixtures for the live acceptance of issue 6 (see :mod:`tests.live.world`)."""
+"""Fixtures for the making-room tests (see :mod:`tests.making_room.world`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.live.world import Live
+from tests.making_room.world import Live
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from tests.berthd import wait_for
-from tests.promise.conftest import GiB
+from tests.broker.conftest import GiB
 
 RACES = 20
 WITHIN_S = 0.050

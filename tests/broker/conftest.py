@@ -1,4 +1,4 @@
-"""Fixtures for the promise tests (issue 12): a real berthd on simulated cards, ``berth run``
+"""Fixtures for the broker tests: a real berthd on simulated cards, ``berth run``
 lines with stub engines, and holder processes (stowaways, or an engine's load driven by the test)
 that are all ended at the end, pass or fail."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from tests.berthd import wait_for
-from tests.promise.conftest import Chat, GiB, engine_run, free_port, in_thread, run_log, serving
+from tests.broker.conftest import Chat, GiB, engine_run, free_port, in_thread, run_log, serving
 
 
 def test_a_higher_priority_is_not_held_by_a_minimum_turn(berthd, runs):
