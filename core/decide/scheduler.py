@@ -58,6 +58,7 @@ from .ladder import SwapLog
 from .ledger import Ledger
 from .measures import Counters, GrowthMeter
 from .model import Lease, Op, ShareState
+from .placement import Ask, place, shares_for
 from .state import Room, State, card_name, find, wait_cause
 from .units import format_size
 
@@ -116,6 +117,16 @@ class Scheduler:
         return self.state.deadlines
 
     # -- leases asked for and given back --------------------------------------------------------
+    def place(self, lease: Lease, asks: list[Ask], held: dict[str, int | None]) -> None:
+        """Put the shares ``asks`` names on cards for a new lease, before :meth:`request`: the
+        choice (:func:`.placement.place`) is made here, inside the single writer, on the ledger
+        as it is now. ``held``: bytes an adopted process holds per card (``{}``: none). Fills
+        ``lease.shares`` and ``lease.need_bytes``; raises
+        :class:`~.placement.PlacementError` naming the share (nothing changes)."""
+        shares, need = shares_for(asks, place(self.ledger, asks, held), held)
+        lease.shares.update(shares)
+        lease.need_bytes.update(need)
+
     def request(self, lease: Lease, now: float) -> list[Effect]:
         """Queue a new lease (all shares ``waiting``). Raises ``ValueError``/``KeyError``."""
         if lease.id in self.ledger.leases:
