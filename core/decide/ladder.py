@@ -158,7 +158,7 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     # last wake; an engine still loading is given up to wake_limit_s to get there.
     ready = holder.ready_at if holder.ready_at is not None and holder.ready_at >= (
         holder.granted_at or 0.0) else (holder.granted_at or 0.0) + policy.wake_limit_s
-    turn_start = max(ready, _last_resume(holder))
+    turn_start = max(ready, holder.resumed_at)
     # A turn is worth at least what the switch into it cost (issue 16: cost-aware turns):
     # an engine whose load took 30 s is not drained after 10 s of serving.
     turn = max(policy.min_turn_s, holder.switch_cost_s)
@@ -179,10 +179,6 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
             return (f"juggle guard: {holder.engine} and {waiter.engine} swapped {n} times "
                     f"in {policy.juggle_window_s:.0f}s")
     return None
-
-
-def _last_resume(lease: Lease) -> float:
-    return lease.resumed_at
 
 
 def expected_residual(lease: Lease, pci: str, policy: Policy) -> int:
