@@ -115,26 +115,26 @@ def settle(st: State, lease: Lease, pci: str, use: int | None, now: float) -> No
     """Settle one share of an adopted lease caught mid-transition by a restart, by its measured
     use (bytes; ``None``: the driver cannot say). Every move goes through the ledger."""
     sh = lease.shares[pci]
-    move = st.ledger.move
+    led = st.ledger
     if sh.state is S.PARKING:
         if use is not None and use <= residual_limit(st, lease, pci):
-            move(lease.id, pci, S.PARKED, now, residual_bytes=use)
+            led.move(lease.id, pci, S.PARKED, now, residual_bytes=use)
         else:
-            move(lease.id, pci, S.ACTIVE, now)
+            led.move(lease.id, pci, S.ACTIVE, now)
     elif sh.state is S.LENDING:
         if use is not None and use <= sh.reserved_bytes - sh.lent_bytes:
-            move(lease.id, pci, S.LENT, now)
+            led.move(lease.id, pci, S.LENT, now)
         else:
-            move(lease.id, pci, S.ACTIVE, now, lent_bytes=0)
+            led.move(lease.id, pci, S.ACTIVE, now, lent_bytes=0)
     elif sh.state is S.RESUMING:
         if use is not None and use > sh.residual_bytes + SLACK:
-            move(lease.id, pci, S.ACTIVE, now)
+            led.move(lease.id, pci, S.ACTIVE, now)
     elif sh.state is S.RETURNING:
         # The run may have died with berthd before it read its return instruction: only a
         # use that shows the growth settles it; else the return is asked again (issue 18).
         # A share with no N recorded (a state file of an older berthd) has nothing to ask.
         if sh.lent_bytes == 0 or (
                 use is not None and use > sh.reserved_bytes - sh.lent_bytes + SLACK):
-            move(lease.id, pci, S.ACTIVE, now, lent_bytes=0)
+            led.move(lease.id, pci, S.ACTIVE, now, lent_bytes=0)
     if use is not None:
-        st.ledger.update(lease.id, pci, used_bytes=use)
+        led.update(lease.id, pci, used_bytes=use)
