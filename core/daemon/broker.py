@@ -30,7 +30,7 @@ import itertools
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from berth.config import Config
 from berth.daemon import restore, status
@@ -244,7 +244,7 @@ class Broker:
             if lid not in self.sched.ledger.leases:
                 return lid
 
-    async def request(self, lease: Lease, asks: list[Ask] = ()) -> list[Effect]:
+    async def request(self, lease: Lease, asks: Sequence[Ask] = ()) -> list[Effect]:
         """Queue a new lease. Inside the single writer, in one step: a process the lease adopts
         (``lease.pid``) is measured on every card, the shares ``asks`` names are placed
         (:meth:`Scheduler.place`) on that read and the ledger as it is then, and the scheduler
