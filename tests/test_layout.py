@@ -1,5 +1,6 @@
-"""The folders are the architecture (issue 11): imports go one way, and no module or class grows
-past what a reader takes in at once (600 and 300 lines: split along its jobs).
+"""The folders are the architecture (issue 11): imports go one way, and no module, class or
+function grows past what a reader takes in at once (600, 300 and 60 lines: split along its jobs;
+issue 23: a limit on functions, so a class cannot pass by being split into a chain of bases).
 
 Import direction, read from the source with :mod:`ast` (imports inside functions count too):
 
@@ -28,6 +29,7 @@ PURE_STDLIB = {"__future__", "abc", "bisect", "collections", "dataclasses", "enu
                "types"}
 MAX_MODULE_LINES = 600
 MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 60
 
 
 def _modules() -> dict[str, Path]:
@@ -141,23 +143,54 @@ def test_imports_are_read_wherever_they_are(tmp_path):
 
 
 
-def _sizes() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    """(lines, module) and (lines, module:Class), largest first."""
-    mods, classes = [], []
+def _sizes() -> tuple[list[tuple[int, str]], list[tuple[int, str]], list[tuple[int, str]]]:
+    """(lines, module), (lines, module:Class) and (lines, module:function), largest first. A
+    function's lines run from its ``def`` to its last line, docstring included, decorators
+    not; a method is named ``module:Class.method``, a nested function by its path too."""
+    mods, classes, funcs = [], [], []
     for name, path in MODULES.items():
         text = path.read_text(encoding="utf-8")
         mods.append((len(text.splitlines()), name))
-        for node in ast.walk(ast.parse(text, str(path))):
+        for node, qual in _named(ast.parse(text, str(path))):
+            lines = node.end_lineno - node.lineno + 1
             if isinstance(node, ast.ClassDef):
-                classes.append((node.end_lineno - node.lineno + 1, f"{name}:{node.name}"))
-    return sorted(mods, reverse=True), sorted(classes, reverse=True)
+                classes.append((lines, f"{name}:{qual}"))
+            else:
+                funcs.append((lines, f"{name}:{qual}"))
+    return sorted(mods, reverse=True), sorted(classes, reverse=True), sorted(funcs, reverse=True)
+
+
+def _named(tree: ast.AST, prefix: str = ""):
+    """Yield ``(node, qualified name)`` for every class and function under ``tree``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            qual = f"{prefix}{node.name}"
+            yield node, qual
+            yield from _named(node, qual + ".")
+        else:
+            yield from _named(node, prefix)
 
 
 def test_no_module_over_600_lines_and_no_class_over_300():
-    mods, classes = _sizes()
+    mods, classes, _ = _sizes()
     over = ([f"module {n} ({lines} lines)" for lines, n in mods if lines > MAX_MODULE_LINES]
             + [f"class {n} ({lines} lines)" for lines, n in classes if lines > MAX_CLASS_LINES])
     assert over == [], "split along its jobs: " + "; ".join(over)
+
+
+def test_no_function_over_60_lines():
+    over = [f"{n} ({lines} lines)" for lines, n in _sizes()[2] if lines > MAX_FUNCTION_LINES]
+    assert over == [], "split along its jobs, not at line 60: " + "; ".join(over)
+
+
+def test_the_function_sizes_are_read_wherever_they_are(tmp_path):
+    """Methods and nested functions are measured, each under its own name."""
+    body = "\n".join(f"            x{i} = {i}" for i in range(61))
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"class A:\n    def m(self):\n        def inner():\n{body}\n"
+                     f"        return inner\n")
+    found = {q: n.end_lineno - n.lineno + 1 for n, q in _named(ast.parse(probe.read_text()))}
+    assert found["A.m.inner"] == 62 and found["A.m"] == 64 and found["A"] == 65
 
 
 def test_every_package_folder_is_in_the_distribution():

@@ -242,42 +242,47 @@ def _engines(cfg, v: _View, sims: list[_Card], all_known: bool, declared: str
             out.append(((*at, "need"), f"need {v.written((*at, 'need'), need)} is more than the "
                                        f"engine's size {v.written((*at, 'size'), size)}: the need "
                                        f"is what it uses of its size", need))
-        if not all_known or not v.known(*at, "card"):
-            continue
-        target = None
-        if e.card is not None:
-            target = by_key.get(e.card)
-            if target is None:
-                renamed = next((c for c in sims if c.name == e.card and c.shown is not None),
-                               None)
-                hint = (f"; [cards.{key_str(renamed.key)}] shows it as {renamed.shown!r}: use that "
-                        f"name or its PCI address" if renamed else "")
-                out.append(((*at, "card"), f"no simulated card is named "
-                                           f"{v.written((*at, 'card'), e.card)} or has that PCI "
-                                           f"address (declared: {declared}){hint}", e.card))
-                continue
-        if not size_known:
-            continue
-        if size is None:            # the whole card: its need must fit what the card grants
-            cap = target.capacity() if target is not None else None
-            if cap is not None and cap > 0 and need is not None and need > cap:
-                out.append(((*at, "need"), f"need {v.written((*at, 'need'), need)} is more than "
-                                           f"{target.name} can ever grant: {target.sums()} = "
-                                           f"{format_size(cap)}", need))
-            continue
-        if target is not None:
-            cap = target.capacity()
-            if cap is not None and cap > 0 and size > cap:
-                out.append(((*at, "size"), f"size {v.written((*at, 'size'), size)} is more than "
-                                           f"{target.name} can ever grant: {target.sums()} = "
-                                           f"{format_size(cap)}", size))
-        elif sims:
-            caps = [(c.capacity(), c) for c in sims]
-            if all(cap is not None for cap, _ in caps):
-                best, c = max(caps, key=lambda x: x[0])
-                if best > 0 and size > best:
-                    out.append(((*at, "size"), f"size {v.written((*at, 'size'), size)} is more "
-                                               f"than any simulated card can ever grant (the most "
-                                               f"is {c.name}: {c.sums()} = {format_size(best)})",
-                                size))
+        if all_known and v.known(*at, "card"):
+            out += _engine_on_sim_cards(at, e, v, sims, by_key, declared, need)
     return out
+
+
+def _engine_on_sim_cards(at: tuple, e, v: _View, sims: list[_Card], by_key: dict[str, _Card],
+                         declared: str, need: int | None) -> list[Problem]:
+    """One engine on simulated cards: the card it names exists, and its size (or, for the
+    whole card, its need) is no more than what a card can ever grant."""
+    target = None
+    if e.card is not None:
+        target = by_key.get(e.card)
+        if target is None:
+            renamed = next((c for c in sims if c.name == e.card and c.shown is not None), None)
+            hint = (f"; [cards.{key_str(renamed.key)}] shows it as {renamed.shown!r}: use that "
+                    f"name or its PCI address" if renamed else "")
+            return [((*at, "card"), f"no simulated card is named "
+                                    f"{v.written((*at, 'card'), e.card)} or has that PCI "
+                                    f"address (declared: {declared}){hint}", e.card)]
+    size = e.size
+    if not v.known(*at, "size"):
+        return []
+    if size is None:            # the whole card: its need must fit what the card grants
+        cap = target.capacity() if target is not None else None
+        if cap is not None and cap > 0 and need is not None and need > cap:
+            return [((*at, "need"), f"need {v.written((*at, 'need'), need)} is more than "
+                                    f"{target.name} can ever grant: {target.sums()} = "
+                                    f"{format_size(cap)}", need)]
+        return []
+    if target is not None:
+        cap = target.capacity()
+        if cap is not None and cap > 0 and size > cap:
+            return [((*at, "size"), f"size {v.written((*at, 'size'), size)} is more than "
+                                    f"{target.name} can ever grant: {target.sums()} = "
+                                    f"{format_size(cap)}", size)]
+    elif sims:
+        caps = [(c.capacity(), c) for c in sims]
+        if all(cap is not None for cap, _ in caps):
+            best, c = max(caps, key=lambda x: x[0])
+            if best > 0 and size > best:
+                return [((*at, "size"), f"size {v.written((*at, 'size'), size)} is more "
+                                        f"than any simulated card can ever grant (the most "
+                                        f"is {c.name}: {c.sums()} = {format_size(best)})", size)]
+    return []

@@ -80,9 +80,10 @@ from berth.daemon.api_claims import (
 )
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
-from berth.decide.model import Capabilities, Lease, ParkMechanism, Share
+from berth.decide.model import Capabilities, Lease, ParkMechanism
+from berth.decide.placement import Ask, PlacementError
 from berth.driver.base import DriverError
-from berth.process import identify
+from berth.process import ProcessId, identify
 
 __all__ = ["make_app", "serve"]
 
@@ -106,16 +107,6 @@ def _cards_json(broker: Broker, cards: dict[str, int]) -> list[dict]:
     led = broker.sched.ledger
     return [{"pci": p, "name": led.cards[p].name, "uuid": broker.uuids.get(p), "bytes": b}
             for p, b in cards.items()]
-
-
-def _resolve_card(broker: Broker, key: str | None, size: int | None) -> str:
-    led = broker.sched.ledger
-    if key:
-        return led.card(key).pci
-    fits = [p for p, c in led.cards.items() if size is None or size <= c.capacity_bytes]
-    if not fits:
-        raise web.HTTPBadRequest(reason=f"size: {size} bytes is larger than every card's capacity")
-    return max(fits, key=lambda p: (led.available(p), led.cards[p].capacity_bytes))
 
 
 def _with_entry(broker: Broker, body: LeaseBody) -> LeaseBody:
@@ -143,95 +134,98 @@ def _with_entry(broker: Broker, body: LeaseBody) -> LeaseBody:
 
 # -- handlers ----------------------------------------------------------------------------------
 async def request_lease(request: web.Request) -> web.Response:
+    """``POST /v1/leases``. The checks that need no lease state run here (the caller's priority
+    cap, a front for park and lend, the claim of an adopted process, the owner); the card of
+    each share is chosen inside the single writer (:meth:`Broker.request`)."""
     broker = request.app[BROKER]
     body: LeaseBody = await parse_body(request, LeaseBody)
     body = _with_entry(broker, body)
     peer = peer_of(request)
-    cap = priority_cap(broker.cfg, body.engine, peer)
-    if cap is not None and body.priority > cap:
-        log.warning("lease for %s by uid %s refused: priority %s over %s", body.engine,
-                    peer[1] if peer else None, body.priority, cap)
-        return error(403, f"priority: {body.priority} is more than the {cap} berth.toml allows "
-                          f"uid {peer[1]} for engine {body.engine!r} ([engines.{body.engine}] "
-                          f"max_priority, [api] max_priority); an operator may ask more",
-                     "forbidden")
+    refusal = _over_priority_cap(broker, body, peer)
+    if refusal is not None:
+        return refusal
     if (body.park or body.lend) and not body.front:
         raise web.HTTPBadRequest(reason="front: park and lend need a front (rule 3); "
                                         "give --front HOST:PORT")
-    adopted, use = None, {}
+    adopted = None
     if body.pid is not None:
-        adopted, refusal, why = await claim(broker, request, body.pid, body.start_time, body.engine,
-                                            body.host)
+        adopted, refusal, why = await claim(broker, request, body.pid, body.start_time,
+                                            body.engine, body.host)
         if refusal is not None:
             return refusal
-        try:
-            use = broker.tree_use(adopted.pid)
-        except DriverError as e:
-            return error(503, f"cannot read the cards to adopt pid {adopted.pid}: {e}",
-                         "unavailable")
-    shares: dict[str, Share] = {}
-    need: dict[str, int] = {}
-    for i, sb in enumerate(body.shares):
-        try:
-            held = {p: b for p, b in use.items() if b} if sb.card is None else {}
-            pci = max(held, key=held.get) if held else _resolve_card(broker, sb.card, sb.size)
-        except KeyError as e:
-            raise web.HTTPBadRequest(reason=f"shares.{i}.card: {e.args[0]}") from None
-        if pci in shares and sb.card is None:
-            raise web.HTTPBadRequest(reason=f"shares.{i}.card: two shares name no card and "
-                                            f"both would go to {pci}; name each share's card "
-                                            f"(--size 14GiB@gpu0 --size 10GiB@gpu1)")
-        if pci in shares:
-            raise web.HTTPBadRequest(reason=f"shares.{i}.card: card {sb.card!r} is named twice")
-        if sb.size is not None and sb.size <= 0:
-            raise web.HTTPBadRequest(reason=f"shares.{i}.size: must be more than 0 bytes")
-        shares[pci] = Share(pci, sb.size or 0, whole_card=sb.size is None)
-        shares[pci].used_bytes = use.get(pci)
-        if sb.need is not None:
-            need[pci] = sb.need
-    if adopted is not None and body.owner_pid is None:
-        owner = adopted                 # the lease lives as long as the process it adopted
-    else:
-        # A host that adopts a process may own the lease itself: it may then release it, and
-        # the lease outlives the process for a restart hold (the PID decides while it is set).
-        owner_pid = body.owner_pid or (peer[0] if peer else None)
-        owner = identify(owner_pid) if owner_pid else None
-        if body.owner_pid is not None:
-            # The owner ties the lease's life to a process: it must be alive, and the caller
-            # must be it or one of its ancestors (a lease owned by pid 1 would never end).
-            if owner is None:
-                raise web.HTTPBadRequest(reason=f"owner_pid: no live process {body.owner_pid}")
-            if peer is not None and not is_self_or_descendant(owner.pid, peer[0]):
-                raise web.HTTPBadRequest(reason=f"owner_pid: {owner.pid} is neither the caller "
-                                                f"({peer[0]}) nor a process it started")
-    entry = broker.cfg.engines.get(body.engine)
-    lease = Lease(id=broker.new_lease_id(body.engine), engine=body.engine, shares=shares,
-                  priority=body.priority, bound=body.bound,
-                  growth_allowance_bytes=body.growth_allowance, need_bytes=need,
-                  keep_warm_s=body.keep_warm,
-                  caps=Capabilities(park=ParkMechanism(body.park) if body.park else None,
-                                    lend=body.lend, lend_max_bytes=body.lend_max, front=body.front),
-                  owner_pid=owner.pid if owner else None,
-                  owner_start_time=owner.start_time if owner else None,
-                  pid=adopted.pid if adopted else None,
-                  start_time=adopted.start_time if adopted else None,
-                  restart_grace_s=body.restart_grace,
-                  max_job_s=entry.max_job if entry is not None else None,
-                  may_preempt=entry.preempt if entry is not None else False)
+    lease = _new_lease(broker, body, adopted, _owner(body, peer, adopted))
+    asks = [Ask(sb.card, sb.size, sb.need) for sb in body.shares]
+    try:
+        await broker.request(lease, asks)
+    except PlacementError as e:
+        raise web.HTTPBadRequest(reason=str(e)) from None
+    except DriverError as e:
+        return error(503, f"cannot read the cards to adopt pid {lease.pid}: {e}", "unavailable")
     if adopted is not None:
         log.info("lease %s adopts pid %s (%s), which holds %s", lease.id, adopted.pid, why,
-                 ", ".join(f"{p}={b}" for p, b in use.items()))
+                 ", ".join(f"{p}={s.used_bytes}" for p, s in lease.shares.items()))
     if body.aliases:
         request.app[ALIASES][lease.id] = list(body.aliases)
-    await broker.request(lease)
     state = "waiting" if lease.is_waiting() else "active"
     if lease.id not in broker.sched.ledger.leases:
         ch = broker.channels.get(lease.id)
         return error(409, ch.ended if ch and ch.ended else "rejected", "rejected", id=lease.id)
     return web.json_response({"id": lease.id, "state": state, "policy": _limits(broker),
                               "cards": _cards_json(broker, {p: s.size_bytes
-                                                            for p, s in shares.items()})},
+                                                            for p, s in lease.shares.items()})},
                              status=201)
+
+
+def _over_priority_cap(broker: Broker, body: LeaseBody, peer) -> web.Response | None:
+    """A 403 when the caller asks more priority than berth.toml allows it, else ``None``."""
+    cap = priority_cap(broker.cfg, body.engine, peer)
+    if cap is None or body.priority <= cap:
+        return None
+    log.warning("lease for %s by uid %s refused: priority %s over %s", body.engine,
+                peer[1] if peer else None, body.priority, cap)
+    return error(403, f"priority: {body.priority} is more than the {cap} berth.toml allows "
+                      f"uid {peer[1]} for engine {body.engine!r} ([engines.{body.engine}] "
+                      f"max_priority, [api] max_priority); an operator may ask more",
+                 "forbidden")
+
+
+def _owner(body: LeaseBody, peer, adopted: ProcessId | None) -> ProcessId | None:
+    """The process whose life the lease's follows. Raises 400 for an ``owner_pid`` that is not
+    alive or not the caller's own."""
+    if adopted is not None and body.owner_pid is None:
+        return adopted                  # the lease lives as long as the process it adopted
+    # A host that adopts a process may own the lease itself: it may then release it, and
+    # the lease outlives the process for a restart hold (the PID decides while it is set).
+    owner_pid = body.owner_pid or (peer[0] if peer else None)
+    owner = identify(owner_pid) if owner_pid else None
+    if body.owner_pid is not None:
+        # The owner ties the lease's life to a process: it must be alive, and the caller
+        # must be it or one of its ancestors (a lease owned by pid 1 would never end).
+        if owner is None:
+            raise web.HTTPBadRequest(reason=f"owner_pid: no live process {body.owner_pid}")
+        if peer is not None and not is_self_or_descendant(owner.pid, peer[0]):
+            raise web.HTTPBadRequest(reason=f"owner_pid: {owner.pid} is neither the caller "
+                                            f"({peer[0]}) nor a process it started")
+    return owner
+
+
+def _new_lease(broker: Broker, body: LeaseBody, adopted: ProcessId | None,
+               owner: ProcessId | None) -> Lease:
+    """The lease a request asks for, with no share yet: the scheduler places them."""
+    entry = broker.cfg.engines.get(body.engine)
+    return Lease(id=broker.new_lease_id(body.engine), engine=body.engine, shares={},
+                 priority=body.priority, bound=body.bound,
+                 growth_allowance_bytes=body.growth_allowance, keep_warm_s=body.keep_warm,
+                 caps=Capabilities(park=ParkMechanism(body.park) if body.park else None,
+                                   lend=body.lend, lend_max_bytes=body.lend_max,
+                                   front=body.front),
+                 owner_pid=owner.pid if owner else None,
+                 owner_start_time=owner.start_time if owner else None,
+                 pid=adopted.pid if adopted else None,
+                 start_time=adopted.start_time if adopted else None,
+                 restart_grace_s=body.restart_grace,
+                 max_job_s=entry.max_job if entry is not None else None,
+                 may_preempt=entry.preempt if entry is not None else False)
 
 
 async def wait_grant(request: web.Request) -> web.Response:
@@ -325,8 +319,7 @@ async def instructions(request: web.Request) -> web.Response:
     lease = broker.sched.ledger.leases.get(lid)
     pids = sorted({p for ps in broker.lease_pids.get(lid, {}).values() for p in ps})
     return web.json_response({
-        "instructions": [{"op": i.op, "seq": i.seq, "cards": list(i.cards), "bytes": i.bytes,
-                          "reason": i.reason, "quiet_s": i.quiet_s} for i in ins],
+        "instructions": [i.to_wire() for i in ins],
         "wait": _wait(broker, lid),
         "pids": pids,
         "use": {p: s.used_bytes for p, s in lease.shares.items()} if lease else {},

@@ -30,7 +30,7 @@ import itertools
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from berth.config import Config
 from berth.daemon import restore, status
@@ -39,6 +39,7 @@ from berth.daemon.costs import SwitchCosts
 from berth.daemon.reads import Reads
 from berth.decide.effects import Effect, Ended, Granted, Instruct, Note, Rejected, Until, Watch
 from berth.decide.model import Card, Lease
+from berth.decide.placement import Ask
 from berth.decide.scheduler import Scheduler
 from berth.driver.base import Driver, DriverError, confirm
 
@@ -243,12 +244,21 @@ class Broker:
             if lid not in self.sched.ledger.leases:
                 return lid
 
-    async def request(self, lease: Lease) -> list[Effect]:
+    async def request(self, lease: Lease, asks: Sequence[Ask] = ()) -> list[Effect]:
+        """Queue a new lease. Inside the single writer, in one step: a process the lease adopts
+        (``lease.pid``) is measured on every card, the shares ``asks`` names are placed
+        (:meth:`Scheduler.place`) on that read and the ledger as it is then, and the scheduler
+        takes the request. Raises :class:`~berth.decide.placement.PlacementError`,
+        :class:`DriverError`, ``ValueError`` or ``KeyError``; nothing changes then."""
         self.channels[lease.id] = Channel.new()
         self.engines[lease.id] = lease.engine
+
+        def step(now: float) -> list[Effect]:
+            held = self.reads.tree_use(lease.pid) if lease.pid is not None else {}
+            self.sched.place(lease, list(asks), held)
+            return self.reads.unbaseline(lease) + self.sched.request(lease, now)
         try:
-            return await self.submit(lambda now: self.reads.unbaseline(lease)
-                                     + self.sched.request(lease, now))
+            return await self.submit(step)
         except Exception:
             self.channels.pop(lease.id, None)
             raise

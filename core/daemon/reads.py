@@ -129,12 +129,6 @@ class Reads:
                 fx += sched.exited(lid, now)
         return fx
 
-    def card_read(self, pci: str, r: Reading) -> CardRead:
-        """A confirmation read of ``pci`` as a :class:`CardRead` (stowaways as last counted)."""
-        card = self.ledger.cards[pci]
-        return CardRead(free_bytes=r.free_bytes, stowaway_bytes=card.stowaway_bytes,
-                        total_bytes=r.total_bytes)
-
     def confirmation(self, lease: Lease, w: Watch) -> tuple[set[int], PidsGone | UseAtMost]:
         """What the driver confirmation of ``w`` watches for ``lease``: the pids (those seen
         as its own, and its holder's tree as on the last read) and the event to confirm, which

@@ -261,71 +261,93 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
 
     Decisions are made here, inside the single writer, never from a snapshot taken outside it.
     """
-    res = PassResult()
-    held: set[str] = set()        # cards held for an earlier waiter
-    held_by: dict[str, str] = {}  # card -> the earlier waiter holding it
-    skippable: list[Waiter] = []  # earlier refused waiters that a later grant skips past
     order = list(queue)
     order = [w for w in order if w.lease_id in ledger.earmarks] + \
             [w for w in order if w.lease_id not in ledger.earmarks]
+    p = _Pass(ledger, queue, policy, now, make_room, room_in_flight, fresh)
     for w in order:
-        need = waiter_need(ledger, w)
+        p.consider(w)
+    return p.res
+
+
+@dataclass
+class _Pass:
+    """One admission pass in progress: the cards held for earlier waiters (``held``, and by
+    whom: ``held_by``), and the earlier refused waiters a later grant skips past."""
+
+    ledger: Ledger
+    queue: Queue
+    policy: Policy
+    now: float
+    make_room: Callable[[Waiter], bool] | None
+    room_in_flight: Callable[[Waiter], bool] | None
+    fresh: Callable[[str], bool] | None
+    res: PassResult = field(default_factory=PassResult)
+    held: set[str] = field(default_factory=set)
+    held_by: dict[str, str] = field(default_factory=dict)
+    skippable: list[Waiter] = field(default_factory=list)
+
+    def consider(self, w: Waiter) -> None:
+        """Steps (1)-(5) of :func:`admission_pass` for one waiter."""
+        led = self.ledger
+        need = waiter_need(led, w)
         cards = set(need)
-        verdicts = {pci: verdict(ledger, pci, b, w.lease_id) for pci, b in need.items()}
-        # (1)
+        verdicts = {pci: verdict(led, pci, b, w.lease_id) for pci, b in need.items()}
         never = [pci for pci, v in verdicts.items() if v is Fit.NEVER]
-        if never:
-            pci = never[0]
-            c = ledger.cards[pci]
-            res.never.append((w, f"needs {format_size(need[pci])} ({need[pci]} bytes) on {c.name} "
-                                 f"({pci}), more than its capacity of "
-                                 f"{format_size(c.capacity_bytes)} ({c.capacity_bytes} bytes: "
-                                 f"total − reserve − baseline − claims)"))
-            queue.remove(w.lease_id)
-            continue
+        if never:                                                                # (1)
+            c = led.cards[never[0]]
+            n = need[never[0]]
+            self.res.never.append((w, f"needs {format_size(n)} ({n} bytes) on {c.name} "
+                                      f"({c.pci}), more than its capacity of "
+                                      f"{format_size(c.capacity_bytes)} ({c.capacity_bytes} "
+                                      f"bytes: total − reserve − baseline − claims)"))
+            self.queue.remove(w.lease_id)
+            return
         fits = all(v is Fit.FITS for v in verdicts.values())
-        # (2)
-        if fits and not (cards & held) and fresh is not None \
-                and not all(fresh(p) for p in cards):
-            res.stale |= cards
-            _hold(held, held_by, cards, w)
-            continue
-        if fits and not (cards & held):
-            queue.remove(w.lease_id)
-            grant(ledger, w, now)
-            res.granted.append(w)
-            for earlier in list(skippable):
-                if set(earlier.need) & cards:
-                    earlier.skips += 1
-                    if earlier.skips >= policy.scan_max_skips:   # it turns strict now
-                        _hold(held, held_by, set(earlier.need), earlier)
-                        skippable.remove(earlier)
-            continue
-        if cards & held:
-            res.behind[w.lease_id] = held_by[sorted(cards & held)[0]]
-        # (3)
-        if room_in_flight is not None and room_in_flight(w):
-            _hold(held, held_by, cards, w)
-            continue
-        # (4)
-        if not w.counted_rejected and all(ledger.available(p, w.lease_id) > 0 for p in cards):
-            w.counted_rejected = True
-            res.rejected_with_free += 1
+        if fits and not (cards & self.held):                                     # (2)
+            if self.fresh is not None and not all(self.fresh(p) for p in cards):
+                self.res.stale |= cards
+                self._hold(cards, w)
+            else:
+                self._grant(w, cards)
+            return
+        if cards & self.held:
+            self.res.behind[w.lease_id] = self.held_by[sorted(cards & self.held)[0]]
+        if self.room_in_flight is not None and self.room_in_flight(w):          # (3)
+            self._hold(cards, w)
+            return
+        self._refuse(w, need, fits)
+
+    def _grant(self, w: Waiter, cards: set[str]) -> None:
+        self.queue.remove(w.lease_id)
+        grant(self.ledger, w, self.now)
+        self.res.granted.append(w)
+        for earlier in list(self.skippable):
+            if set(earlier.need) & cards:
+                earlier.skips += 1
+                if earlier.skips >= self.policy.scan_max_skips:   # it turns strict now
+                    self._hold(set(earlier.need), earlier)
+                    self.skippable.remove(earlier)
+
+    def _refuse(self, w: Waiter, need: dict[str, int], fits: bool) -> None:
+        """Steps (4) and (5)."""
+        led, pol, cards = self.ledger, self.policy, set(need)
+        if not w.counted_rejected and all(led.available(p, w.lease_id) > 0 for p in cards):
+            w.counted_rejected = True                                            # (4)
+            self.res.rejected_with_free += 1
         started = False
-        if not fits and not (cards & held) and make_room is not None:
-            started = make_room(w)
+        if not fits and not (cards & self.held) and self.make_room is not None:
+            started = self.make_room(w)
         # (5) A waiter that would not fit even on its emptied cards (stowaways stand in the
         # way) holds nothing: holding memory idle for it would only starve the others.
-        hopeless = any(b > ledger.capacity(p) for p, b in need.items())
-        if started or (not hopeless and (policy.queue is QueuePolicy.STRICT or (
-                w.skips >= policy.scan_max_skips or now - w.since >= policy.scan_max_wait_s))):
-            _hold(held, held_by, cards, w)
+        hopeless = any(b > led.capacity(p) for p, b in need.items())
+        if started or (not hopeless and (pol.queue is QueuePolicy.STRICT or (
+                w.skips >= pol.scan_max_skips or self.now - w.since >= pol.scan_max_wait_s))):
+            self._hold(cards, w)
         elif not hopeless:
-            skippable.append(w)
-    return res
+            self.skippable.append(w)
 
-
-def _hold(held: set[str], held_by: dict[str, str], cards: set[str], w: Waiter) -> None:
-    for pci in cards - held:
-        held_by[pci] = w.lease_id
-    held |= cards
+    def _hold(self, cards: set[str], w: Waiter) -> None:
+        for pci in cards - self.held:
+            self.held_by[pci] = w.lease_id
+        self.held |= cards

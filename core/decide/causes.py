@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .ledger import Ledger, counted_bytes
 from .model import Card, Lease, ShareState
-from .units import format_duration, format_size
+from .units import format_size
 
 __all__ = ["Cause", "jobs_words", "holder_words", "stowaway_words", "quiet_bound_s",
            "max_job_s", "card_causes", "TRANSIT_STATES"]
@@ -101,10 +101,3 @@ def card_causes(ledger: Ledger, pci: str, waiter_id: str, gap_bytes: int,
                                     f"stays free", True))
     return out
 
-
-def describe(causes: list[Cause]) -> str:
-    return "; ".join(c.text for c in causes)
-
-
-def within(seconds: float) -> str:
-    return format_duration(seconds)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from .instruction import Instruction
 from .ladder import Rung
-from .model import Op
 
 __all__ = ["Effect", "Granted", "Instruct", "Watch", "Rejected", "Ended", "Note", "CardRead", "Until",
            "ReadCards"]
@@ -40,19 +40,10 @@ class Granted(Effect):
 
 
 @dataclass(frozen=True)
-class Instruct(Effect):
-    """Tell the run holding ``lease_id`` to act: ``op`` is park, wake, lend, return or drain.
-    ``bytes`` maps PCI address to N for lend/return. ``seq`` orders instructions.
-    ``quiet_s``: for a park or a drain, how long the front may wait for the requests in flight
-    to end before the engine sleeps or stops (the holder's ``max_job`` left; 0 when a waiter
-    with the right preempts it; issue 12 case 4); ``None`` for the run's own default."""
-
-    op: Op
-    cards: tuple[str, ...]
-    seq: int
-    bytes: dict[str, int] = field(default_factory=dict)
-    reason: str = ""
-    quiet_s: float | None = None
+class Instruct(Instruction, Effect):
+    """Tell the run holding ``lease_id`` to act: an :class:`~.instruction.Instruction`
+    addressed to a lease (what berthd sends is its :meth:`~.instruction.Instruction.to_wire`).
+    Built as ``Instruct(lease_id, op, cards, seq, bytes, reason=..., quiet_s=...)``."""
 
 
 @dataclass(frozen=True)

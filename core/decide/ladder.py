@@ -158,7 +158,7 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     # last wake; an engine still loading is given up to wake_limit_s to get there.
     ready = holder.ready_at if holder.ready_at is not None and holder.ready_at >= (
         holder.granted_at or 0.0) else (holder.granted_at or 0.0) + policy.wake_limit_s
-    turn_start = max(ready, _last_resume(holder))
+    turn_start = max(ready, holder.resumed_at)
     # A turn is worth at least what the switch into it cost (issue 16: cost-aware turns):
     # an engine whose load took 30 s is not drained after 10 s of serving.
     turn = max(policy.min_turn_s, holder.switch_cost_s)
@@ -179,10 +179,6 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
             return (f"juggle guard: {holder.engine} and {waiter.engine} swapped {n} times "
                     f"in {policy.juggle_window_s:.0f}s")
     return None
-
-
-def _last_resume(lease: Lease) -> float:
-    return lease.resumed_at
 
 
 def expected_residual(lease: Lease, pci: str, policy: Policy) -> int:
@@ -217,29 +213,61 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
 
     ``busy_cards``: cards on which room is already being made for another waiter; no plan is
     made on them. Returns :class:`Plan` (``rung`` ``fit``/``beside_residual`` with no steps when
-    nothing need move) or :class:`NoPlan` with the reason.
+    nothing need move) or :class:`NoPlan` with the reason. Per short card, numbered as the
+    rungs: (3) one holder lends; else (4) holders park, then (5) drain, greedily in victim order.
     """
     waiter = ledger.leases[w.lease_id]
     short = {p: b - ledger.available(p, w.lease_id) for p, b in w.need.items()}
     short = {p: s for p, s in short.items() if s > 0}
-    if not short:
-        beside = any(ledger.parked_on(p) and any(
-            sh.state is S.PARKED and sh.reserved_bytes > sh.residual_bytes
-            for _, sh in ledger.shares_on(p)) for p in w.need)
-        return Plan(w.lease_id, Rung.BESIDE_RESIDUAL if beside else Rung.FIT)
+    if not short:                                                                # (1), (2)
+        return Plan(w.lease_id, Rung.BESIDE_RESIDUAL if _beside_residual(ledger, w) else Rung.FIT)
     busy = [p for p in short if p in busy_cards]
     if busy:
         return NoPlan(w.lease_id, "room is already being made on "
                       + ", ".join(ledger.cards[p].name for p in busy))
+    cands, refusals = _candidates(ledger, w, waiter, list(short), policy, now, swaps)
+    steps: dict[str, Step] = {}   # by lease id
+    rung = Rung.FIT
+    ram_left = ledger.ram_available_bytes()
+    for p, gap in short.items():
+        lend = _lend_step(waiter, p, w.need[p], gap, cands[p], steps, policy, now)    # (3)
+        if lend is not None:
+            steps[lend.lease_id] = lend
+            rung = max(rung, Rung.LEND, key=RUNGS.index)
+            continue
+        chosen = _park_or_drain(waiter, p, gap, cands[p], steps, ram_left, policy, now)
+        if chosen is None:
+            causes = card_causes(ledger, p, waiter.id, gap, refusals.get(p, []))
+            return NoPlan(w.lease_id, f"{ledger.cards[p].name}: short {format_size(gap)}; "
+                          + "; ".join(c.text for c in causes),
+                          lasting=all(c.lasting for c in causes))
+        for st in chosen:                                                        # (4), (5)
+            steps[st.lease_id] = st
+            rung = max(rung, _RUNG_OF[st.action], key=RUNGS.index)
+            if st.action is Action.PARK and ram_left is not None:
+                ram_left -= _ram_cost(ledger.leases[st.lease_id], policy)
+    return Plan(w.lease_id, rung, tuple(steps.values()))
 
-    # Candidates per card: active holders that may be displaced, in victim order (idle before
-    # busy, then lowest priority, then least recently used, then the largest).
-    reasons: dict[str, list[tuple[Lease, str, bool]]] = {}
+
+def _beside_residual(ledger: Ledger, w: Waiter) -> bool:
+    """Does the waiter fit beside a parked residual on one of its cards?"""
+    return any(ledger.parked_on(p) and any(
+        sh.state is S.PARKED and sh.reserved_bytes > sh.residual_bytes
+        for _, sh in ledger.shares_on(p)) for p in w.need)
+
+
+def _candidates(ledger: Ledger, w: Waiter, waiter: Lease, cards: list[str], policy: Policy,
+                now: float, swaps: SwapLog | None
+                ) -> tuple[dict[str, list[Lease]], dict[str, list[tuple[Lease, str, bool]]]]:
+    """Per card: the active holders that may be displaced, in victim order (idle before busy,
+    then lowest priority, then least recently used, then the largest), and
+    ``(holder, reason, lasting)`` for those that may not."""
+    refusals: dict[str, list[tuple[Lease, str, bool]]] = {}
     cands: dict[str, list[Lease]] = {}
     # The waiter has waited since its oldest request at its front (held while it sleeps),
     # which may be older than its place in the queue (a wake asked while it was parking).
     since = w.since if waiter.oldest_job_at is None else min(w.since, waiter.oldest_job_at)
-    for p in short:
+    for p in cards:
         found = []
         for lease, _sh in ledger.active_on(p):
             if lease.id == waiter.id:
@@ -253,91 +281,94 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
                 warm_left = lease.keep_warm_s - (now - lease.last_used_at)
                 lasting = lease.held or lease.priority > waiter.priority and (
                     not lease.idle() or warm_left > policy.wait_limit_s)
-                reasons.setdefault(p, []).append((lease, why, lasting))
+                refusals.setdefault(p, []).append((lease, why, lasting))
         found.sort(key=lambda le: (le.in_flight > 0, le.priority, le.last_used_at,
                                    -counted_bytes(le.shares[p])))
         cands[p] = found
+    return cands, refusals
 
-    steps: dict[str, Step] = {}   # by lease id
-    rung = Rung.FIT
-    ram_left = ledger.ram_available_bytes()
 
-    def quiet(lease: Lease) -> float:
-        """How long the holder's front may wait for its jobs: what is left of its max_job,
-        nothing when the waiter may preempt it (issue 12 case 4)."""
-        if preempts(lease):
-            return 0.0
-        return quiet_bound_s(lease, policy.max_job_s, now)
+def _preempts(lease: Lease, waiter: Lease) -> bool:
+    """May the waiter stop this busy holder at once (issue 12 case 4)?"""
+    return lease.in_flight > 0 and waiter.may_preempt and waiter.priority > lease.priority
 
-    def preempts(lease: Lease) -> bool:
-        return lease.in_flight > 0 and waiter.may_preempt and waiter.priority > lease.priority
 
-    def frees(lease: Lease, action: Action) -> dict[str, int]:
-        if action is Action.DRAIN:
-            return {p: counted_bytes(sh) for p, sh in lease.shares.items()}
-        return {p: max(0, counted_bytes(sh) - expected_residual(lease, p, policy))
-                for p, sh in lease.shares.items()}
+def _quiet(lease: Lease, waiter: Lease, policy: Policy, now: float) -> float:
+    """How long the holder's front may wait for its jobs: what is left of its max_job,
+    nothing when the waiter may preempt it (issue 12 case 4)."""
+    if _preempts(lease, waiter):
+        return 0.0
+    return quiet_bound_s(lease, policy.max_job_s, now)
 
-    for p, gap in short.items():
-        # (3) lend: one holder gives the waiter's size on this card and keeps serving.
-        need = w.need[p]
-        lender = next((le for le in cands[p] if le.caps.can_lend() and le.id not in steps
-                       and _lendable(le, p) >= need and not preempts(le)), None)
-        if lender is not None and need >= gap:
-            steps[lender.id] = Step(lender.id, lender.engine, Action.LEND, (p,), {p: need},
-                                    lend_bytes=need, fallback=_FALLBACK[Action.LEND],
-                                    quiet_s=quiet(lender), jobs=lender.in_flight)
-            rung = max(rung, Rung.LEND, key=RUNGS.index)
-            continue
-        # (4) park, then (5) drain: greedily, in victim order.
-        for allow_drain in (False, True):
-            trial: dict[str, Step] = {}
-            # Victims already chosen for an earlier card may span this one too.
-            got = sum(st.frees_bytes.get(p, 0) for st in steps.values())
-            ram = ram_left
-            for le in cands[p]:
-                if got >= gap:
-                    break
-                if le.id in steps:
-                    continue
-                action = None
-                whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
-                why = ""
-                if le.caps.can_park() and whole and not preempts(le) and (
-                        ram is None or _ram_cost(le, policy) <= ram):
-                    action = Action.PARK
-                elif allow_drain:
-                    action = Action.DRAIN
-                    if le.caps.can_park() and whole:
-                        why = (f"no park: it would put {format_size(_ram_cost(le, policy))} in "
-                               f"host RAM and the RAM budget has {format_size(max(0, ram or 0))} "
-                               f"left")
-                if action is None:
-                    continue
-                f = frees(le, action)
-                if f.get(p, 0) <= 0:
-                    continue
-                if action is Action.PARK and ram is not None:
-                    ram -= _ram_cost(le, policy)
-                trial[le.id] = Step(le.id, le.engine, action, tuple(le.shares), f,
-                                    fallback=_FALLBACK[action], why=why, quiet_s=quiet(le),
-                                    jobs=le.in_flight)
-                got += f[p]
+
+def _frees(lease: Lease, action: Action, policy: Policy) -> dict[str, int]:
+    """Bytes the step takes off each card's count: all of it for a drain, all but the
+    expected residual for a park."""
+    if action is Action.DRAIN:
+        return {p: counted_bytes(sh) for p, sh in lease.shares.items()}
+    return {p: max(0, counted_bytes(sh) - expected_residual(lease, p, policy))
+            for p, sh in lease.shares.items()}
+
+
+def _lend_step(waiter: Lease, p: str, need: int, gap: int, cands: list[Lease],
+               steps: dict[str, Step], policy: Policy, now: float) -> Step | None:
+    """Rung (3): one holder gives the waiter's size on card ``p`` and keeps serving."""
+    lender = next((le for le in cands if le.caps.can_lend() and le.id not in steps
+                   and _lendable(le, p) >= need and not _preempts(le, waiter)), None)
+    if lender is None or need < gap:
+        return None
+    return Step(lender.id, lender.engine, Action.LEND, (p,), {p: need}, lend_bytes=need,
+                fallback=_FALLBACK[Action.LEND], quiet_s=_quiet(lender, waiter, policy, now),
+                jobs=lender.in_flight)
+
+
+def _park_or_drain(waiter: Lease, p: str, gap: int, cands: list[Lease], steps: dict[str, Step],
+                   ram_left: int | None, policy: Policy, now: float) -> list[Step] | None:
+    """Rungs (4) then (5) on card ``p``: victims in order until ``gap`` bytes are freed, by
+    parks alone if they can, else with drains; ``None`` when even drains fall short."""
+    for allow_drain in (False, True):
+        trial: dict[str, Step] = {}
+        # Victims already chosen for an earlier card may span this one too.
+        got = sum(st.frees_bytes.get(p, 0) for st in steps.values())
+        ram = ram_left
+        for le in cands:
             if got >= gap:
-                trial = _prune(trial, p, gap, got)
-                for st in trial.values():
-                    steps[st.lease_id] = st
-                    rung = max(rung, _RUNG_OF[st.action], key=RUNGS.index)
-                    if st.action is Action.PARK and ram_left is not None:
-                        ram_left -= _ram_cost(ledger.leases[st.lease_id], policy)
                 break
-        else:
-            causes = card_causes(ledger, p, waiter.id, gap, reasons.get(p, []))
-            card = ledger.cards[p]
-            return NoPlan(w.lease_id, f"{card.name}: short {format_size(gap)}; "
-                          + "; ".join(c.text for c in causes),
-                          lasting=all(c.lasting for c in causes))
-    return Plan(w.lease_id, rung, tuple(steps.values()))
+            if le.id in steps:
+                continue
+            st = _victim_step(le, waiter, p, ram, allow_drain, policy, now)
+            if st is None:
+                continue
+            if st.action is Action.PARK and ram is not None:
+                ram -= _ram_cost(le, policy)
+            trial[le.id] = st
+            got += st.frees_bytes[p]
+        if got >= gap:
+            return list(_prune(trial, p, gap, got).values())
+    return None
+
+
+def _victim_step(le: Lease, waiter: Lease, p: str, ram: int | None, allow_drain: bool,
+                 policy: Policy, now: float) -> Step | None:
+    """The holder's step: a park when it can park whole, is not preempted and the host RAM
+    budget (``ram`` bytes left, ``None``: no limit) admits it; else a drain when allowed."""
+    whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
+    why = ""
+    if le.caps.can_park() and whole and not _preempts(le, waiter) and (
+            ram is None or _ram_cost(le, policy) <= ram):
+        action = Action.PARK
+    elif allow_drain:
+        action = Action.DRAIN
+        if le.caps.can_park() and whole:
+            why = (f"no park: it would put {format_size(_ram_cost(le, policy))} in host RAM "
+                   f"and the RAM budget has {format_size(max(0, ram or 0))} left")
+    else:
+        return None
+    f = _frees(le, action, policy)
+    if f.get(p, 0) <= 0:
+        return None
+    return Step(le.id, le.engine, action, tuple(le.shares), f, fallback=_FALLBACK[action],
+                why=why, quiet_s=_quiet(le, waiter, policy, now), jobs=le.in_flight)
 
 
 def _prune(trial: dict[str, Step], p: str, gap: int, got: int) -> dict[str, Step]:

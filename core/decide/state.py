@@ -1,8 +1,10 @@
 """The scheduler's state and the small lookups every part of it shares.
 
-Source: STYLE.md "one run loop owns the state". :class:`SchedulerState` holds what the
-scheduler's parts (:mod:`.actions`, :mod:`.rooms`, :mod:`.deadlines`, :mod:`.scheduler`) read and
-change: the ledger, the queue, the rooms being made, the deadlines. Pure: no I/O, no clock.
+Source: STYLE.md "one run loop owns the state" and "a scheduler type with its helpers in plain
+functions over its state" (llama-swap's ``fifo.go``). :class:`State` holds what the scheduler's
+modules (:mod:`.actions`, :mod:`.rooms`, :mod:`.restarts`, :mod:`.deadlines`, :mod:`.reports`)
+read and change: the ledger, the queue, the rooms being made, the deadlines. The functions here
+are the lookups they share. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -12,16 +14,15 @@ from dataclasses import dataclass, field
 
 from .admission import Policy, Queue
 from .causes import jobs_words
-from .effects import Until, Watch
 from .ladder import Plan, SwapLog
-from .ledger import Ledger, max_residual
+from .ledger import Ledger
+from .ledger import max_residual as _max_residual
 from .measures import Counters, GrowthMeter
-from .model import Lease, ShareState
+from .model import Lease
 from .units import format_duration, format_size
 
-S = ShareState
-
-__all__ = ["SchedulerState", "Room"]
+__all__ = ["State", "Room", "awaited", "step_done", "residual_limit", "drop", "card_name",
+           "bytes_on", "wait_cause", "find"]
 
 
 @dataclass
@@ -39,9 +40,11 @@ class Room:
     fell_back: set[str] = field(default_factory=set)
 
 
-class SchedulerState:
-    """The state of :class:`~.scheduler.Scheduler` and the lookups its parts share. Deadlines
-    are keyed ``(lease id, pci, op)`` and hold a time in seconds."""
+class State:
+    """What the scheduler owns. ``deadlines`` are keyed ``(lease id, pci, op)`` and hold a time
+    in seconds; ``noplan_said`` is the last :class:`~.ladder.NoPlan` said per waiter
+    (``(reason, lasting)``), ``behind`` the earlier waiter holding a waiter's cards, ``over``
+    the ``(lease, pci)`` shares reported over their lease."""
 
     def __init__(self, policy: Policy, ledger: Ledger | None = None, first_seq: int = 1):
         self.policy = policy
@@ -51,95 +54,96 @@ class SchedulerState:
         self.swaps = SwapLog()
         self.counters = Counters()
         self.growth = GrowthMeter()
-        self.deadlines: dict[tuple[str, str, str], float] = {}   # (lease, pci, op) -> time
+        self.deadlines: dict[tuple[str, str, str], float] = {}
         self.wake_wanted: set[str] = set()
-        self._seq = itertools.count(first_seq)
-        self._noplan_said: dict[str, tuple[str, bool]] = {}   # waiter -> (reason, lasting)
-        self._behind: dict[str, str] = {}      # waiter -> the earlier waiter holding its cards
+        self.noplan_said: dict[str, tuple[str, bool]] = {}
+        self.behind: dict[str, str] = {}
+        self.over: set[tuple[str, str]] = set()
         #: Grant only on a driver read taken in the same step (rule 1); the broker reads the
         #: cards a ReadCards effect names and observes them at once.
         self.read_before_grant = True
-        self._over: set[tuple[str, str]] = set()
+        self._seq = itertools.count(first_seq)
 
-    def _awaited(self, victim_id: str) -> bool:
-        """Does room being made for a waiter depend on this victim's step?"""
-        return any(victim_id in r.pending for r in self.rooms.values())
+    def next_seq(self) -> int:
+        """The next instruction number (they keep growing, across restarts too)."""
+        return next(self._seq)
 
-    def _step_done(self, victim_id: str) -> bool:
-        """Mark the victim's step done in whichever room waits on it; False if none does."""
-        found = False
-        for room in self.rooms.values():
-            if victim_id in room.pending:
-                room.pending.discard(victim_id)
-                found = True
-        return found
 
-    def _watch(self, lease: Lease, pci: str, until: Until, max_use: int, now: float,
-               within_s: float) -> Watch:
-        return Watch(lease.id, pci, until, max_use, now, now + within_s)
+def awaited(st: State, victim_id: str) -> bool:
+    """Does room being made for a waiter depend on this victim's step?"""
+    return any(victim_id in r.pending for r in st.rooms.values())
 
-    def _max_residual(self, lease: Lease, pci: str) -> int:
-        """The most a parked share may leave on the card and still count as parked."""
-        return max_residual(lease, pci, self.policy.hook_residual_guess_bytes)
 
-    def _drop(self, lease_id: str) -> None:
-        self.ledger.drop_lease(lease_id)
-        self.queue.remove(lease_id)
-        self.growth.forget(lease_id)
-        self.wake_wanted.discard(lease_id)
-        self._noplan_said.pop(lease_id, None)
-        for key in [k for k in self.deadlines if k[0] == lease_id]:
-            del self.deadlines[key]
+def step_done(st: State, victim_id: str) -> bool:
+    """Mark the victim's step done in whichever room waits on it; False if none does."""
+    found = False
+    for room in st.rooms.values():
+        if victim_id in room.pending:
+            room.pending.discard(victim_id)
+            found = True
+    return found
 
-    def _name(self, pci: str) -> str:
-        c = self.ledger.cards.get(pci)
-        return c.name if c else pci
 
-    def _bytes_on(self, lease: Lease, attr: str) -> str:
-        return ", ".join(f"{self._name(p)} {format_size(getattr(sh, attr))}"
-                         for p, sh in lease.shares.items())
+def residual_limit(st: State, lease: Lease, pci: str) -> int:
+    """The most (bytes) a parked share may leave on the card and still count as parked."""
+    return _max_residual(lease, pci, st.policy.hook_residual_guess_bytes)
 
-    def why_waiting(self, lease_id: str) -> str | None:
-        """Why a waiter is still waiting, in words: room being made, or what the ladder last
-        found in the way (``None`` before the first attempt)."""
-        return self.wait_cause(lease_id)[0]
 
-    def wait_cause(self, lease_id: str) -> tuple[str | None, bool]:
-        """``(why, lasting)`` for a waiter: room being made (naming each victim and the
-        requests it finishes first), the earlier waiter it queues behind, or what the ladder
-        last found in the way; ``lasting`` when nothing under way could change that (issue 12
-        case 6). ``(None, False)`` when it is not waiting or before the first attempt."""
-        if lease_id not in self.queue:
-            return None, False
-        room = self.rooms.get(lease_id)
-        if room is not None and room.pending:
-            parts = []
-            for st in room.plan.steps:
-                if st.lease_id not in room.pending:
-                    continue
-                victim = self.ledger.leases.get(st.lease_id)
-                jobs = victim.in_flight if victim is not None else 0
-                part = f"{st.action} {st.engine}"
-                if jobs and st.quiet_s:
-                    part += (f" once its {jobs_words(jobs)} end (at most "
-                             f"{format_duration(st.quiet_s)})")
-                parts.append(part)
-            return f"room being made by {room.plan.rung}: " + ", ".join(parts), False
-        ahead = self._behind.get(lease_id)
-        if ahead is not None and ahead in self.ledger.leases:
-            return f"queued behind {self.ledger.leases[ahead].engine} for the same card", False
-        said = self._noplan_said.get(lease_id)
-        return (said[0], said[1]) if said else (None, False)
+def drop(st: State, lease_id: str) -> None:
+    """Forget an ended lease everywhere (its shares must count 0)."""
+    st.ledger.drop_lease(lease_id)
+    st.queue.remove(lease_id)
+    st.growth.forget(lease_id)
+    st.wake_wanted.discard(lease_id)
+    st.noplan_said.pop(lease_id, None)
+    for key in [k for k in st.deadlines if k[0] == lease_id]:
+        del st.deadlines[key]
 
-    def find(self, key: str) -> Lease:
-        """A lease by id, or the one lease of an engine by name. Raises ``KeyError`` for none and
-        ``ValueError`` when several leases run that engine."""
-        if key in self.ledger.leases:
-            return self.ledger.leases[key]
-        named = [le for le in self.ledger.leases.values() if le.engine == key]
-        if not named:
-            raise KeyError(f"no lease or engine named {key!r}")
-        if len(named) > 1:
-            raise ValueError(f"{len(named)} leases run engine {key!r} "
-                             f"({', '.join(sorted(le.id for le in named))}); name the lease")
-        return named[0]
+
+def card_name(st: State, pci: str) -> str:
+    c = st.ledger.cards.get(pci)
+    return c.name if c else pci
+
+
+def bytes_on(st: State, lease: Lease, attr: str) -> str:
+    """``"gpu0 1.0GiB, gpu1 2.0GiB"``: one share field in bytes per card, in words."""
+    return ", ".join(f"{card_name(st, p)} {format_size(getattr(sh, attr))}"
+                     for p, sh in lease.shares.items())
+
+
+def wait_cause(st: State, lease_id: str) -> tuple[str | None, bool]:
+    """See :meth:`~.scheduler.Scheduler.wait_cause`."""
+    if lease_id not in st.queue:
+        return None, False
+    room = st.rooms.get(lease_id)
+    if room is not None and room.pending:
+        parts = []
+        for step in room.plan.steps:
+            if step.lease_id not in room.pending:
+                continue
+            victim = st.ledger.leases.get(step.lease_id)
+            jobs = victim.in_flight if victim is not None else 0
+            part = f"{step.action} {step.engine}"
+            if jobs and step.quiet_s:
+                part += (f" once its {jobs_words(jobs)} end (at most "
+                         f"{format_duration(step.quiet_s)})")
+            parts.append(part)
+        return f"room being made by {room.plan.rung}: " + ", ".join(parts), False
+    ahead = st.behind.get(lease_id)
+    if ahead is not None and ahead in st.ledger.leases:
+        return f"queued behind {st.ledger.leases[ahead].engine} for the same card", False
+    said = st.noplan_said.get(lease_id)
+    return (said[0], said[1]) if said else (None, False)
+
+
+def find(st: State, key: str) -> Lease:
+    """See :meth:`~.scheduler.Scheduler.find`."""
+    if key in st.ledger.leases:
+        return st.ledger.leases[key]
+    named = [le for le in st.ledger.leases.values() if le.engine == key]
+    if not named:
+        raise KeyError(f"no lease or engine named {key!r}")
+    if len(named) > 1:
+        raise ValueError(f"{len(named)} leases run engine {key!r} "
+                         f"({', '.join(sorted(le.id for le in named))}); name the lease")
+    return named[0]

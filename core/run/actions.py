@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pluggy
+from berth.decide.instruction import Instruction
 from berth.decide.model import Op, ParkMechanism
 from berth.front import Front, FrontState
 from berth.process import tree_pids
@@ -65,8 +67,8 @@ class Actions:
         #: bytes this run's engine has lent and not yet grown back, by card
         self.lent: dict[str, int] = {}
 
-    def context(self, op: Op, ins: dict) -> ActionContext:
-        """The hook's context for instruction ``ins`` (``{"op", "cards", "bytes", …}``)."""
+    def context(self, op: Op, ins: Instruction) -> ActionContext:
+        """The hook's context for instruction ``ins``."""
         if op in (Op.PARK, Op.WAKE):
             mech = self.o.park
             if self.o.park == ParkMechanism.HOOK:
@@ -85,42 +87,41 @@ class Actions:
         return ActionContext(engine=self.o.engine, mechanism=mech, engine_url=self.engine.url,
                              pid=ident.pid if ident else None,
                              start_time=ident.start_time if ident else None,
-                             pids=pids, cards=list(ins.get("cards") or []),
-                             bytes={k: int(v) for k, v in (ins.get("bytes") or {}).items()},
+                             pids=pids, cards=list(ins.cards), bytes=dict(ins.bytes),
                              use_bytes=dict(self.lease.use),
                              ram_available_bytes=self.lease.ram_available,
                              room_confirmed=op in _RESTORING, timeout_s=timeout,
                              options=opts)
 
-    async def carry_out(self, ins: dict) -> None:
+    async def carry_out(self, ins: Instruction) -> None:
         """Carry out one instruction and report its outcome to berthd. A drain only sets the
         run's stop event (the run's stop sequence reports it)."""
-        op = Op(ins["op"])
-        log.info("instruction %s (%s)", op, ins.get("reason", ""))
+        op = ins.op
+        log.info("instruction %s (%s)", op, ins.reason)
         if op is Op.DRAIN:
             self.stop_event.set()
-            self.drained = ins.get("reason", "drained")
-            self.drain_quiet_s = ins.get("quiet_s")
+            self.drained = ins.reason or "drained"
+            self.drain_quiet_s = ins.quiet_s
             return
         ok, detail = True, ""
         if op is Op.RETURN:
             # A berthd restarted in the middle of a return asks it again (issue 18): what was
             # grown back already is not asked of the engine twice.
-            ins = {**ins, "bytes": {pci: min(int(n), self.lent.get(pci, 0))
-                                    for pci, n in (ins.get("bytes") or {}).items()
-                                    if self.lent.get(pci, 0) > 0}}
+            ins = replace(ins, bytes={pci: min(n, self.lent.get(pci, 0))
+                                      for pci, n in ins.bytes.items()
+                                      if self.lent.get(pci, 0) > 0})
         try:
             if op in _FREEING:
                 await self._free(op, ins)
                 if op is Op.LEND:
-                    for pci, n in (ins.get("bytes") or {}).items():
-                        self.lent[pci] = self.lent.get(pci, 0) + int(n)
-            elif op is Op.RETURN and not ins["bytes"]:
+                    for pci, n in ins.bytes.items():
+                        self.lent[pci] = self.lent.get(pci, 0) + n
+            elif op is Op.RETURN and not ins.bytes:
                 log.info("return: nothing lent is left to grow back")
             else:
                 await run_action(self.pm, f"berth_{op}", self.context(op, ins))
                 if op is Op.RETURN:
-                    for pci, n in ins["bytes"].items():
+                    for pci, n in ins.bytes.items():
                         self.lent[pci] -= n
                 if op is Op.WAKE:
                     if not await self.engine.until_healthy(self.lease.limit("wake_limit_s")):
@@ -141,12 +142,12 @@ class Actions:
                     self.front.open()
         await self.lease.report(op, ok, detail)
 
-    async def _free(self, op: Op, ins: dict) -> None:
+    async def _free(self, op: Op, ins: Instruction) -> None:
         """Park or lend: quiet the front, run the mechanism, then sleep (park) or open (lend)."""
         if self.front is not None:
             # berthd bounds the wait for the requests in flight by the engine's max_job, not by
             # the release grace (issue 12 case 4); an older berthd sends no quiet_s.
-            wait_s = ins.get("quiet_s")
+            wait_s = ins.quiet_s
             quiet = await self.front.close_and_drain(
                 self.lease.limit("release_grace_s") if wait_s is None else wait_s,
                 why=f"a {op} begins: the requests in flight finish first")

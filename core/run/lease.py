@@ -27,6 +27,7 @@ import os
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from berth.client import ApiError, BerthdUnavailable, Client
+from berth.decide.instruction import Instruction, read_poll
 from berth.decide.model import Op
 from berth.front import Front
 from berth.process import ProcessId
@@ -100,6 +101,7 @@ class LeaseClient:
         self.policy: dict = {}
         self.leased = False
         self.after_seq = 0
+        self._backoff_s = 0.5
         self.pids: list[int] = []
         self.use: dict[str, int | None] = {}
         self.ram_available: int | None = None
@@ -152,7 +154,7 @@ class LeaseClient:
         self._policy_to_front()
         log.info("lease %s requested (%s)", self.lease_id, r["state"])
         while not self.stop_event.is_set():
-            wait = asyncio.create_task(self._grant_once())
+            wait = asyncio.create_task(self.poll_grant())
             stop = asyncio.create_task(self.stop_event.wait())
             done, _ = await asyncio.wait({wait, stop}, return_when=asyncio.FIRST_COMPLETED)
             if stop in done:
@@ -179,7 +181,7 @@ class LeaseClient:
             self.front.stopped("stopped while waiting for a lease")
         return None
 
-    async def _grant_once(self) -> dict | None:
+    async def poll_grant(self) -> dict | None:
         """One grant poll; it also returns when berthd's reason for the wait changes."""
         try:
             g = await self.client.call("GET", f"/v1/leases/{self.lease_id}/grant",
@@ -236,7 +238,7 @@ class LeaseClient:
             log.warning("could not release lease %s: %s", self.lease_id, e)
 
     # -- instructions --------------------------------------------------------------------------
-    async def follow(self, carry_out: Callable[[dict], Awaitable[None]],
+    async def follow(self, carry_out: Callable[[Instruction], Awaitable[None]],
                      engine: EngineProcess) -> None:
         """Long-poll berthd for instructions and ``carry_out`` each, one at a time. Survives
         berthd restarts; asks for a new lease if berthd lost this one. Returns when berthd
@@ -245,48 +247,20 @@ class LeaseClient:
         Polling goes on while an action runs: a drain calls off the park, wake, lend or return
         in progress and stops the engine at once (rule 4: berthd's release grace and wake limit
         decide when, not the run's own action timeouts, which may be longer)."""
-        queued: list[dict] = []
+        queued: list[Instruction] = []
         worker: asyncio.Task | None = None
 
         async def work() -> None:
             while queued:
                 await carry_out(queued.pop(0))
 
-        backoff = 0.5
         try:
             while True:
-                if not self.lease_id:
-                    await self._reconnect(engine)
+                r = await self._poll(engine)
+                if r is None:
                     continue
-                try:
-                    r = await self.client.call(
-                        "GET", f"/v1/leases/{self.lease_id}/instructions",
-                        timeout_s=_INSTRUCTION_POLL_S + 10, after=self.after_seq,
-                        timeout=_INSTRUCTION_POLL_S, wait_version=self.waits.version)
-                    backoff = 0.5
-                except BerthdUnavailable:
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    continue
-                except ApiError as e:
-                    if e.status in (404, 410):
-                        log.warning("berthd no longer knows lease %s (%s); asking for a new one",
-                                    self.lease_id, e.message)
-                        self.lease_id = None
-                        continue
-                    # Any other refusal must not end the loop (the run would stop hearing
-                    # drains) nor escape into the stop sequence: say it and poll again.
-                    log.error("berthd refused the instruction poll: %s; polling again", e)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    continue
-                self.waits.update(r.get("wait"))
-                self.pids = r.get("pids") or []
-                self.use = r.get("use") or {}
-                self.ram_available = r.get("ram_available_bytes")
-                for ins in r["instructions"]:
-                    self.after_seq = max(self.after_seq, ins["seq"])
-                    if ins["op"] == Op.DRAIN:
+                for ins in await self._read(r.get("instructions", [])):
+                    if ins.op is Op.DRAIN:
                         queued.clear()
                         if worker is not None and not worker.done():
                             log.info("a drain calls off the action in progress")
@@ -303,38 +277,53 @@ class LeaseClient:
             if worker is not None:
                 await _cancel(worker)
 
-    async def _reconnect(self, engine: EngineProcess) -> None:
-        """berthd is back without our lease (or was down at start): lease the running engine.
-        The request adopts it (pid and start time; the run is its parent), so berthd counts the
-        memory it already holds as the waiting lease's own, not as a stowaway's that would leave
-        no room for it. A refusal leaves the run serving unleased; it asks again later."""
-        body = request_body(self.o)
-        if engine.ident is not None and engine.running():
-            body["pid"], body["start_time"] = engine.ident.pid, engine.ident.start_time
+    async def _poll(self, engine: EngineProcess) -> dict | None:
+        """One instruction poll: berthd's answer, or ``None`` when there is nothing to read this
+        time (the run re-attached, berthd is unreachable or refused; it backs off)."""
+        if not self.lease_id:
+            await _reattach(self, engine)
+            return None
         try:
-            r = await self.client.request_lease(body)
+            r = await self.client.call(
+                "GET", f"/v1/leases/{self.lease_id}/instructions",
+                timeout_s=_INSTRUCTION_POLL_S + 10, after=self.after_seq,
+                timeout=_INSTRUCTION_POLL_S, wait_version=self.waits.version)
         except BerthdUnavailable:
-            await asyncio.sleep(2.0)
-            return
+            await self._back_off()
+            return None
         except ApiError as e:
-            log.warning("berthd refused to lease the running %s: %s; still UNLEASED, asking "
-                        "again in 5 s", self.o.engine, e.message)
-            await asyncio.sleep(5.0)
-            return
-        self.lease_id = r["id"]
-        while True:
-            g = await self._grant_once()
-            if g is not None:
-                break
-        if g.get("gone"):
-            self.lease_id = None
-            return
-        self.cards = g["cards"]
-        if engine.ident is not None:
-            with contextlib.suppress(BerthdUnavailable, ApiError):
-                await self.client.attach(self.lease_id, engine.ident.pid, engine.ident.start_time)
-            await self.ready()
-        log.info("re-attached %s as lease %s", self.o.engine, self.lease_id)
+            if e.status in (404, 410):
+                log.warning("berthd no longer knows lease %s (%s); asking for a new one",
+                            self.lease_id, e.message)
+                self.lease_id = None
+                return None
+            # Any other refusal must not end the loop (the run would stop hearing
+            # drains) nor escape into the stop sequence: say it and poll again.
+            log.error("berthd refused the instruction poll: %s; polling again", e)
+            await self._back_off()
+            return None
+        self._backoff_s = 0.5
+        self.waits.update(r.get("wait"))
+        self.pids = r.get("pids") or []
+        self.use = r.get("use") or {}
+        self.ram_available = r.get("ram_available_bytes")
+        return r
+
+    async def _read(self, raw: object) -> list[Instruction]:
+        """The instructions of one poll, read (:func:`read_poll`); ``after_seq`` moves past
+        each. One this run cannot read (a berthd newer than the run) is logged, naming the
+        field and value, and skipped; a poll with nothing readable backs off."""
+        out, errors, self.after_seq = read_poll(raw, self.after_seq)
+        for e in errors:
+            log.error("lease %s: berthd sent an instruction this run cannot read (%s); "
+                      "skipped", self.lease_id, e)
+        if errors and not out:
+            await self._back_off()
+        return out
+
+    async def _back_off(self) -> None:
+        await asyncio.sleep(self._backoff_s)
+        self._backoff_s = min(self._backoff_s * 2, 5.0)
 
     # -- the front's callbacks -----------------------------------------------------------------
     async def on_wake(self) -> None:
@@ -380,3 +369,37 @@ class LeaseClient:
             finally:
                 self._touching = False
         asyncio.get_running_loop().create_task(touch())
+
+
+async def _reattach(lease: LeaseClient, engine: EngineProcess) -> None:
+    """berthd is back without ``lease``'s lease (or was down at start; called by
+    :meth:`LeaseClient.follow`): lease the running engine. The request adopts it (pid and start time; the run is its parent), so berthd counts the
+    memory it already holds as the waiting lease's own, not as a stowaway's that would leave
+    no room for it. A refusal leaves the run serving unleased; it asks again later."""
+    body = request_body(lease.o)
+    if engine.ident is not None and engine.running():
+        body["pid"], body["start_time"] = engine.ident.pid, engine.ident.start_time
+    try:
+        r = await lease.client.request_lease(body)
+    except BerthdUnavailable:
+        await asyncio.sleep(2.0)
+        return
+    except ApiError as e:
+        log.warning("berthd refused to lease the running %s: %s; still UNLEASED, asking "
+                    "again in 5 s", lease.o.engine, e.message)
+        await asyncio.sleep(5.0)
+        return
+    lease.lease_id = r["id"]
+    while True:
+        g = await lease.poll_grant()
+        if g is not None:
+            break
+    if g.get("gone"):
+        lease.lease_id = None
+        return
+    lease.cards = g["cards"]
+    if engine.ident is not None:
+        with contextlib.suppress(BerthdUnavailable, ApiError):
+            await lease.client.attach(lease.lease_id, engine.ident.pid, engine.ident.start_time)
+        await lease.ready()
+    log.info("re-attached %s as lease %s", lease.o.engine, lease.lease_id)

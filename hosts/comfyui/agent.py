@@ -43,6 +43,7 @@ from typing import Any
 
 from berth import paths
 from berth.client import ApiError, BerthdUnavailable, Client, JobReporter
+from berth.decide.instruction import Instruction, read_poll
 from berth.process import identify
 
 from . import comfy, jobs
@@ -237,24 +238,28 @@ class Agent(Reservation):
                 else:
                     self.gate.set("open", "berthd is back and keeps the lease")
                     self.health = "leased"
-            for ins in r["instructions"]:
-                self.after_seq = max(self.after_seq, ins["seq"])
+            readable, errors, self.after_seq = read_poll(r.get("instructions", []),
+                                                         self.after_seq)
+            for e in errors:
+                log.error("Berth: berthd sent an instruction this node cannot read (%s); "
+                          "skipped", e)
+            for ins in readable:
                 await self._carry_out(ins)
             if r.get("ended"):
                 log.info("Berth: lease %s ended (%s)", self.lease_id, r["ended"])
                 self.lease_id = None
                 return
 
-    async def _carry_out(self, ins: dict) -> None:
-        op = ins["op"]
-        log.info("Berth: instruction %s (%s)", op, ins.get("reason", ""))
+    async def _carry_out(self, ins: Instruction) -> None:
+        op = ins.op
+        log.info("Berth: instruction %s (%s)", op, ins.reason)
         ok, detail = True, ""
         if op == "park" or op == "drain":
             ok, detail = await self.park()
             if op == "drain":
                 # Berth never stops what it did not start: the models are unloaded and the
                 # gate refuses prompts until ComfyUI restarts (and leases again).
-                why = (f"drained by Berth ({ins.get('reason', '')}); restart ComfyUI to lease "
+                why = (f"drained by Berth ({ins.reason}); restart ComfyUI to lease "
                        f"again")
                 log.warning("Berth: %s", why)
                 self.gate.stop_reason = why

@@ -72,41 +72,54 @@ def _rewrite(groups: dict, where: str, models: list[str], clashes: dict[str, lis
     new: dict = {}
     grouped: set[str] = set()
     for name, group in groups.items():
-        gwhere = f"{where}.{name}"
-        group = {} if group is None else group
-        if not isinstance(group, dict):
-            raise GroupError(f"{gwhere}: expected a mapping with members, swap, exclusive, "
-                             f"persistent; got {type(group).__name__}")
-        members = group.get("members") or []
-        if not isinstance(members, list):
-            raise GroupError(f"{gwhere}.members: expected a list of model IDs")
-        members = [str(m) for m in members]
+        new[name], members = _rewrite_group(group, f"{where}.{name}", clashes, out)
         grouped.update(members)
-        swap, exclusive = _flag(group, "swap", gwhere), _flag(group, "exclusive", gwhere)
-        persistent = _flag(group, "persistent", gwhere)
-        clash = [c for c in clashes.values() if len(set(c) & set(members)) > 1]
-        keep_swap = bool(clash)
-        if clash:
-            names = "; ".join(", ".join(sorted(set(c) & set(members))) for c in clash)
-            out.warnings.append(f"{gwhere}: keeps swap: true because some members listen on the "
-                                f"same fixed address and cannot run at once ({names}); give "
-                                f"them --port ${{PORT}} so the whole group can stay loaded")
-        elif swap and len(members) > 1:
-            out.notes.append(f"{gwhere}: swap true -> false: its members may stay loaded "
-                             f"together; Berth parks or drains one when memory runs short")
-        if exclusive:
-            out.notes.append(f"{gwhere}: exclusive true -> false: loading it stops no other "
-                             f"group; Berth decides who makes room")
-        if persistent:
-            out.notes.append(f"{gwhere}: persistent is kept but no longer matters (nothing is "
-                             f"exclusive now); to keep {', '.join(members) or 'its models'} "
-                             f"resident under Berth, give them a higher priority in berth.toml")
-        rest = {k: v for k, v in group.items() if k not in ("swap", "exclusive")}
-        new[name] = {"swap": keep_swap, "exclusive": False, **rest}
     unknown = sorted(set(grouped) - set(models))
     if unknown:
         out.warnings.append(f"{where}: members {unknown} are not models of this config")
-    ungrouped = [m for m in models if m not in grouped]
+    _group_the_rest(new, [m for m in models if m not in grouped], where, clashes, out)
+    _warn_split_addresses(new, where, clashes, out)
+    return new
+
+
+def _rewrite_group(group, gwhere: str, clashes: dict[str, list[str]],
+                   out: Regrouping) -> tuple[dict, list[str]]:
+    """Steps 1 and 2 on one group: ``(the new group, its members)``. Raises
+    :class:`GroupError` naming the key for a group llama-swap would refuse."""
+    group = {} if group is None else group
+    if not isinstance(group, dict):
+        raise GroupError(f"{gwhere}: expected a mapping with members, swap, exclusive, "
+                         f"persistent; got {type(group).__name__}")
+    members = group.get("members") or []
+    if not isinstance(members, list):
+        raise GroupError(f"{gwhere}.members: expected a list of model IDs")
+    members = [str(m) for m in members]
+    swap, exclusive = _flag(group, "swap", gwhere), _flag(group, "exclusive", gwhere)
+    persistent = _flag(group, "persistent", gwhere)
+    clash = [c for c in clashes.values() if len(set(c) & set(members)) > 1]
+    if clash:
+        names = "; ".join(", ".join(sorted(set(c) & set(members))) for c in clash)
+        out.warnings.append(f"{gwhere}: keeps swap: true because some members listen on the "
+                            f"same fixed address and cannot run at once ({names}); give "
+                            f"them --port ${{PORT}} so the whole group can stay loaded")
+    elif swap and len(members) > 1:
+        out.notes.append(f"{gwhere}: swap true -> false: its members may stay loaded "
+                         f"together; Berth parks or drains one when memory runs short")
+    if exclusive:
+        out.notes.append(f"{gwhere}: exclusive true -> false: loading it stops no other "
+                         f"group; Berth decides who makes room")
+    if persistent:
+        out.notes.append(f"{gwhere}: persistent is kept but no longer matters (nothing is "
+                         f"exclusive now); to keep {', '.join(members) or 'its models'} "
+                         f"resident under Berth, give them a higher priority in berth.toml")
+    rest = {k: v for k, v in group.items() if k not in ("swap", "exclusive")}
+    return {"swap": bool(clash), "exclusive": False, **rest}, members
+
+
+def _group_the_rest(new: dict, ungrouped: list[str], where: str,
+                    clashes: dict[str, list[str]], out: Regrouping) -> None:
+    """Step 3: ungrouped models sharing a fixed address get a ``berth-port-<port>`` group that
+    swaps; the others the ``berth`` group (added to ``new``)."""
     for addr, c in clashes.items():
         alone = [m for m in c if m in ungrouped]
         if len(alone) > 1:
@@ -121,6 +134,11 @@ def _rewrite(groups: dict, where: str, models: list[str], clashes: dict[str, lis
         new[gname] = {"swap": False, "exclusive": False, "members": ungrouped}
         out.notes.append(f"{where}.{gname}: new group (swap: false, exclusive: false) for the "
                          f"models that were in no group: {', '.join(ungrouped)}")
+
+
+def _warn_split_addresses(new: dict, where: str, clashes: dict[str, list[str]],
+                          out: Regrouping) -> None:
+    """Models on one fixed address in different groups may be started together: say so."""
     group_of = {str(m): name for name, g in new.items() for m in g.get("members") or []}
     for addr, c in clashes.items():
         spread = sorted({group_of[m] for m in c if m in group_of})
@@ -129,7 +147,6 @@ def _rewrite(groups: dict, where: str, models: list[str], clashes: dict[str, lis
                                 f"{addr} but sit in different groups ({', '.join(spread)}), so "
                                 f"llama-swap may start them together and the second cannot "
                                 f"bind; put them in one group or give them --port ${{PORT}}")
-    return new
 
 
 def regroup(doc: dict, models: list[str], clashes: dict[str, list[str]]) -> Regrouping:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from berth.client import ApiError, BerthdUnavailable, Client
+from berth.decide.instruction import Instruction
 from berth.process import identify
 
 from berth_plugins.hookspecs import ActionContext, MechanismError
@@ -94,7 +95,7 @@ class Program:
     restarting: bool = False
     exited_at: float | None = None
     restart_grace_s: float | None = None
-    drain: dict | None = None
+    drain: Instruction | None = None
     stopping: bool = False
     version: int = 0
     retry_s: float = 0.2

@@ -16,6 +16,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from berth.client import ApiError, BerthdUnavailable
+from berth.decide.instruction import Instruction, read_poll
+from berth.decide.model import Op
 
 from berth_plugins.hookspecs import MechanismError
 from berth_plugins.manager import run_action
@@ -59,19 +61,22 @@ class Orders:
                             prog.kick.set()
                     return
                 raise
-            for ins in r["instructions"]:
-                after = max(after, ins["seq"])
+            readable, errors, after = read_poll(r.get("instructions", []), after)
+            for e in errors:
+                log.error("%s: berthd sent an instruction this listener cannot read (%s); "
+                          "skipped", prog.engine, e)
+            for ins in readable:
                 await self._instruction(prog, lease_id, ins)
             if r.get("ended"):
                 await self._ended(prog, lease_id, r["ended"])
                 return
 
-    async def _instruction(self, prog: Program, lease_id: str, ins: dict) -> None:
-        if ins["op"] != "drain":
-            detail = (f"{ins['op']}: a supervisord program has no park or lend of its own; wrap "
+    async def _instruction(self, prog: Program, lease_id: str, ins: Instruction) -> None:
+        if ins.op is not Op.DRAIN:
+            detail = (f"{ins.op}: a supervisord program has no park or lend of its own; wrap "
                       "its command in `berth run --front` (hosts/supervisor/README.md)")
             with contextlib.suppress(BerthdUnavailable, ApiError):
-                await self.host.client.report(lease_id, ins["op"], False, detail)
+                await self.host.client.report(lease_id, ins.op, False, detail)
             return
         async with prog.lock:
             if prog.lease != lease_id:
@@ -82,7 +87,7 @@ class Orders:
     async def drain(self, prog: Program) -> None:
         """stopProcess through supervisord, report the drain, release the lease (under lock)."""
         ins, lease = prog.drain, prog.lease
-        reason = ins.get("reason", "")
+        reason = ins.reason
         if lease is None:
             prog.drain = None
             return
@@ -127,7 +132,8 @@ class Orders:
                 prog.kick.set()
                 return
             if "drain" in reason:      # the operator drained it while it waited over budget
-                prog.drain, prog.lease = {"op": "drain", "reason": reason}, lease_id
+                prog.drain = Instruction(Op.DRAIN, (), 0, reason=reason)
+                prog.lease = lease_id
                 await self.drain(prog)
                 prog.down = True
             else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from berth.decide.instruction import Instruction
 from berth.decide.model import Op
 from berth.process import identify
 from berth.run.actions import Actions
@@ -40,11 +41,10 @@ def test_a_second_return_of_the_same_lend_asks_the_engine_for_nothing(kit):  # n
     held = use()
 
     async def go():
-        await acts.carry_out({"op": Op.LEND, "cards": [PCI], "bytes": {PCI: 1 * GiB}, "seq": 1})
+        await acts.carry_out(Instruction(Op.LEND, (PCI,), 1, {PCI: 1 * GiB}))
         assert use() == held - 1 * GiB
         for seq in (2, 3):
-            await acts.carry_out({"op": Op.RETURN, "cards": [PCI], "bytes": {PCI: 1 * GiB},
-                                  "seq": seq})
+            await acts.carry_out(Instruction(Op.RETURN, (PCI,), seq, {PCI: 1 * GiB}))
     asyncio.run(go())
     assert use() == held
     assert [(op, ok) for op, ok, _ in lease.reports] == [

@@ -1,0 +1,172 @@
+"""What the driver and the runs tell the scheduler: a driver read (``observe``), a driver
+confirmation that memory left or is free (``confirmed``), and a run's report on an instruction
+(``report``).
+
+Source: seed 002 rule 1 (only a driver read says memory moved: a run's word starts a
+confirmation, never replaces it) and rule 4 (a failure falls back to a drain). Pure: no I/O,
+no clock.
+"""
+
+from __future__ import annotations
+
+from .actions import after_use, fallback, freed, want_resume, want_return
+from .effects import CardRead, Effect, Note, Until, Watch
+from .model import OPS, Lease, Op, ShareState
+from .restarts import exited
+from .rooms import admit
+from .state import State, awaited, bytes_on, card_name, residual_limit, step_done
+from .units import format_size
+
+S = ShareState
+
+__all__ = ["observe", "confirmed", "report"]
+
+
+def observe(st: State, reads: dict[str, CardRead], now: float) -> list[Effect]:
+    """See :meth:`~.scheduler.Scheduler.observe`."""
+    fx: list[Effect] = []
+    led = st.ledger
+    for pci, r in reads.items():
+        card = led.cards.get(pci)
+        if card is None:
+            continue
+        card.free_bytes, card.read_at = r.free_bytes, now
+        card.stowaway_bytes = r.stowaway_bytes
+        card.stowaways = dict(r.stowaways)
+        if r.total_bytes is not None:
+            card.total_bytes = r.total_bytes
+        for lid, used in r.used.items():
+            lease = led.leases.get(lid)
+            if lease is None or pci not in lease.shares:
+                continue
+            sh = led.update(lid, pci, used_bytes=used)
+            # Growth is what a serving engine adds; its load or restore is not growth.
+            serving = sh.state is S.ACTIVE and lease.ready_at is not None and \
+                now - max(sh.since, lease.ready_at) > st.policy.read_interval_s
+            if used is not None and serving:
+                st.growth.record(lid, pci, used, now)
+            else:
+                st.growth.reset(lid, pci)
+            fx += after_use(st, lease, sh, now)
+    return fx + admit(st, now)
+
+
+def confirmed(st: State, lease_id: str, pci: str, what: str, now: float,
+              use_bytes: int | None) -> list[Effect]:
+    """See :meth:`~.scheduler.Scheduler.confirmed`."""
+    lease = st.ledger.leases.get(lease_id)
+    if lease is None or pci not in lease.shares:
+        return []
+    sh = lease.shares[pci]
+    fx: list[Effect] = []
+    if what == Until.PARKED and sh.state is S.PARKING:
+        st.ledger.move(lease_id, pci, S.PARKED, now, residual_bytes=use_bytes or 0,
+                       used_bytes=use_bytes)
+        st.deadlines.pop((lease_id, pci, Op.PARK), None)
+        if all(s.state is S.PARKED for s in lease.shares.values()):
+            fx.append(Note(lease_id, "parked", f"{lease.engine} parked; residual "
+                           f"{bytes_on(st, lease, 'residual_bytes')}"))
+            step_done(st, lease_id)
+            if lease_id in st.wake_wanted:
+                st.wake_wanted.discard(lease_id)
+                fx += want_resume(st, lease, now)
+    elif what == Until.LENT and sh.state is S.LENDING:
+        st.ledger.move(lease_id, pci, S.LENT, now, used_bytes=use_bytes)
+        st.deadlines.pop((lease_id, pci, Op.LEND), None)
+        fx.append(Note(lease_id, "lent", f"{lease.engine} lent {format_size(sh.lent_bytes)} on "
+                       f"{card_name(st, pci)}", {"card": pci, "bytes": sh.lent_bytes}))
+        if not step_done(st, lease_id):
+            fx += want_return(st, lease, now)     # nobody is waiting for it any more
+    elif what == Until.FREED and sh.state in (S.DRAINING, S.RELEASED):
+        if sh.state is S.DRAINING:
+            st.ledger.move(lease_id, pci, S.RELEASED, now)
+        fx += freed(st, lease, pci, now)
+    else:
+        return []
+    return fx + admit(st, now)
+
+
+def report(st: State, lease_id: str, op: str, ok: bool, now: float,
+           detail: str) -> list[Effect]:
+    """A run's word on an instruction, numbered as in the code:
+
+    1. wake or return done: each resuming (returning) share is active again; counted once;
+    2. wake or return failed: fall back to a drain at once (rule 4);
+    3. park failed "busy" (the front could not go quiet; the engine was never touched) and no
+       room waits for it: the park is called off, its shares active again;
+    4. park or lend failed otherwise: fall back to a drain at once (rule 4);
+    5. park or lend done: the run's word is not proof (rule 1), it is the event a driver read
+       must follow: start the confirmation (:class:`Watch`) within the release grace;
+    6. drain: the engine process has exited (:func:`~.restarts.exited`, final).
+
+    A report that no longer matches the share's state changes nothing; an admission pass
+    follows. Raises ``ValueError`` for an ``op`` that is not an instruction."""
+    if op not in OPS:
+        raise ValueError(f"op: expected one of {', '.join(OPS)}, got {op!r}")
+    lease = st.ledger.leases.get(lease_id)
+    if lease is None:
+        return []
+    if op == Op.DRAIN:                                                           # (6)
+        return exited(st, lease_id, now, final=True)
+    if op in (Op.WAKE, Op.RETURN):
+        fx = _restored(st, lease, op, ok, now, detail)
+    else:
+        fx = _released(st, lease, op, ok, now, detail)
+    return fx + admit(st, now)
+
+
+def _restored(st: State, lease: Lease, op: str, ok: bool, now: float,
+              detail: str) -> list[Effect]:
+    """Steps (1) and (2) of :func:`report`."""
+    src = S.RESUMING if op == Op.WAKE else S.RETURNING
+    was = src in lease.states()
+    for pci, sh in lease.shares.items():
+        if sh.state is not src:
+            continue
+        st.deadlines.pop((lease.id, pci, op), None)
+        if ok:
+            if op == Op.WAKE:
+                lease.switch_cost_s = now - sh.since
+            st.ledger.move(lease.id, pci, S.ACTIVE, now, lent_bytes=0)
+    if not was:
+        return []
+    if not ok:                                                                   # (2)
+        return fallback(st, lease, now, f"{op} failed: {detail or 'no reason given'}")
+    lease.last_used_at = now                                                     # (1)
+    if op == Op.WAKE:
+        st.counters.wakes += 1
+    else:
+        st.counters.returns += 1
+    return [Note(lease.id, op, f"{lease.engine} {'woke' if op == Op.WAKE else 'grew back'}")]
+
+
+def _released(st: State, lease: Lease, op: str, ok: bool, now: float,
+              detail: str) -> list[Effect]:
+    """Steps (3), (4) and (5) of :func:`report`."""
+    src = S.PARKING if op == Op.PARK else S.LENDING
+    was = src in lease.states()
+    if not ok and was and op == Op.PARK and detail.startswith("busy") \
+            and not awaited(st, lease.id):                                       # (3)
+        for pci, sh in lease.shares.items():
+            if sh.state is S.PARKING:
+                st.ledger.move(lease.id, pci, S.ACTIVE, now, parked_bytes=0)
+                st.deadlines.pop((lease.id, pci, Op.PARK), None)
+        return [Note(lease.id, "park.off", f"{lease.engine}: park called off, nothing "
+                                           f"waits for the room ({detail})")]
+    if not ok:                                                                   # (4)
+        return fallback(st, lease, now, f"{op} failed: {detail or 'no reason given'}") \
+            if was else []
+    fx: list[Effect] = []                                                        # (5)
+    for pci, sh in lease.shares.items():
+        if sh.state is not src:
+            continue
+        # The deadline covered the front's wait for quiet (up to max_job); the engine is
+        # done now, so the driver has the release grace from here.
+        due = min(st.deadlines.get((lease.id, pci, op), float("inf")),
+                  now + st.policy.release_grace_s)
+        st.deadlines[(lease.id, pci, op)] = due
+        limit = residual_limit(st, lease, pci) if op == Op.PARK else \
+            max(0, sh.reserved_bytes - sh.lent_bytes)
+        fx.append(Watch(lease.id, pci, Until.PARKED if op == Op.PARK else Until.LENT, limit,
+                        now, max(due, now)))
+    return fx
