@@ -8,16 +8,15 @@ import signal
 import sys
 from pathlib import Path
 
-__all__ = ["register"]
+__all__ = ["arguments"]
 
 DEFAULT_LISTEN = "127.0.0.1:7880"
 
 
-def register(sub) -> None:
-    p = sub.add_parser("gateway", help="one endpoint for every engine (routing by model, peers)",
-                       description="Route the OpenAI routes by `model` to the front of the engine "
-                                   "that serves it (here or on a peer), and ComfyUI's API to the "
-                                   "comfyui entry.")
+def arguments(p) -> None:
+    """Fill ``berth gateway``'s parser (:data:`berth.cli.COMMANDS`)."""
+    p.description = ("Route the OpenAI routes by `model` to the front of the engine that serves "
+                     "it (here or on a peer), and ComfyUI's API to the comfyui entry.")
     p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                    help=f"where clients reach the gateway (default {DEFAULT_LISTEN})")
     p.add_argument("--comfyui-listen", metavar="HOST:PORT",

@@ -1,13 +1,14 @@
 """``berth run``'s command line: the flags, their checks, and :class:`RunOptions`.
 
 Source: issue 5; seed 002 "Fronts", rule 3. Bad input ends with exit 2 and one line naming the
-flag and value, before anything starts. The run itself is :mod:`berth.run.main`.
+flag and value, before anything starts. The run itself is :mod:`berth.run.main`, imported
+only when a run starts: ``berth run --help`` and the checks load no aiohttp, pydantic or asyncio
+(issue 23).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import shutil
@@ -16,12 +17,8 @@ from dataclasses import dataclass, field
 
 from berth.decide.model import Bound, ParkMechanism
 from berth.decide.units import parse_duration, parse_size
-from berth.front.upstream import Address
-from berth.run.main import EngineRun
 
-from berth_plugins.manager import make_plugin_manager, mechanisms
-
-__all__ = ["register", "RunOptions", "parse_sizes", "USAGE"]
+__all__ = ["arguments", "RunOptions", "parse_sizes", "USAGE"]
 
 USAGE = """\
     berth run [--engine NAME] [--front HOST:PORT] [--size SIZE[@CARD]]… [--priority N]
@@ -95,6 +92,7 @@ def _check_front(front: str) -> None:
 
 def _check_upstream(url: str) -> None:
     """An http(s) URL with a host, as the front forwards to it. Raises ``ValueError``."""
+    from berth.front.upstream import Address
     try:
         Address(url)
     except ValueError:
@@ -113,6 +111,7 @@ def _check_health(path: str) -> None:
 def _check_adapter(adapter: str) -> None:
     """The hook's adapter must be one some plugin carries out now, not at the first park (an
     unknown one would turn that park into a drain). Raises ``ValueError``."""
+    from berth_plugins.manager import make_plugin_manager, mechanisms
     known = mechanisms(make_plugin_manager())
     if adapter not in known:
         raise ValueError(f"--adapter: no plugin carries out {adapter!r}; known adapters: "
@@ -184,15 +183,18 @@ def _cmd_run(args) -> int:
         print("berth run: --park needs --front (rule 3: an engine sleeps only behind a front)",
               file=sys.stderr)
         return 2
+    import asyncio
+
+    from berth.run.main import EngineRun
     code = asyncio.run(EngineRun(opts).main())
     # An engine killed by a signal has returncode -N; exit 128 + N as a shell reports it
     # (sys.exit(-9) would exit 247).
     return 128 - code if code < 0 else code
 
 
-def register(sub) -> None:
-    p = sub.add_parser("run", help="run an engine under a lease, behind its own front",
-                       description=USAGE)
+def arguments(p) -> None:
+    """Fill ``berth run``'s parser (:data:`berth.cli.COMMANDS`)."""
+    p.description = USAGE
     p.add_argument("--engine", help="engine name (default: the command's name)")
     p.add_argument("--front", metavar="HOST:PORT", help="where clients reach the engine")
     p.add_argument("--alias", action="append", metavar="ID",

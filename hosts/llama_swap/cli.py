@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .wrap import MIN_HEALTH_CHECK_TIMEOUT_S, WrapError, WrapOptions, sizes_from, wrap_text
 
-__all__ = ["register"]
+__all__ = ["arguments"]
 
 _PROG = "berth llama-swap wrap"
 
@@ -94,10 +94,10 @@ def _cmd_wrap(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """Add ``berth llama-swap`` and its subcommand ``wrap``."""
-    p = sub.add_parser("llama-swap", help="the llama-swap host: run its models under berth run",
-                       description="Glue for llama-swap, whose models run under `berth run`.")
+def arguments(p) -> None:
+    """Fill ``berth llama-swap``'s parser with its subcommand ``wrap``
+    (:data:`berth.cli.COMMANDS`)."""
+    p.description = "Glue for llama-swap, whose models run under `berth run`."
     lsub = p.add_subparsers(dest="llama_swap_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
     w = lsub.add_parser(

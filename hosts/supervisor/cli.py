@@ -37,7 +37,7 @@ from berth.config import ConfigError, load_config
 
 from berth_plugins.manager import make_plugin_manager
 
-__all__ = ["register", "listen"]
+__all__ = ["arguments", "listen"]
 
 log = logging.getLogger("berth.hosts.supervisor")
 MAPPING_FILE = "supervisor-listener.json"
@@ -156,8 +156,8 @@ def _cmd_listen(args) -> int:
     return listen(args.config, proto_fd)
 
 
-def register(sub) -> None:
-    p = sub.add_parser("supervisor", help="the supervisord host: its eventlistener")
+def arguments(p) -> None:
+    """Fill ``berth supervisor``'s parser (:data:`berth.cli.COMMANDS`)."""
     psub = p.add_subparsers(dest="supervisor_command", metavar="ACTION", required=True)
     lp = psub.add_parser("listen", help="the eventlistener supervisord runs "
                                         "(events=PROCESS_STATE,TICK_5)",
