@@ -9,6 +9,7 @@ import os
 import sys
 
 from berth.client import ApiError, BerthdUnavailable, Client
+from berth.config.errors import ConfigError
 from berth.decide.units import format_size
 
 __all__ = ["status_arguments", "operator_arguments", "render"]
@@ -112,6 +113,9 @@ def _run(coro_fn):
         except ApiError as e:
             print(f"berth: {e.message}", file=sys.stderr)
             return 1
+        except ConfigError as e:       # the socket is in the config: say what is wrong with it
+            print(f"berth: {e}", file=sys.stderr)
+            return 2
     return go
 
 

@@ -221,14 +221,14 @@ def _cmd_daemon(args) -> int:
     try:
         cfg, path = load_config(args.config)
     except ConfigError as e:
-        print(f"berthd: the config cannot be used.\n{e}", file=sys.stderr)
+        print(f"berthd: {e}", file=sys.stderr)
         return 2
     return asyncio.run(main_async(cfg))
 
 
 def _cmd_config_check(args) -> int:
     try:
-        cfg = load(args.path)
+        cfg = load(args.path)       # the file named, not the one berthd would find
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2

@@ -6,7 +6,6 @@ import asyncio
 import logging
 import signal
 import sys
-from pathlib import Path
 
 __all__ = ["arguments"]
 
@@ -27,16 +26,11 @@ def arguments(p) -> None:
 
 def _main(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from berth import paths
-    from berth.config import Config, ConfigError, load
-    path = Path(args.config) if args.config else paths.config_path()
+    from berth.config import ConfigError, load_config
     try:
-        cfg = load(path) if path.exists() else Config()
+        cfg, _ = load_config(args.config)
     except ConfigError as e:
         print(f"berth gateway: {e}", file=sys.stderr)
-        return 2
-    if args.config and not path.exists():
-        print(f"berth gateway: --config: no file {path}", file=sys.stderr)
         return 2
     from berth.gateway.server import Gateway
     try:

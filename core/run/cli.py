@@ -183,6 +183,13 @@ def _cmd_run(args) -> int:
         print("berth run: --park needs --front (rule 3: an engine sleeps only behind a front)",
               file=sys.stderr)
         return 2
+    from berth.config.errors import ConfigError
+    from berth.paths import find_config
+    try:
+        find_config()           # a missing named file, at once; the run loads it past its front
+    except ConfigError as e:
+        print(f"berth run: {e}", file=sys.stderr)
+        return 2
     import asyncio
 
     from berth.run.main import EngineRun

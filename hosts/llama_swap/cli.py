@@ -10,30 +10,16 @@ warnings go to stderr. Exit status 0, or 2 with one message naming the model and
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from berth.paths import write_atomic
 
 from .wrap import MIN_HEALTH_CHECK_TIMEOUT_S, WrapError, WrapOptions, sizes_from, wrap_text
 
 __all__ = ["arguments"]
 
 _PROG = "berth llama-swap wrap"
-
-
-def _write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (no half-written
-    config for a watching llama-swap to load)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _cmd_wrap(args) -> int:
@@ -70,7 +56,8 @@ def _cmd_wrap(args) -> int:
         return 2
     if args.output:
         try:
-            _write(args.output, out)
+            # no half-written config for a watching llama-swap to load
+            write_atomic(args.output, out.encode(), 0o644)
         except OSError as e:
             print(f"{_PROG}: -o {args.output}: {e.strerror or e}", file=sys.stderr)
             return 2

@@ -30,7 +30,6 @@ import logging
 import os
 import sys
 import threading
-from pathlib import Path
 
 from berth import paths
 from berth.config import ConfigError, load_config
@@ -41,14 +40,6 @@ __all__ = ["arguments", "listen"]
 
 log = logging.getLogger("berth.hosts.supervisor")
 MAPPING_FILE = "supervisor-listener.json"
-
-
-def _socket_of(cfg) -> Path:
-    if cfg.api.socket:
-        return Path(cfg.api.socket)
-    if os.environ.get("BERTH_SOCKET"):
-        return Path(os.environ["BERTH_SOCKET"])
-    return paths.state_dir(cfg) / "berthd.sock"
 
 
 class _Side(threading.Thread):
@@ -78,7 +69,7 @@ class _Side(threading.Thread):
         from .listener import Host
         self.loop = asyncio.get_running_loop()
         stop = self.stop_event = asyncio.Event()
-        async with Client(socket=_socket_of(self.cfg)) as client:
+        async with Client(socket=paths.socket_path(self.cfg)) as client:
             self.host = Host(self.cfg, self.sup, client, self.pm,
                              paths.state_dir(self.cfg) / MAPPING_FILE)
             self.started_ok.set()
