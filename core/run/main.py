@@ -176,6 +176,7 @@ class EngineRun:
                 self.front.stopped("the engine could not be started")
             await self.lease.release("the engine could not be started")
             return e.code
+        stack.push_async_callback(self.engine.let_watchdog_go)
         stack.push_async_exit(self._stop_after_error)
         await self.lease.attach(ident)
         if self.front is not None and self.engine.url:
