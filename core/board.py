@@ -8,8 +8,7 @@ import json
 import os
 import sys
 
-from berth.client import ApiError, BerthdUnavailable, Client
-from berth.config.errors import ConfigError
+from berth.client import ApiError, BerthdUnavailable, Client, ConfigUnusable
 from berth.decide.units import format_size
 
 __all__ = ["status_arguments", "operator_arguments", "render"]
@@ -107,15 +106,15 @@ def _run(coro_fn):
     def go(args) -> int:
         try:
             return asyncio.run(coro_fn(args))
+        except ConfigUnusable as e:    # the socket is in the config: say what is wrong with it
+            print(f"berth: {e.error}", file=sys.stderr)
+            return 2
         except BerthdUnavailable as e:
             print(f"berth: {e}. Start it with `berth daemon`.", file=sys.stderr)
             return 3
         except ApiError as e:
             print(f"berth: {e.message}", file=sys.stderr)
             return 1
-        except ConfigError as e:       # the socket is in the config: say what is wrong with it
-            print(f"berth: {e}", file=sys.stderr)
-            return 2
     return go
 
 

@@ -47,6 +47,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING, Coroutine
 
+from berth import paths
 from berth.config.errors import ConfigError
 from berth.decide.model import Op
 from berth.front import Front
@@ -137,6 +138,7 @@ class EngineRun:
         from berth.run.lease import LeaseClient
 
         from berth_plugins.manager import is_write, make_plugin_manager
+        paths.client_socket()       # the config loads, or the run ends here (not fail-open)
         pm = make_plugin_manager()
         lease = LeaseClient(self.o, self.stop_event)
         stack.push_async_callback(lease.close)
