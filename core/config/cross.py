@@ -246,28 +246,34 @@ def _engines(cfg, v: _View, sims: list[_Card], all_known: bool, declared: str
                                            f"{v.written((*at, 'card'), e.card)} or has that PCI "
                                            f"address (declared: {declared}){hint}", e.card))
                 continue
-        if not size_known:
-            continue
-        if size is None:            # the whole card: its need must fit what the card grants
-            cap = target.capacity() if target is not None else None
-            if cap is not None and cap > 0 and need is not None and need > cap:
-                out.append(((*at, "need"), f"need {v.written((*at, 'need'), need)} is more than "
-                                           f"{target.name} can ever grant: {target.sums()} = "
-                                           f"{format_size(cap)}", need))
-            continue
-        if target is not None:
-            cap = target.capacity()
-            if cap is not None and cap > 0 and size > cap:
-                out.append(((*at, "size"), f"size {v.written((*at, 'size'), size)} is more than "
-                                           f"{target.name} can ever grant: {target.sums()} = "
-                                           f"{format_size(cap)}", size))
-        elif sims:
-            caps = [(c.capacity(), c) for c in sims]
-            if all(cap is not None for cap, _ in caps):
-                best, c = max(caps, key=lambda x: x[0])
-                if best > 0 and size > best:
-                    out.append(((*at, "size"), f"size {v.written((*at, 'size'), size)} is more "
-                                               f"than any simulated card can ever grant (the most "
-                                               f"is {c.name}: {c.sums()} = {format_size(best)})",
-                                size))
+        if size_known:
+            out += _fits(v, at, size, need, target, sims)
     return out
+
+
+def _fits(v: _View, at: tuple, size: int | None, need: int | None, target: _Card | None,
+          sims: list[_Card]) -> list[Problem]:
+    """An engine's size (``None``: the whole card, then its need) against what its card, or
+    the largest simulated card when it names none, can ever grant."""
+    if size is None:                # the whole card: its need must fit what the card grants
+        cap = target.capacity() if target is not None else None
+        if cap is not None and cap > 0 and need is not None and need > cap:
+            return [((*at, "need"), f"need {v.written((*at, 'need'), need)} is more than "
+                                    f"{target.name} can ever grant: {target.sums()} = "
+                                    f"{format_size(cap)}", need)]
+        return []
+    if target is not None:
+        cap = target.capacity()
+        if cap is not None and cap > 0 and size > cap:
+            return [((*at, "size"), f"size {v.written((*at, 'size'), size)} is more than "
+                                    f"{target.name} can ever grant: {target.sums()} = "
+                                    f"{format_size(cap)}", size)]
+    elif sims:
+        caps = [(c.capacity(), c) for c in sims]
+        if all(cap is not None for cap, _ in caps):
+            best, c = max(caps, key=lambda x: x[0])
+            if best > 0 and size > best:
+                return [((*at, "size"), f"size {v.written((*at, 'size'), size)} is more than "
+                                        f"any simulated card can ever grant (the most is "
+                                        f"{c.name}: {c.sums()} = {format_size(best)})", size)]
+    return []

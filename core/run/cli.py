@@ -129,6 +129,47 @@ def _check_checkpoint(path: str | None) -> None:
                          f"simulated cards use berth-sim-cuda-checkpoint)")
 
 
+def _options(args, cmd: list[str]) -> RunOptions:
+    """The run's options from its flags. Raises ``ValueError`` naming the flag and value."""
+    if args.front:
+        _check_front(args.front)
+    if args.upstream:
+        _check_upstream(args.upstream)
+    _check_health(args.health)
+    if args.adapter:
+        _check_adapter(args.adapter)
+    options = {}
+    for o in args.option or []:
+        key, eq, value = o.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--option: expected KEY=VALUE, got {o!r}")
+        options[key] = value
+    if args.park == ParkMechanism.CHECKPOINT:
+        _check_checkpoint(args.checkpoint_path)
+    sizes = parse_sizes(args.size or [])
+    if args.lend_max:
+        parse_size(args.lend_max, field="--lend-max")
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        raise ValueError(f"--max-in-flight: must be at least 1, got {args.max_in_flight}")
+    if args.front and not args.upstream and not any("{port}" in a for a in cmd):
+        raise ValueError("with --front, the engine's command must contain {port} (the port the "
+                         "run picks) or give --upstream URL")
+    if args.park and not args.front:
+        raise ValueError("--park needs --front (rule 3: an engine sleeps only behind a front)")
+    return RunOptions(
+        cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
+        front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
+        adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
+        health=args.health, checkpoint_path=args.checkpoint_path,
+        wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
+        max_in_flight=args.max_in_flight,
+        stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
+        term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
+        release_grace_s=_positive(args.release_grace, "--release-grace"),
+        wake_limit_s=_positive(args.wake_limit, "--wake-limit"),
+        require_berthd=args.require_berthd, options=options, aliases=args.alias or [])
+
+
 def _cmd_run(args) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -139,55 +180,11 @@ def _cmd_run(args) -> int:
     if not cmd:
         print("berth run: give the engine's command after --", file=sys.stderr)
         return 2
-    try:
-        if args.front:
-            _check_front(args.front)
-        if args.upstream:
-            _check_upstream(args.upstream)
-        _check_health(args.health)
-        if args.adapter:
-            _check_adapter(args.adapter)
-        options = {}
-        for o in args.option or []:
-            key, eq, value = o.partition("=")
-            if not eq or not key:
-                raise ValueError(f"--option: expected KEY=VALUE, got {o!r}")
-            options[key] = value
-        if args.park == ParkMechanism.CHECKPOINT:
-            _check_checkpoint(args.checkpoint_path)
-        sizes = parse_sizes(args.size or [])
-        if args.lend_max:
-            parse_size(args.lend_max, field="--lend-max")
-        opts = RunOptions(
-            cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
-            front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
-            adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
-            health=args.health, checkpoint_path=args.checkpoint_path,
-            wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
-            max_in_flight=args.max_in_flight,
-            stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
-            term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
-            release_grace_s=_positive(args.release_grace, "--release-grace"),
-            wake_limit_s=_positive(args.wake_limit, "--wake-limit"),
-            require_berthd=args.require_berthd, options=options, aliases=args.alias or [])
-        if args.max_in_flight is not None and args.max_in_flight < 1:
-            raise ValueError(f"--max-in-flight: must be at least 1, got {args.max_in_flight}")
-    except ValueError as e:
-        print(f"berth run: {e}", file=sys.stderr)
-        return 2
-    if opts.front and not opts.upstream and not any("{port}" in a for a in cmd):
-        print("berth run: with --front, the engine's command must contain {port} (the port the "
-              "run picks) or give --upstream URL", file=sys.stderr)
-        return 2
-    if opts.park and not opts.front:
-        print("berth run: --park needs --front (rule 3: an engine sleeps only behind a front)",
-              file=sys.stderr)
-        return 2
-    from berth.config.errors import ConfigError
     from berth.paths import find_config
     try:
+        opts = _options(args, cmd)
         find_config()           # a missing named file, at once; the run loads it past its front
-    except ConfigError as e:
+    except ValueError as e:     # berth.config.ConfigError is one
         print(f"berth run: {e}", file=sys.stderr)
         return 2
     import asyncio
