@@ -7,12 +7,16 @@ unreachable, so the run fails open; the engine is a sleeping Python) and connect
 millisecond until it accepts; then it stops the run with SIGTERM. Beside it, the same
 measurement for a bare Python that binds and listens (``python -c "...listen()"``), the floor
 any Python program pays, and the time of ``berth --help`` and of ``python -c pass`` to exit.
+``berth_run_engine_s`` goes on to the engine: from exec until the engine the run starts (a
+Python that connects back here) is running; with berthd absent the run loads its config, the
+plugins and aiohttp, fails to reach berthd and fails open, so this is the run's whole start
+but for the lease itself.
 Runs alternate between the cases, so the machine's other load falls on each alike.
 
     python bench/run_start.py [--runs N] [--json]
 
 Prints the medians in seconds; with ``--json`` the last line is one JSON object with keys
-``berth_run_start_s_median``, ``python_listen_s_median``, ``berth_help_s_median``,
+``berth_run_start_s_median``, ``berth_run_engine_s_median``, ``python_listen_s_median``, ``berth_help_s_median``,
 ``python_s_median``, ``berth_run_over_python_listen`` (the ratio), ``runs``, ``cpus``, and
 ``load1`` (the machine's one-minute load average when the runs began). Target (issue 30):
 ``berth_run_start_s_median`` ≤ 0.2 s.
@@ -77,6 +81,27 @@ def _until_listening(argv: list[str], port: int, env: dict) -> float:
     return took
 
 
+def _until_engine(argv: list[str], env: dict, hello: socket.socket) -> float:
+    """Exec ``argv`` (a run whose engine connects to ``hello`` when it starts), return the
+    seconds until the engine connects, then stop the run."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        hello.settimeout(_LIMIT_S)
+        conn, _ = hello.accept()
+        took = time.perf_counter() - t0
+        conn.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return took
+
+
 def _until_exit(argv: list[str], env: dict) -> float:
     t0 = time.perf_counter()
     subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -106,7 +131,19 @@ def _cases(tmp: str) -> dict:
                 f"s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)")
         return _until_listening([sys.executable, "-c", code], port, env)
 
-    return {"berth_run_start_s": run_start, "python_listen_s": python_listen,
+    hello = socket.socket()
+    hello.bind(("127.0.0.1", 0))
+    hello.listen()
+    greet = ("import socket, time; socket.create_connection(('127.0.0.1', "
+             f"{hello.getsockname()[1]})).close(); time.sleep(600)")
+
+    def run_engine() -> float:
+        return _until_engine([berth, "run", "--engine", "bench", "--front",
+                              f"127.0.0.1:{_free_port()}", "--health", "none", "--",
+                              sys.executable, "-c", greet, "{port}"], env, hello)
+
+    return {"berth_run_start_s": run_start, "berth_run_engine_s": run_engine,
+            "python_listen_s": python_listen,
             "berth_help_s": lambda: _until_exit([berth, "--help"], env),
             "python_s": lambda: _until_exit([sys.executable, "-c", "pass"], env)}
 
