@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-_POLL_S = 0.001
+_POLL_S = 0.002
 _LIMIT_S = 30.0
 
 
