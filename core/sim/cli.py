@@ -59,7 +59,7 @@ def _init(args: argparse.Namespace) -> int:
 def _cards(args: argparse.Namespace) -> int:
     try:
         snap = SimCards(args.dir).snapshot()
-    except (SimError, ValueError) as e:     # berth.config.ConfigError: the config names the dir
+    except SimError as e:
         print(f"berth sim cards: {e}", file=sys.stderr)
         return 1
     if args.json:
