@@ -4,7 +4,7 @@ llama-swap polls a model's health 250 ms after it starts the model's ``cmd`` (th
 second): a ``berth run`` whose front is not listening by that first poll costs a whole second
 per switch (issue 30). This script execs ``berth run --front 127.0.0.1:PORT`` (berthd
 unreachable, so the run fails open; the engine is a sleeping Python) and connects to PORT every
-millisecond until it accepts; then it stops the run with SIGTERM. Beside it, the same
+2 ms until it accepts; then it stops the run with SIGTERM. Beside it, the same
 measurement for a bare Python that binds and listens (``python -c "...listen()"``), the floor
 any Python program pays, and the time of ``berth --help`` and of ``python -c pass`` to exit.
 ``berth_run_engine_s`` goes on to the engine: from exec until the engine the run starts (a
