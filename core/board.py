@@ -8,10 +8,10 @@ import json
 import os
 import sys
 
-from berth.client import ApiError, BerthdUnavailable, Client
+from berth.client import ApiError, BerthdUnavailable, Client, ConfigUnusable
 from berth.decide.units import format_size
 
-__all__ = ["register", "render"]
+__all__ = ["status_arguments", "operator_arguments", "render"]
 
 _WIDTH = 48
 _STATE_MARK = {"active": "█", "resuming": "█", "returning": "█", "lending": "█", "lent": "▓",
@@ -106,6 +106,9 @@ def _run(coro_fn):
     def go(args) -> int:
         try:
             return asyncio.run(coro_fn(args))
+        except ConfigUnusable as e:    # the socket is in the config: say what is wrong with it
+            print(f"berth: {e.error}", file=sys.stderr)
+            return 2
         except BerthdUnavailable as e:
             print(f"berth: {e}. Start it with `berth daemon`.", file=sys.stderr)
             return 3
@@ -115,15 +118,14 @@ def _run(coro_fn):
     return go
 
 
-def register(sub) -> None:
-    p = sub.add_parser("status", help="the board: cards, shares, the waiting queue, counters")
+def status_arguments(p) -> None:
+    """Fill ``berth status``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.add_argument("--json", action="store_true", help="machine-readable (DESIGN.md keys)")
     p.set_defaults(func=_run(_status))
-    for op, text in (("park", "park an engine (it sleeps in host RAM)"),
-                     ("wake", "wake a parked engine"),
-                     ("drain", "stop an engine"),
-                     ("hold", "protect an engine from being displaced"),
-                     ("release-hold", "let a held engine be displaced again")):
-        q = sub.add_parser(op, help=text)
-        q.add_argument("target", metavar="LEASE_OR_ENGINE")
-        q.set_defaults(func=_run(_operator))
+
+
+def operator_arguments(p) -> None:
+    """Fill the parser of ``berth park|wake|drain|hold|release-hold`` (the command's name is
+    the operator action; :data:`berth.cli.COMMANDS`)."""
+    p.add_argument("target", metavar="LEASE_OR_ENGINE")
+    p.set_defaults(func=_run(_operator))

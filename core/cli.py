@@ -1,5 +1,13 @@
-"""The ``berth`` command. Each area registers its own subcommands (``register(subparsers)``)
-so the folder layout shows the architecture; this module only assembles them."""
+"""The ``berth`` command: a static table of subcommands, and only the chosen one imported.
+
+Source: issue 23 "A CLI that starts fast". Every command's module imports what it runs
+(aiohttp, pydantic, PyYAML, …), which costs more than Python's own start; ``berth --help`` lists
+:data:`COMMANDS` from this table alone, and ``berth CMD …`` imports CMD's module and asks its
+function (``module:function`` in the table) to fill CMD's parser: add its arguments, its
+``description`` and ``set_defaults(func=…)``, where ``func(args)`` runs the command and returns
+its exit status. The folder layout still shows the architecture: each area builds its own
+subcommands' parsers; this module only names them.
+"""
 
 from __future__ import annotations
 
@@ -7,35 +15,79 @@ import argparse
 import importlib
 import os
 import sys
+from typing import NamedTuple
 
-__all__ = ["main", "daemon_main", "build_parser"]
+__all__ = ["COMMANDS", "Command", "main", "daemon_main", "build_parser"]
 
-#: Modules that add subcommands, in the order ``berth --help`` lists them.
-_COMMAND_MODULES = (
-    "berth.daemon.main",
-    "berth.board",
-    "berth.run.cli",
-    "berth.sim.cli",
-    "berth.gateway.cli",
-    "berth_hosts.llama_swap.cli",
-    "berth_hosts.supervisor.cli",
-    "berth.demo",
+
+class Command(NamedTuple):
+    """One subcommand: its ``name``, the one line ``berth --help`` shows, and ``builds``, the
+    ``"module:function"`` whose ``function(parser)`` fills its parser."""
+
+    name: str
+    help: str
+    builds: str
+
+
+#: Every subcommand, in the order ``berth --help`` lists them.
+COMMANDS = (
+    Command("daemon", "run berthd, the broker for every card of this machine",
+            "berth.daemon.main:daemon_arguments"),
+    Command("config", "check a berth.toml", "berth.daemon.main:config_arguments"),
+    Command("status", "the board: cards, shares, the waiting queue, counters",
+            "berth.board:status_arguments"),
+    Command("park", "park an engine (it sleeps in host RAM)", "berth.board:operator_arguments"),
+    Command("wake", "wake a parked engine", "berth.board:operator_arguments"),
+    Command("drain", "stop an engine", "berth.board:operator_arguments"),
+    Command("hold", "protect an engine from being displaced", "berth.board:operator_arguments"),
+    Command("release-hold", "let a held engine be displaced again",
+            "berth.board:operator_arguments"),
+    Command("run", "run an engine under a lease, behind its own front",
+            "berth.run.cli:arguments"),
+    Command("sim", "the simulation kit: simulated cards and a stub engine",
+            "berth.sim.cli:arguments"),
+    Command("gateway", "one endpoint for every engine (routing by model, peers)",
+            "berth.gateway.cli:arguments"),
+    Command("llama-swap", "the llama-swap host: run its models under berth run",
+            "berth_hosts.llama_swap.cli:arguments"),
+    Command("supervisor", "the supervisord host: its eventlistener",
+            "berth_hosts.supervisor.cli:arguments"),
+    Command("demo", "the main job on a simulated card: an LLM and ComfyUI on one card, parks "
+                    "and wakes both ways", "berth.demo:arguments"),
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (``berth``'s own
+    options, ``-h`` and ``--version``, take no value)."""
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """``berth``'s parser. Every subcommand of :data:`COMMANDS` is listed; only the one
+    ``argv`` names (none when ``argv`` is ``None``) is filled, importing its module."""
     parser = argparse.ArgumentParser(
         prog="berth", description="Berth: a GPU-memory broker for local inference engines.")
     from berth import __version__
     parser.add_argument("--version", action="version", version=f"berth {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    chosen = _chosen(argv or [])
+    for cmd in COMMANDS:
+        p = sub.add_parser(cmd.name, help=cmd.help)
+        if cmd.name == chosen:
+            module, _, function = cmd.builds.partition(":")
+            getattr(importlib.import_module(module), function)(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

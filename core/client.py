@@ -1,7 +1,8 @@
 """A client for berthd's control API (used by the CLI, ``berth run`` and host plugins).
 
 Every call raises :class:`BerthdUnavailable` when berthd cannot be reached (so callers can fail
-open) and :class:`ApiError` for a 4xx/5xx answer, with berthd's message.
+open), :class:`ConfigUnusable` (a kind of it) when the config that says where berthd listens
+does not load, and :class:`ApiError` for a 4xx/5xx answer, with berthd's message.
 
 :class:`JobReporter` is what every front tells berthd about its engine's jobs (``berth run``'s
 front and ComfyUI's gate alike; issue 12 case 4, issue 16).
@@ -18,14 +19,25 @@ from typing import Any, Callable
 
 import aiohttp
 from berth import paths
+from berth.config.errors import ConfigError
 
-__all__ = ["Client", "ApiError", "BerthdUnavailable", "JobReporter"]
+__all__ = ["Client", "ApiError", "BerthdUnavailable", "ConfigUnusable", "JobReporter"]
 
 log = logging.getLogger("berth.client")
 
 
 class BerthdUnavailable(ConnectionError):
     """berthd is not running or its socket cannot be reached."""
+
+
+class ConfigUnusable(BerthdUnavailable):
+    """berthd cannot be found: the config that says where it listens does not load.
+    ``error`` is the :class:`berth.config.ConfigError`; ``str()`` names it, so a caller that
+    fails open says what to fix rather than "berthd is not reachable" at a guessed socket."""
+
+    def __init__(self, error: ConfigError):
+        super().__init__(f"cannot find berthd: {error}")
+        self.error = error
 
 
 class ApiError(RuntimeError):
@@ -37,12 +49,20 @@ class ApiError(RuntimeError):
 
 
 class Client:
-    """``async with Client() as c: await c.status()``. ``socket`` defaults to
-    ``$BERTH_SOCKET`` or ``<state dir>/berthd.sock``; ``url``+``key`` reach a TCP listener."""
+    """``async with Client() as c: await c.status()``. ``socket`` defaults to berthd's, as
+    berthd finds it (:func:`berth.paths.client_socket`: ``$BERTH_SOCKET``, else the config's
+    ``[api] socket``, else ``<state dir>/berthd.sock``); ``url``+``key`` reach a TCP listener.
+    Without ``socket``, a config that does not load makes every call raise
+    :class:`ConfigUnusable` naming it (``socket`` is then ``None``, ``config_error`` the
+    :class:`berth.config.ConfigError`)."""
 
     def __init__(self, socket: str | os.PathLike | None = None, url: str | None = None,
                  key: str | None = None, timeout_s: float = 30.0):
-        self.socket = Path(socket) if socket else paths.client_socket()
+        self.config_error: ConfigError | None = None
+        try:
+            self.socket = Path(socket) if socket else paths.client_socket()
+        except ConfigError as e:
+            self.socket, self.config_error = None, e
         self.url = url or "http://berthd"
         self.key = key
         self.timeout_s = timeout_s
@@ -51,6 +71,8 @@ class Client:
     async def __aenter__(self) -> "Client":
         conn = None
         if self.url == "http://berthd":
+            if self.config_error is not None:
+                raise ConfigUnusable(self.config_error)
             try:
                 paths.check_socket(self.socket)     # never talk to another user's socket
             except paths.UnsafePath as e:

@@ -32,7 +32,7 @@ import aiohttp
 from berth.board import render
 from berth.client import Client
 
-__all__ = ["register", "run_demo"]
+__all__ = ["arguments", "run_demo"]
 
 _KINDS = {"grant": "grant", "plan": "plan", "park": "park", "parked": "parked", "extend": "extend",
           "resume": "wake", "wake": "wake", "drain": "drain", "freed": "freed",
@@ -309,8 +309,7 @@ def run_demo(keep: bool = False) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="the main job on a simulated card: an LLM and ComfyUI on one "
-                                    "card, parks and wakes both ways")
+def arguments(p) -> None:
+    """Fill ``berth demo``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.add_argument("--keep", action="store_true", help="keep the temporary directory and logs")
     p.set_defaults(func=lambda a: run_demo(a.keep))

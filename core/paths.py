@@ -10,18 +10,23 @@
   (:func:`prepare_state_dir`); the lock opens without following symlinks (:func:`open_lock`);
   a client refuses a socket there that is not its user's or root's (:func:`check_socket`)
   (issue 18, hole 3);
-- config: ``$BERTH_CONFIG``, else ``/etc/berth/berth.toml`` as root, else
-  ``$XDG_CONFIG_HOME/berth/berth.toml`` (``~/.config/berth/berth.toml``).
+- config, one rule for every process (:func:`find_config`): ``--config``, else
+  ``$BERTH_CONFIG``, else ``/etc/berth/berth.toml`` as root, else
+  ``$XDG_CONFIG_HOME/berth/berth.toml`` (``~/.config/berth/berth.toml``); a file named by the
+  first two must exist;
+- every file Berth writes is written whole or not at all (:func:`write_atomic`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
 
-__all__ = ["state_dir", "socket_path", "sim_dir", "config_path", "prepare_state_dir",
-           "open_lock", "check_socket", "UnsafePath"]
+__all__ = ["state_dir", "socket_path", "sim_dir", "config_path", "find_config", "client_socket",
+           "client_sim_dir", "prepare_state_dir", "open_lock", "check_socket", "write_atomic",
+           "UnsafePath"]
 
 
 class UnsafePath(PermissionError):
@@ -128,30 +133,26 @@ def socket_path(cfg=None) -> Path:
 
 
 def _client_config():
-    # berth.config resolves its default file here (config_path): imported when a client asks.
-    path = config_path()
-    if not path.exists():
-        return None
-    from berth.config import ConfigError, load
-    try:
-        return load(path)
-    except ConfigError:
-        return None
+    # berth.config finds its file here (find_config): the schema loads when a client asks.
+    from berth.config import load_config
+    return load_config()[0]
 
 
 def client_sim_dir() -> Path:
     """The simulated cards' directory for a process other than berthd (the stub engine, the
-    stand-in cuda-checkpoint, ``berth sim cards``): as berthd resolves it."""
+    stand-in cuda-checkpoint, ``berth sim cards``): as berthd resolves it. Raises
+    :class:`berth.config.ConfigError` when ``$BERTH_SIM_DIR`` is unset and the config does not
+    load."""
     if os.environ.get("BERTH_SIM_DIR"):
         return Path(os.environ["BERTH_SIM_DIR"])
     return sim_dir(_client_config())
 
 
 def client_socket() -> Path:
-    """The socket a client (``berth status``, ``berth run``) uses: as berthd resolves it, with
-    the config berthd would read (``$BERTH_CONFIG`` or the default place) when there is one."""
-    if os.environ.get("BERTH_SOCKET"):
-        return Path(os.environ["BERTH_SOCKET"])
+    """The socket a client (``berth status``, ``berth run``) uses: as berthd resolves it, from
+    the config berthd reads (:func:`berth.config.load_config`). Raises
+    :class:`berth.config.ConfigError` when that config does not load: a client that went on
+    with the default socket would report berthd unreachable where the config is at fault."""
     return socket_path(_client_config())
 
 
@@ -165,6 +166,8 @@ def sim_dir(cfg=None) -> Path:
 
 
 def config_path() -> Path:
+    """Where berth.toml is when no ``--config`` names it: ``$BERTH_CONFIG``, else the default
+    place (see the module docstring). It may not exist; :func:`find_config` says what to read."""
     env = os.environ.get("BERTH_CONFIG")
     if env:
         return Path(env)
@@ -172,3 +175,53 @@ def config_path() -> Path:
         return Path("/etc/berth/berth.toml")
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(xdg) / "berth" / "berth.toml"
+
+
+def find_config(path: str | os.PathLike | None = None) -> Path | None:
+    """The berth.toml to read, by the one rule every process follows: ``path`` (a
+    ``--config`` flag), else ``$BERTH_CONFIG``, else the default place; ``None`` when none is
+    named and the default place has no file (the defaults apply). Raises
+    :class:`berth.config.ConfigError`, one line, when ``--config`` or ``$BERTH_CONFIG`` names a
+    file that does not exist: a typo must not run a machine on the defaults. Reads nothing, so
+    ``berth run`` asks before its front listens."""
+    from berth.config.errors import ConfigError
+    if path:
+        found, named = Path(path), "--config"
+    elif os.environ.get("BERTH_CONFIG"):
+        found, named = Path(os.environ["BERTH_CONFIG"]), "BERTH_CONFIG"
+    else:
+        found = config_path()
+        return found if found.exists() else None
+    if not found.exists():
+        raise ConfigError(str(found), [("(file)", f"no such file (named by {named})")])
+    return found
+
+
+def write_atomic(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> None:
+    """Replace ``path`` by ``data`` so that a reader, or the file after a crash, is the old
+    file or the new one, never a part: a new file beside it (``mode``, less the umask; never
+    following a symlink), written whole, fsync; rename over ``path``; fsync of the directory,
+    so the rename itself survives a crash. Raises ``OSError``; then ``path`` is as it was and
+    the new file is gone. Every file Berth writes goes through here (the state file, the
+    simulated cards, the supervisord listener's mapping, ``berth llama-swap wrap -o``)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from berth.decide.model import normalize_pci
+from berth.decide.model import names_card
 from berth.decide.units import format_size
 
 from .words import key_str
@@ -68,16 +68,6 @@ class _View:
             else:
                 return format_size(value) if isinstance(value, int) else repr(value)
         return repr(x)
-
-
-def _matches(key: str, pci: str, name: str) -> bool:
-    """Whether a ``[cards.X]`` key names this card (as ``Config.card_config`` reads it)."""
-    try:
-        if normalize_pci(key) == pci:
-            return True
-    except ValueError:
-        pass
-    return key == name
 
 
 @dataclass
@@ -164,7 +154,7 @@ def _card_entries(cfg, v: _View, sims: list[_Card], kind, all_known: bool, decla
     for c in sims:
         c.reserve = CardConfig().reserve            # the default, until an entry says otherwise
     for key, cc in cfg.cards.items():
-        owner = next((c for c in sims if c.known() and _matches(key, c.pci, c.name)), None)
+        owner = next((c for c in sims if c.known() and names_card(key, c.pci, c.name)), None)
         if owner is None:
             if kind == "sim" and all_known:
                 out.append((("cards", key), f"no simulated card is named {key!r} or has that PCI "

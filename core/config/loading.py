@@ -4,7 +4,6 @@ names against the plugins (:func:`plugin_problems`)."""
 from __future__ import annotations
 
 import difflib
-import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -13,18 +12,9 @@ from berth import paths
 from pydantic import ValidationError
 
 from .cross import RAW, RULES_OFF, UNKNOWN
+from .errors import ConfigError
 from .models import CROSS, Config
 from .words import key_str, loc_str, unknown_key
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used. ``problems`` lists ``(key path, message)`` pairs."""
-
-    def __init__(self, source: str, problems: list[tuple[str, str]]):
-        self.source = source
-        self.problems = problems
-        lines = "\n".join(f"  {k}: {m}" for k, m in problems)
-        super().__init__(f"{source}: {len(problems)} problem(s)\n{lines}")
 
 
 def parse(data: dict, source: str = "berth.toml") -> Config:
@@ -156,19 +146,15 @@ def load(path: str | Path) -> Config:
     return parse(data, str(p))
 
 
-def load_config(path: str | Path | None) -> tuple[Config, Path | None]:
-    """The config at ``path``, else ``$BERTH_CONFIG``, else the default location
-    (:func:`berth.paths.config_path`); with no file at the default location, the defaults
-    (NVML). Returns the config and the file it came from (``None``: defaults). Raises
-    :class:`ConfigError`."""
-    if path:
-        return load(path), Path(path)
-    p = paths.config_path()
-    if p.exists():
-        return load(p), p
-    if os.environ.get("BERTH_CONFIG"):
-        return load(p), p          # named but missing: say so
-    return Config(), None
+def load_config(path: str | Path | None = None) -> tuple[Config, Path | None]:
+    """The config every Berth process runs on (berthd, ``berth run``, ``berth status`` and the
+    client, the gateway, the hosts): the file :func:`berth.paths.find_config` finds (``path``
+    from ``--config``, else ``$BERTH_CONFIG``, else the default place), or the defaults (NVML)
+    when none is named and the default place has none. Returns the config and its file
+    (``None``: the defaults). Raises :class:`ConfigError`: a named file that does not exist, or
+    one that does not load, is never passed over for the defaults."""
+    found = paths.find_config(path)
+    return (load(found), found) if found is not None else (Config(), None)
 
 
 def plugin_problems(cfg: Config, known: set[str]) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from berth.decide.admission import Policy, QueuePolicy
-from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, normalize_pci
+from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, names_card
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -308,14 +308,7 @@ class Config(_Strict):
 
     def card_config(self, pci: str, name: str) -> CardConfig:
         """The ``[cards.X]`` entry for a card, by PCI address or name (default if none)."""
-        for key, cc in self.cards.items():
-            try:
-                if normalize_pci(key) == pci:
-                    return cc
-            except ValueError:
-                pass
-            if key == name:
-                return cc
-        return CardConfig()
+        return next((cc for key, cc in self.cards.items() if names_card(key, pci, name)),
+                    CardConfig())
 
 

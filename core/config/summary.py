@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from berth.decide.units import format_duration, format_size
 
-from .models import CardConfig, Config
+if TYPE_CHECKING:             # the package imports this module at once: pydantic loads on use
+    from .models import CardConfig, Config
 
 # The engine entry the ComfyUI custom node leases ComfyUI's process under, and the allowance
 # it takes when the entry names none (hosts/comfyui/agent.py, which a core module cannot import).
@@ -40,6 +43,7 @@ def summary(cfg: Config) -> str:
     if cfg.driver.kind == "nvml":
         for key, cc in cfg.cards.items():
             out.append(f"  card {key}: {_card_words(cc, None)}")
+        from .models import CardConfig
         out.append(f"  other cards: reserve {format_size(CardConfig().reserve)} (default), "
                    f"baseline measured when berthd starts")
     p = cfg.policy

@@ -40,7 +40,7 @@ from berth.driver.base import Driver, DriverError
 
 from berth_plugins.manager import PluginRefused, make_plugin_manager, mechanisms
 
-__all__ = ["register", "open_driver", "main_async", "StartRefused"]
+__all__ = ["daemon_arguments", "config_arguments", "open_driver", "main_async", "StartRefused"]
 
 log = logging.getLogger("berth.daemon")
 
@@ -93,7 +93,7 @@ def load_plugins(cfg: Config):
 
 async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
     """Acquire berthd's parts in order on ``stack`` (see the module docstring); the broker."""
-    # `berth` registers every command at its start: berthd's own parts load only when it runs.
+    # berthd's own parts load only when it runs (`berth config check` needs none of them).
     from berth.daemon.api import serve
     from berth.daemon.broker import Broker
     pm = load_plugins(cfg)
@@ -221,14 +221,14 @@ def _cmd_daemon(args) -> int:
     try:
         cfg, path = load_config(args.config)
     except ConfigError as e:
-        print(f"berthd: the config cannot be used.\n{e}", file=sys.stderr)
+        print(f"berthd: {e}", file=sys.stderr)
         return 2
     return asyncio.run(main_async(cfg))
 
 
 def _cmd_config_check(args) -> int:
     try:
-        cfg = load(args.path)
+        cfg = load(args.path)       # the file named, not the one berthd would find
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
@@ -242,12 +242,15 @@ def _cmd_config_check(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("daemon", help="run berthd, the broker for every card of this machine")
+def daemon_arguments(p) -> None:
+    """Fill ``berth daemon``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.add_argument("--config", help="berth.toml (default $BERTH_CONFIG or the usual place)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=_cmd_daemon)
-    c = sub.add_parser("config", help="check a berth.toml")
+
+
+def config_arguments(c) -> None:
+    """Fill ``berth config``'s parser (:data:`berth.cli.COMMANDS`)."""
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     chk = csub.add_parser("check", help="validate a config and explain what it means")
     chk.add_argument("path")

@@ -1,10 +1,10 @@
 """The state file: every lease, share and waiter, so state survives the daemon (rule 5).
 
-Source: seed 002 rule 5; issue 4 "State that survives". TOML written with tomli-w, atomically:
-write a temporary file in the same directory, fsync it, rename it over the old one, fsync the
-directory. Times are the broker's monotonic clock (seconds since boot, shared by every process),
-so they stay meaningful across a daemon restart within one boot; ``boot_id`` tells a reboot
-apart, after which no lease can be alive.
+Source: seed 002 rule 5; issue 4 "State that survives". TOML written with tomli-w, atomically
+(:func:`berth.paths.write_atomic`, Berth's one way: a temporary file in the same directory,
+fsync, rename over the old one, fsync of the directory). Times are the broker's monotonic
+clock (seconds since boot, shared by every process), so they stay meaningful across a daemon
+restart within one boot; ``boot_id`` tells a reboot apart, after which no lease can be alive.
 
 :func:`load` returns ``None`` for a missing file and raises :class:`StateCorrupt` for one that
 cannot be read; :func:`quarantine` moves such a file aside.
@@ -29,6 +29,7 @@ from berth.decide.model import (
     Share,
     ShareState,
 )
+from berth.paths import write_atomic
 
 __all__ = ["Snapshot", "StateCorrupt", "dump", "load", "write_atomic", "quarantine", "boot_id"]
 
@@ -102,25 +103,6 @@ def dump(snap: Snapshot) -> bytes:
            "waiting": [{"lease_id": lid, "kind": kind, "since": since}
                        for lid, kind, since in snap.waiting]}
     return tomli_w.dumps(doc).encode()
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` so a reader sees the old file or the new one, never a part:
-    temporary file, fsync, rename, fsync of the directory."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _share_from(d: dict) -> Share:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .model import Card, Lease, ParkMechanism, Share, ShareState, move
+from .model import Card, Lease, ParkMechanism, Share, ShareState, move, names_card
 
 __all__ = ["Ledger", "counted_bytes", "CardView", "RESIDUAL_SLACK_BYTES", "hook_residual_guess",
            "max_residual"]
@@ -138,7 +138,7 @@ class Ledger:
         if key in self.cards:
             return self.cards[key]
         for c in self.cards.values():
-            if c.name == key:
+            if names_card(key, c.pci, c.name):
                 return c
         raise KeyError(f"card {key!r}: no such card (known: "
                        f"{', '.join(f'{c.name}={c.pci}' for c in self.cards.values())})")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "ShareState", "Bound", "ParkMechanism", "TRANSITIONS", "DIAGRAM_EDGES", "RULE_EDGES",
-    "IllegalTransition", "Capabilities", "Share", "Lease", "Card", "normalize_pci", "move", "Op", "OPS",
+    "IllegalTransition", "Capabilities", "Share", "Lease", "Card", "normalize_pci", "names_card", "move", "Op", "OPS",
     "capacity_bytes",
     "LIVE_STATES", "ASLEEP_STATES", "SETTLED_STATES", "HOLDING_STATES",
 ]
@@ -177,6 +177,19 @@ def normalize_pci(text: str | bytes) -> str:
     if dev > 0x1F:
         raise ValueError(f"pci: device number {dev:#x} is out of range in {text!r}")
     return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn}"
+
+
+def names_card(key: str, pci: str, name: str) -> bool:
+    """Whether ``key`` names the card whose normalised PCI address is ``pci`` and whose short
+    name is ``name``: its name, or any spelling of its PCI address (:func:`normalize_pci`).
+    The one rule for every place a user names a card: a ``[cards.X]`` key, an engine's
+    ``card``, ``--size SIZE@CARD``."""
+    if key == name:
+        return True
+    try:
+        return normalize_pci(key) == pci
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -6,18 +6,16 @@ import asyncio
 import logging
 import signal
 import sys
-from pathlib import Path
 
-__all__ = ["register"]
+__all__ = ["arguments"]
 
 DEFAULT_LISTEN = "127.0.0.1:7880"
 
 
-def register(sub) -> None:
-    p = sub.add_parser("gateway", help="one endpoint for every engine (routing by model, peers)",
-                       description="Route the OpenAI routes by `model` to the front of the engine "
-                                   "that serves it (here or on a peer), and ComfyUI's API to the "
-                                   "comfyui entry.")
+def arguments(p) -> None:
+    """Fill ``berth gateway``'s parser (:data:`berth.cli.COMMANDS`)."""
+    p.description = ("Route the OpenAI routes by `model` to the front of the engine that serves "
+                     "it (here or on a peer), and ComfyUI's API to the comfyui entry.")
     p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
                    help=f"where clients reach the gateway (default {DEFAULT_LISTEN})")
     p.add_argument("--comfyui-listen", metavar="HOST:PORT",
@@ -28,16 +26,11 @@ def register(sub) -> None:
 
 def _main(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from berth import paths
-    from berth.config import Config, ConfigError, load
-    path = Path(args.config) if args.config else paths.config_path()
+    from berth.config import ConfigError, load_config
     try:
-        cfg = load(path) if path.exists() else Config()
+        cfg, _ = load_config(args.config)
     except ConfigError as e:
         print(f"berth gateway: {e}", file=sys.stderr)
-        return 2
-    if args.config and not path.exists():
-        print(f"berth gateway: --config: no file {path}", file=sys.stderr)
         return 2
     from berth.gateway.server import Gateway
     try:

@@ -1,13 +1,14 @@
 """``berth run``'s command line: the flags, their checks, and :class:`RunOptions`.
 
 Source: issue 5; seed 002 "Fronts", rule 3. Bad input ends with exit 2 and one line naming the
-flag and value, before anything starts. The run itself is :mod:`berth.run.main`.
+flag and value, before anything starts. The run itself is :mod:`berth.run.main`, imported
+only when a run starts: ``berth run --help`` and the checks load no aiohttp, pydantic or asyncio
+(issue 23).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import shutil
@@ -16,12 +17,8 @@ from dataclasses import dataclass, field
 
 from berth.decide.model import Bound, ParkMechanism
 from berth.decide.units import parse_duration, parse_size
-from berth.front.upstream import Address
-from berth.run.main import EngineRun
 
-from berth_plugins.manager import make_plugin_manager, mechanisms
-
-__all__ = ["register", "RunOptions", "parse_sizes", "USAGE"]
+__all__ = ["arguments", "RunOptions", "parse_sizes", "USAGE"]
 
 USAGE = """\
     berth run [--engine NAME] [--front HOST:PORT] [--size SIZE[@CARD]]… [--priority N]
@@ -95,6 +92,7 @@ def _check_front(front: str) -> None:
 
 def _check_upstream(url: str) -> None:
     """An http(s) URL with a host, as the front forwards to it. Raises ``ValueError``."""
+    from berth.front.upstream import Address
     try:
         Address(url)
     except ValueError:
@@ -113,6 +111,7 @@ def _check_health(path: str) -> None:
 def _check_adapter(adapter: str) -> None:
     """The hook's adapter must be one some plugin carries out now, not at the first park (an
     unknown one would turn that park into a drain). Raises ``ValueError``."""
+    from berth_plugins.manager import make_plugin_manager, mechanisms
     known = mechanisms(make_plugin_manager())
     if adapter not in known:
         raise ValueError(f"--adapter: no plugin carries out {adapter!r}; known adapters: "
@@ -130,6 +129,47 @@ def _check_checkpoint(path: str | None) -> None:
                          f"simulated cards use berth-sim-cuda-checkpoint)")
 
 
+def _options(args, cmd: list[str]) -> RunOptions:
+    """The run's options from its flags. Raises ``ValueError`` naming the flag and value."""
+    if args.front:
+        _check_front(args.front)
+    if args.upstream:
+        _check_upstream(args.upstream)
+    _check_health(args.health)
+    if args.adapter:
+        _check_adapter(args.adapter)
+    options = {}
+    for o in args.option or []:
+        key, eq, value = o.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--option: expected KEY=VALUE, got {o!r}")
+        options[key] = value
+    if args.park == ParkMechanism.CHECKPOINT:
+        _check_checkpoint(args.checkpoint_path)
+    sizes = parse_sizes(args.size or [])
+    if args.lend_max:
+        parse_size(args.lend_max, field="--lend-max")
+    if args.max_in_flight is not None and args.max_in_flight < 1:
+        raise ValueError(f"--max-in-flight: must be at least 1, got {args.max_in_flight}")
+    if args.front and not args.upstream and not any("{port}" in a for a in cmd):
+        raise ValueError("with --front, the engine's command must contain {port} (the port the "
+                         "run picks) or give --upstream URL")
+    if args.park and not args.front:
+        raise ValueError("--park needs --front (rule 3: an engine sleeps only behind a front)")
+    return RunOptions(
+        cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
+        front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
+        adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
+        health=args.health, checkpoint_path=args.checkpoint_path,
+        wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
+        max_in_flight=args.max_in_flight,
+        stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
+        term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
+        release_grace_s=_positive(args.release_grace, "--release-grace"),
+        wake_limit_s=_positive(args.wake_limit, "--wake-limit"),
+        require_berthd=args.require_berthd, options=options, aliases=args.alias or [])
+
+
 def _cmd_run(args) -> int:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -140,59 +180,25 @@ def _cmd_run(args) -> int:
     if not cmd:
         print("berth run: give the engine's command after --", file=sys.stderr)
         return 2
+    from berth.paths import find_config
     try:
-        if args.front:
-            _check_front(args.front)
-        if args.upstream:
-            _check_upstream(args.upstream)
-        _check_health(args.health)
-        if args.adapter:
-            _check_adapter(args.adapter)
-        options = {}
-        for o in args.option or []:
-            key, eq, value = o.partition("=")
-            if not eq or not key:
-                raise ValueError(f"--option: expected KEY=VALUE, got {o!r}")
-            options[key] = value
-        if args.park == ParkMechanism.CHECKPOINT:
-            _check_checkpoint(args.checkpoint_path)
-        sizes = parse_sizes(args.size or [])
-        if args.lend_max:
-            parse_size(args.lend_max, field="--lend-max")
-        opts = RunOptions(
-            cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
-            front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
-            adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
-            health=args.health, checkpoint_path=args.checkpoint_path,
-            wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
-            max_in_flight=args.max_in_flight,
-            stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
-            term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
-            release_grace_s=_positive(args.release_grace, "--release-grace"),
-            wake_limit_s=_positive(args.wake_limit, "--wake-limit"),
-            require_berthd=args.require_berthd, options=options, aliases=args.alias or [])
-        if args.max_in_flight is not None and args.max_in_flight < 1:
-            raise ValueError(f"--max-in-flight: must be at least 1, got {args.max_in_flight}")
-    except ValueError as e:
+        opts = _options(args, cmd)
+        find_config()           # a missing named file, at once; the run loads it past its front
+    except ValueError as e:     # berth.config.ConfigError is one
         print(f"berth run: {e}", file=sys.stderr)
         return 2
-    if opts.front and not opts.upstream and not any("{port}" in a for a in cmd):
-        print("berth run: with --front, the engine's command must contain {port} (the port the "
-              "run picks) or give --upstream URL", file=sys.stderr)
-        return 2
-    if opts.park and not opts.front:
-        print("berth run: --park needs --front (rule 3: an engine sleeps only behind a front)",
-              file=sys.stderr)
-        return 2
+    import asyncio
+
+    from berth.run.main import EngineRun
     code = asyncio.run(EngineRun(opts).main())
     # An engine killed by a signal has returncode -N; exit 128 + N as a shell reports it
     # (sys.exit(-9) would exit 247).
     return 128 - code if code < 0 else code
 
 
-def register(sub) -> None:
-    p = sub.add_parser("run", help="run an engine under a lease, behind its own front",
-                       description=USAGE)
+def arguments(p) -> None:
+    """Fill ``berth run``'s parser (:data:`berth.cli.COMMANDS`)."""
+    p.description = USAGE
     p.add_argument("--engine", help="engine name (default: the command's name)")
     p.add_argument("--front", metavar="HOST:PORT", help="where clients reach the engine")
     p.add_argument("--alias", action="append", metavar="ID",

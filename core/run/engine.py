@@ -10,7 +10,8 @@ reference/llama-swap.md ("Consequences for a cmd wrapper").
   own session kills the engine's whole group when the run dies by any path, SIGKILL included.
 - :meth:`EngineProcess.until_healthy`: poll ``--health`` (default ``/health``) until it answers.
 - :meth:`EngineProcess.kill`: the engine's part of the stop sequence: SIGTERM the group, SIGKILL
-  after ``term_grace_s``, then the group's stragglers.
+  after ``term_grace_s``, then the group's stragglers; :meth:`EngineProcess.let_watchdog_go`
+  at the end of every run.
 """
 
 from __future__ import annotations
@@ -159,6 +160,17 @@ class EngineProcess:
         # The leader is gone; stragglers of its group go too (the watchdog would do it anyway).
         with contextlib.suppress(SignalRefused, ProcessLookupError, PermissionError):
             signal_group(self.ident, signal.SIGKILL)
-        if self.watchdog is not None and self.watchdog.stdin is not None:
-            self.watchdog.stdin.close()
+        await self.let_watchdog_go()
         return self.proc.returncode
+
+    async def let_watchdog_go(self, wait_s: float = _SIGKILL_WAIT_S) -> None:
+        """Close the watchdog's pipe, as the run's exit would: it kills what is left of the
+        engine's group and exits; wait for that (``wait_s`` seconds at most), so no watchdog
+        outlives the run's event loop."""
+        w = self.watchdog
+        if w is None:
+            return
+        if w.stdin is not None and not w.stdin.is_closing():
+            w.stdin.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(w.wait(), wait_s)

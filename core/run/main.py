@@ -26,6 +26,14 @@ stage A1; reference/llama-swap.md ("Consequences for a cmd wrapper").
 The engine never outlives the run: the child gets a parent-death SIGKILL, and a watchdog in its
 own session kills the engine's whole group when the run dies by any path, SIGKILL included.
 
+Start-up and stop go through one :class:`contextlib.AsyncExitStack`, as berthd's do: the
+signal handlers (removed at the end), the front, the lease client, the engine's HTTP session and
+every task are each pushed as they start, so any exit, an exception's included, cancels the
+tasks and closes the rest in reverse. The front listens before anything else loads: it needs
+only asyncio and httptools, and llama-swap polls its health 250 ms after starting the ``cmd``
+(issue 30). The config (pydantic), the plugins and aiohttp load after it listens; a config
+that does not load ends the run with exit 2 and one line naming the problem.
+
 It fails open: if berthd is down at start, the engine runs unleased (with a warning) and the
 front forwards; if berthd dies later, the front keeps forwarding, and the run re-attaches when
 berthd is back (or asks for a new lease if berthd lost the old one).
@@ -37,24 +45,36 @@ import asyncio
 import contextlib
 import logging
 import signal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Coroutine
 
-import aiohttp
+from berth import paths
+from berth.config.errors import ConfigError
 from berth.decide.model import Op
 from berth.front import Front
-from berth.run.actions import Actions
-from berth.run.engine import EngineProcess, NoEngine
-from berth.run.lease import LeaseClient
-from berth.run.waits import job_reporter
+from berth.front.rules import default_is_write
 
-from berth_plugins.manager import is_write, make_plugin_manager
-
-if TYPE_CHECKING:                                   # the CLI builds the options and the run
+if TYPE_CHECKING:                   # loaded once the front listens (EngineRun._load)
+    from berth.run.actions import Actions
     from berth.run.cli import RunOptions
+    from berth.run.engine import EngineProcess
+    from berth.run.lease import LeaseClient
 
 __all__ = ["EngineRun"]
 
 log = logging.getLogger("berth.run")
+
+
+def _task(stack: contextlib.AsyncExitStack, coro: Coroutine) -> asyncio.Task:
+    """A task that ``stack`` cancels, and waits for, when it closes (on any exit)."""
+    task = asyncio.create_task(coro)
+    stack.push_async_callback(_cancel, task)
+    return task
+
+
+async def _cancel(task: asyncio.Task) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 class EngineRun:
@@ -64,45 +84,91 @@ class EngineRun:
     def __init__(self, opts: RunOptions):
         self.o = opts
         self.stop_event = asyncio.Event()
-        self.lease = LeaseClient(opts, self.stop_event)
-        self.engine = EngineProcess(opts)
         self.front: Front | None = None
+        self.lease: LeaseClient | None = None
+        self.engine: EngineProcess | None = None
         self.actions: Actions | None = None
+        self._is_write = default_is_write        # the plugins' rule once they are loaded
 
     async def main(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop_event.set)
-        self.engine.http = aiohttp.ClientSession()
-        try:
-            return await self._main()
-        finally:
-            await self.engine.http.close()
-            await self.lease.close()
-            if self.front is not None:
-                await self.front.stop()
-
-    async def _main(self) -> int:
-        pm = make_plugin_manager()
-        if self.o.front:
-            host, _, port = self.o.front.rpartition(":")
-            self.front = Front(host or "127.0.0.1", int(port), name=self.o.engine,
-                               wait_limit_s=self.lease.limit("wait_limit_s"),
-                               on_wake=self.lease.on_wake, on_activity=self.lease.on_activity,
-                               is_write=lambda m, p: is_write(pm, self.o.engine, m, p),
-                               max_in_flight=self.o.max_in_flight,
-                               on_unwanted=self.lease.on_unwanted)
-            try:
-                await self.front.start()
-            except OSError as e:
-                log.error("cannot listen on the front %s: %s", self.o.front, e.strerror or e)
-                self.front = None
+        """Start, serve until the engine exits or a stop signal (SIGTERM, SIGINT) or a drain,
+        stop. The exit code: the engine's; 2 when the front cannot listen or the config does
+        not load; 1 when berthd refused the lease; 143 when stopped while waiting for it."""
+        async with contextlib.AsyncExitStack() as stack:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop_event.set)
+                stack.callback(loop.remove_signal_handler, sig)
+            if self.o.front and not await self._listen(stack):
                 return 2
-        self.lease.front = self.front
-        self.lease.waits.front = self.front
-        self.actions = Actions(self.o, pm, self.lease, self.engine, self.front, self.stop_event)
-        granted = await self.lease.acquire()
-        if granted is None:
+            try:
+                await self._load(stack)
+            except ConfigError as e:
+                log.error("%s", e)
+                if self.front is not None:
+                    self.front.stopped(f"berth run cannot start: {e}")
+                return 2
+            return await self._serve(stack)
+
+    async def _listen(self, stack: contextlib.AsyncExitStack) -> bool:
+        """The front listens on ``--front``, state ``starting`` (reads 503, writes held). The
+        lease's callbacks reach it through this run: the lease client loads only after."""
+        host, _, port = self.o.front.rpartition(":")
+        limit = {"wait_limit_s": self.o.wait_limit_s} if self.o.wait_limit_s else {}
+        front = Front(host or "127.0.0.1", int(port), name=self.o.engine, **limit,
+                      on_wake=self._on_wake, on_activity=self._on_activity,
+                      is_write=lambda method, path: self._is_write(method, path),
+                      max_in_flight=self.o.max_in_flight, on_unwanted=self._on_unwanted)
+        try:
+            await front.start()
+        except OSError as e:
+            log.error("cannot listen on the front %s: %s", self.o.front, e.strerror or e)
+            return False
+        stack.push_async_callback(front.stop)
+        self.front = front
+        return True
+
+    async def _load(self, stack: contextlib.AsyncExitStack) -> None:
+        """What the run needs past its front: the plugins, the lease client (berthd's socket
+        from the config), the engine and its HTTP session, the actions. Raises
+        :class:`ConfigError`."""
+        import aiohttp
+        from berth.run.actions import Actions
+        from berth.run.engine import EngineProcess
+        from berth.run.lease import LeaseClient
+
+        from berth_plugins.manager import is_write, make_plugin_manager
+        paths.client_socket()       # the config loads, or the run ends here (not fail-open)
+        pm = make_plugin_manager()
+        lease = LeaseClient(self.o, self.stop_event)
+        stack.push_async_callback(lease.close)
+        self.engine = EngineProcess(self.o)
+        self.engine.http = aiohttp.ClientSession()
+        stack.push_async_callback(self.engine.http.close)
+        lease.front = lease.waits.front = self.front
+        if self.front is not None:
+            self.front.wait_limit_s = lease.limit("wait_limit_s")
+        self.lease = lease
+        self._is_write = lambda method, path: is_write(pm, self.o.engine, method, path)
+        self.actions = Actions(self.o, pm, lease, self.engine, self.front, self.stop_event)
+
+    # The front's callbacks: a wake, activity and an unwanted wake need a lease, which exists
+    # by then (the front is open, or asleep after a park, only once the run holds one).
+    async def _on_wake(self) -> None:
+        await self.lease.on_wake()
+
+    def _on_activity(self) -> None:
+        if self.lease is not None:
+            self.lease.on_activity()
+
+    def _on_unwanted(self) -> None:
+        if self.lease is not None:
+            self.lease.on_unwanted()
+
+    async def _serve(self, stack: contextlib.AsyncExitStack) -> int:
+        """Ask for the lease, start the engine on the granted cards, serve until the end."""
+        from berth.run.engine import NoEngine
+        if await self.lease.acquire() is None:
             return 143 if self.stop_event.is_set() else 1
         try:
             ident = await self.engine.spawn(self.lease.cards, self.lease.lease_id,
@@ -112,43 +178,52 @@ class EngineRun:
                 self.front.stopped("the engine could not be started")
             await self.lease.release("the engine could not be started")
             return e.code
+        stack.push_async_callback(self.engine.let_watchdog_go)
+        stack.push_async_exit(self._stop_after_error)
         await self.lease.attach(ident)
         if self.front is not None and self.engine.url:
             self.front.set_upstream(self.engine.url)
-        proc = self.engine.proc
-        engine_exit = asyncio.create_task(proc.wait())
-        stop = asyncio.create_task(self.stop_event.wait())
-        healthy = asyncio.create_task(self.engine.until_healthy())
-        done, _ = await asyncio.wait({engine_exit, stop, healthy}, return_when=asyncio.FIRST_COMPLETED)
-        if healthy in done and healthy.result():
+        exited = await self._until_done()
+        if exited is None:
+            return await self._stop("stop signal")
+        log.info("%s exited on its own with %s", self.o.engine, exited)
+        if self.front is not None:
+            self.front.stopped("engine exited")
+        await self.lease.release("engine exited")
+        return exited
+
+    async def _until_done(self) -> int | None:
+        """Open the front once the engine answers its health, follow berthd's instructions and
+        report the front's jobs, until the engine exits (its code) or the run is told to stop
+        (``None``). Every task here is cancelled before this returns, by any path."""
+        from berth.run.waits import job_reporter
+        async with contextlib.AsyncExitStack() as tasks:
+            engine_exit = _task(tasks, self.engine.proc.wait())
+            stop = _task(tasks, self.stop_event.wait())
+            healthy = _task(tasks, self.engine.until_healthy())
+            ends = {engine_exit, stop}
+            done, _ = await asyncio.wait(ends | {healthy}, return_when=asyncio.FIRST_COMPLETED)
+            if healthy in done and healthy.result():
+                if self.front is not None:
+                    self.front.open()
+                log.info("%s is serving%s", self.o.engine, f" on {self.engine.url}"
+                         if self.engine.url else f" (pid {self.engine.proc.pid})")
+                await self.lease.ready()
+            _task(tasks, self.lease.follow(self.actions.carry_out, self.engine))
             if self.front is not None:
-                self.front.open()
-            log.info("%s is serving%s", self.o.engine,
-                     f" on {self.engine.url}" if self.engine.url else f" (pid {proc.pid})")
-            await self.lease.ready()
-        elif not healthy.done():
-            healthy.cancel()
-        instr = asyncio.create_task(self.lease.follow(self.actions.carry_out, self.engine))
-        # berthd's ladder waits for the requests in flight (issue 12 case 4): tell it.
-        jobs = asyncio.create_task(job_reporter(self.front, self.lease).run()) \
-            if self.front is not None else None
-        try:
-            if engine_exit not in done and stop not in done:
-                await asyncio.wait({engine_exit, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (instr, jobs):
-                if t is not None:
-                    t.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await t
-        if engine_exit.done():
-            code = engine_exit.result()
-            log.info("%s exited on its own with %s", self.o.engine, code)
-            if self.front is not None:
-                self.front.stopped("engine exited")
-            await self.lease.release("engine exited")
-            return code
-        return await self._stop("stop signal")
+                # berthd's ladder waits for the requests in flight (issue 12 case 4): tell it.
+                _task(tasks, job_reporter(self.front, self.lease).run())
+            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+            return engine_exit.result() if engine_exit.done() else None
+
+    async def _stop_after_error(self, exc_type, exc, tb) -> bool:
+        """On the way out of an error (a bug, not a stop): the engine goes with the run, now,
+        rather than when the watchdog sees the run gone. The error goes on."""
+        if exc_type is not None and self.engine.running():
+            log.error("stopping %s after an error: %r", self.o.engine, exc)
+            with contextlib.suppress(Exception):
+                await self.engine.kill()
+        return False
 
     async def _stop(self, why: str) -> int:
         """The stop sequence: close the front, let in-flight requests finish (up to

@@ -165,11 +165,15 @@ class SimCards:
     """Handle on the simulated cards in ``directory`` (default :func:`berth.paths.sim_dir`).
 
     Cheap to create; every method opens the state file afresh, so any number of processes share
-    one directory. Raises :class:`SimError` when the directory holds no declared cards.
+    one directory. Raises :class:`SimError` when the directory holds no declared cards, or
+    when none is given and the config that names it does not load.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None):
-        self.directory = Path(directory) if directory is not None else paths.client_sim_dir()
+        try:
+            self.directory = Path(directory) if directory is not None else paths.client_sim_dir()
+        except ValueError as e:             # berth.config.ConfigError
+            raise SimError(f"cannot find the simulated cards: {e}") from None
 
     # ---- declaring -------------------------------------------------------------------------------
 

@@ -108,9 +108,9 @@ def run(argv: list[str] | None = None) -> int:
         print(f"cuda-checkpoint: --timeout: must be >= 0 milliseconds, got {args.timeout}",
               file=sys.stderr)
         return INVALID_VALUE
-    store = SimCards()
     pid = args.pid
     try:
+        store = SimCards()
         hang_s = _env_float("BERTH_SIM_CHECKPOINT_HANG_S", 0.0)
         if hang_s:
             time.sleep(hang_s)

@@ -21,7 +21,7 @@ import sys
 from berth.decide.units import format_duration, format_size, parse_duration, parse_size
 from berth.sim.cards import CHECKPOINTED, CardSpec, SimCards, SimError
 
-__all__ = ["register", "parse_card", "engine_arguments"]
+__all__ = ["arguments", "parse_card", "engine_arguments"]
 
 
 def parse_card(text: str, index: int, baseline_bytes: int = 0) -> CardSpec:
@@ -128,10 +128,10 @@ def _engine(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``berth sim`` and its ``init``, ``cards`` and ``engine`` subcommands."""
-    sim = subparsers.add_parser("sim", help="the simulation kit: simulated cards and a stub engine",
-                                description=__doc__.split("\n\n")[0])
+def arguments(sim: argparse.ArgumentParser) -> None:
+    """Fill ``berth sim``'s parser with its ``init``, ``cards``, ``engine`` and ``comfyui``
+    subcommands (:data:`berth.cli.COMMANDS`)."""
+    sim.description = __doc__.split("\n\n")[0]
     sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND", required=True)
 
     p = sub.add_parser("init", help="declare simulated cards")

@@ -549,8 +549,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    store = SimCards(args.dir)
     try:
+        store = SimCards(args.dir)
         key = args.card or (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")[0] or "0"
         pci = store.resolve(key).pci
         card = Card(store, pci, args)

@@ -1,7 +1,7 @@
 """The simulated cards' state file, shared by every process: a locked transaction over it.
 
 Source: issue 3 "simulated cards". ``cards.json`` is the whole state, ``cards.lock`` the
-``fcntl.flock`` lock every writer takes; writes are atomic (temp file, fsync, ``os.replace``).
+``fcntl.flock`` lock every writer takes; writes are atomic (:func:`berth.paths.write_atomic`).
 Each transaction first runs the GC step of :mod:`berth.sim.cards` (its docstring: "Exit and the
 free delay"): a process gone for ``free_delay_s`` since a reader first saw it gone has its memory
 freed.
@@ -13,12 +13,12 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
 
 import psutil
+from berth.paths import write_atomic
 
 __all__ = ["STATE_FILE", "LOCK_FILE", "SimError", "Txn", "load", "transaction", "start_time"]
 
@@ -131,14 +131,4 @@ def transaction(directory: Path, create: bool = False) -> Iterator["Txn"]:
 
 
 def _write(directory: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".cards.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / STATE_FILE)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomic(directory / STATE_FILE, json.dumps(data, indent=1, sort_keys=True).encode())

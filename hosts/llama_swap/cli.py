@@ -10,30 +10,16 @@ warnings go to stderr. Exit status 0, or 2 with one message naming the model and
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from berth.paths import write_atomic
 
 from .wrap import MIN_HEALTH_CHECK_TIMEOUT_S, WrapError, WrapOptions, sizes_from, wrap_text
 
-__all__ = ["register"]
+__all__ = ["arguments"]
 
 _PROG = "berth llama-swap wrap"
-
-
-def _write(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (no half-written
-    config for a watching llama-swap to load)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _cmd_wrap(args) -> int:
@@ -70,7 +56,8 @@ def _cmd_wrap(args) -> int:
         return 2
     if args.output:
         try:
-            _write(args.output, out)
+            # no half-written config for a watching llama-swap to load
+            write_atomic(args.output, out.encode(), 0o644)
         except OSError as e:
             print(f"{_PROG}: -o {args.output}: {e.strerror or e}", file=sys.stderr)
             return 2
@@ -94,10 +81,10 @@ def _cmd_wrap(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """Add ``berth llama-swap`` and its subcommand ``wrap``."""
-    p = sub.add_parser("llama-swap", help="the llama-swap host: run its models under berth run",
-                       description="Glue for llama-swap, whose models run under `berth run`.")
+def arguments(p) -> None:
+    """Fill ``berth llama-swap``'s parser with its subcommand ``wrap``
+    (:data:`berth.cli.COMMANDS`)."""
+    p.description = "Glue for llama-swap, whose models run under `berth run`."
     lsub = p.add_subparsers(dest="llama_swap_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
     w = lsub.add_parser(

@@ -30,25 +30,16 @@ import logging
 import os
 import sys
 import threading
-from pathlib import Path
 
 from berth import paths
 from berth.config import ConfigError, load_config
 
 from berth_plugins.manager import make_plugin_manager
 
-__all__ = ["register", "listen"]
+__all__ = ["arguments", "listen"]
 
 log = logging.getLogger("berth.hosts.supervisor")
 MAPPING_FILE = "supervisor-listener.json"
-
-
-def _socket_of(cfg) -> Path:
-    if cfg.api.socket:
-        return Path(cfg.api.socket)
-    if os.environ.get("BERTH_SOCKET"):
-        return Path(os.environ["BERTH_SOCKET"])
-    return paths.state_dir(cfg) / "berthd.sock"
 
 
 class _Side(threading.Thread):
@@ -78,7 +69,7 @@ class _Side(threading.Thread):
         from .listener import Host
         self.loop = asyncio.get_running_loop()
         stop = self.stop_event = asyncio.Event()
-        async with Client(socket=_socket_of(self.cfg)) as client:
+        async with Client(socket=paths.socket_path(self.cfg)) as client:
             self.host = Host(self.cfg, self.sup, client, self.pm,
                              paths.state_dir(self.cfg) / MAPPING_FILE)
             self.started_ok.set()
@@ -156,8 +147,8 @@ def _cmd_listen(args) -> int:
     return listen(args.config, proto_fd)
 
 
-def register(sub) -> None:
-    p = sub.add_parser("supervisor", help="the supervisord host: its eventlistener")
+def arguments(p) -> None:
+    """Fill ``berth supervisor``'s parser (:data:`berth.cli.COMMANDS`)."""
     psub = p.add_subparsers(dest="supervisor_command", metavar="ACTION", required=True)
     lp = psub.add_parser("listen", help="the eventlistener supervisord runs "
                                         "(events=PROCESS_STATE,TICK_5)",

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from berth.paths import write_atomic
+
 __all__ = ["read_down", "write"]
 
 log = logging.getLogger("berth.hosts.supervisor")
@@ -37,10 +39,8 @@ def write(path: Path, syncs: int, programs: Iterable) -> None:
             "programs": {p.engine: {"program": p.name, "mode": p.mode, "lease": p.lease,
                                     "pid": p.pid, "down": p.down}
                          for p in programs}}
-    tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data, indent=1, ensure_ascii=False).encode(), 0o644)
     except OSError as e:
         log.warning("cannot write the mapping file %s: %s", path, e)
