@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from berth.client import ApiError, BerthdUnavailable
+from berth.decide.units import format_size
 
 from . import comfy, notice
 from .estimate import need_bytes
@@ -136,10 +137,10 @@ class Reservation:
                 told.ready(waited)
                 return None
             cause = f": {self.gate.cause}" if self.gate.cause else ""
-            told.tell(f"berthd makes room for {more >> 20} MiB more for this prompt's models"
+            told.tell(f"berthd makes room for {format_size(more)} more for this prompt's models"
                       f"{cause}", waited, self.extend_waits.expected(waited))
             await asyncio.sleep(_POLL_S)
-        return (f"berthd did not grant {more >> 20} MiB more within the wait limit "
+        return (f"berthd did not grant {format_size(more)} more within the wait limit "
                 f"({self.gate.wait_limit_s:g} s)")
 
     async def _withdraw(self, lid: str) -> None:
