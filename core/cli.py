@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "berth.gateway.cli",
     "berth_hosts.llama_swap.cli",
     "berth_hosts.supervisor.cli",
+    "berth_hosts.comfyui.cli",
     "berth.demo",
 )
 
