@@ -164,6 +164,22 @@ class Rooms(Actions):
                 fx += self._stop(victim, now, reason, st.quiet_s)
         return fx
 
+    def unextend(self, lease_id: str, now: float, reason: str = "withdrawn") -> list[Effect]:
+        """The holder no longer wants the room it asked for with :meth:`extend` (issue 28: its
+        prompt got a 503, its client went away, or the asker's process is gone): take the
+        request out of the queue and drop the room being made for it, so the ladder never makes
+        room later for nobody. A park already instructed goes on (only the driver settles a
+        park); lends already confirmed grow back. No request of that kind: no effects."""
+        lease = self.ledger.leases[lease_id]
+        w = self.queue.get(lease_id)
+        if w is None or w.kind is not WaitKind.EXTEND:
+            return []
+        self.queue.remove(lease_id)
+        fx = self._cancel_room(lease_id, now)
+        fx.append(Note(lease_id, "extend.off", f"{lease.engine}: its request for more room "
+                                                f"ended ({reason})"))
+        return fx + self._pass(now)
+
     def _cancel_room(self, lease_id: str, now: float) -> list[Effect]:
         """The waiter left: drop its room and earmark. Lends already confirmed grow back."""
         room = self.rooms.pop(lease_id, None)

@@ -8,6 +8,7 @@ simulator (``bench/policy``) feeds it the same events in virtual time.
 Events (methods) and what they do:
 
 - :meth:`request` a lease; :meth:`withdraw` one still waiting.
+- :meth:`extend` a reservation before growing; :meth:`unextend` (``Rooms``) withdraws the request.
 - :meth:`observe` a driver read: free bytes, stowaways, each holder's use. Detects a parked share
   that loaded again (``lease.unparked``) and a growth-bound holder past its reservation.
 - :meth:`confirmed`: the driver confirmation helper saw memory leave (``parked``, ``lent``) or
@@ -328,22 +329,6 @@ class Scheduler(Deadlines):
         fx = self._cancel_room(lease_id, now)
         fx.append(Note(lease_id, "wake.off", f"{lease.engine}: the requests that asked for the "
                                               f"wake have gone; it stays parked"))
-        return fx + self._pass(now)
-
-    def unextend(self, lease_id: str, now: float, reason: str = "withdrawn") -> list[Effect]:
-        """The holder no longer wants the room it asked for with :meth:`extend` (issue 28: its
-        prompt got a 503, its client went away, or the asker's process is gone): take the
-        request out of the queue and drop the room being made for it, so the ladder never makes
-        room later for nobody. A park already instructed goes on (only the driver settles a
-        park); lends already confirmed grow back. No request of that kind: no effects."""
-        lease = self.ledger.leases[lease_id]
-        w = self.queue.get(lease_id)
-        if w is None or w.kind is not WaitKind.EXTEND:
-            return []
-        self.queue.remove(lease_id)
-        fx = self._cancel_room(lease_id, now)
-        fx.append(Note(lease_id, "extend.off", f"{lease.engine}: its request for more room "
-                                                f"ended ({reason})"))
         return fx + self._pass(now)
 
     def operator(self, op: str, lease_id: str, now: float) -> list[Effect]:

@@ -331,27 +331,11 @@ class Agent(Reservation):
                 self.gate.move(G.OPEN, "park called off: the queue stayed busy")
                 return False, f"busy: prompts still queued or running after {grace:g} s"
             await asyncio.sleep(0.05)
-        await self._unload(end)
+        await _unload(self.queue, end)
         self._budget(0)
         self.gate.move(G.ASLEEP, "parked")
         self.health = "parked"
         return True, ""
-
-    async def _unload(self, end: float) -> None:
-        """Have ComfyUI's prompt worker unload, never from here (reference "Threads"). Its
-        PromptQueue.get looks at no flag: set while the worker runs its gc after a prompt, the
-        flags wake nothing (seen on ComfyUI 0.3.64), so they are set again until taken."""
-        nudge = 0.0
-        while nudge == 0.0 or "unload_models" in self.queue.get_flags(reset=False):
-            if time.monotonic() > end:
-                break                             # berthd's driver read decides anyway
-            if time.monotonic() >= nudge:         # the flag waited on last: none is left over
-                self.queue.set_flag("free_memory", True)
-                self.queue.set_flag("unload_models", True)
-                nudge = time.monotonic() + 0.25
-            await asyncio.sleep(0.02)
-        while (comfy.loaded_models() or 0) > 0 and time.monotonic() < end:
-            await asyncio.sleep(0.02)
 
     async def wake(self) -> bool:
         """Open the gate (models load again with the next prompt). False after a drain: a
@@ -388,3 +372,21 @@ class Agent(Reservation):
                 "dynamic_vram": comfy.aimdo_control() is not None,
                 "dynamic_vram_headroom_bytes": self.headroom_bytes,
                 "dynamic_vram_setter": None if hr is None else (hr.how or hr.why)}
+
+
+async def _unload(queue: Any, end: float) -> None:
+    """Have ComfyUI's prompt worker unload (``queue`` is its ``PromptQueue``), never from here
+    (reference "Threads"), until ``end`` (monotonic seconds). Its ``PromptQueue.get`` looks at
+    no flag: set while the worker runs its gc after a prompt, the flags wake nothing (seen on
+    ComfyUI 0.3.64), so they are set again until taken."""
+    nudge = 0.0
+    while nudge == 0.0 or "unload_models" in queue.get_flags(reset=False):
+        if time.monotonic() > end:
+            break                                 # berthd's driver read decides anyway
+        if time.monotonic() >= nudge:             # the flag waited on last: none is left over
+            queue.set_flag("free_memory", True)
+            queue.set_flag("unload_models", True)
+            nudge = time.monotonic() + 0.25
+        await asyncio.sleep(0.02)
+    while (comfy.loaded_models() or 0) > 0 and time.monotonic() < end:
+        await asyncio.sleep(0.02)
