@@ -18,10 +18,10 @@ FLUX = ("UNETLoader", "unet_name", "flux-dev.safetensors")
 POLICY = {"min_turn": "30s", "ram_budget": "64GiB", "wait_limit": "3s"}
 
 
-def _busy_llm_beside_comfyui(world):
+def _busy_llm_beside_comfyui(world, wait_limit: str = "3s"):
     """berthd, a 14 GiB LLM answering one slow chat (about 8 s), and ComfyUI leased beside it
     with nothing loaded. Returns ``(berthd, comfyui, chat thread)``."""
-    d = world.berthd(policy=POLICY)
+    d = world.berthd(policy={**POLICY, "wait_limit": wait_limit})
     front = free_port()
     world.procs.append(berth_run(
         d, "llm", "--front", f"127.0.0.1:{front}", "--size", "14GiB", "--park", "checkpoint",
@@ -52,7 +52,8 @@ def test_a_prompt_refused_with_a_503_leaves_no_request_and_parks_nothing_later(w
     # The busy LLM keeps its minimum turn: no room within the 3 s wait limit.
     assert code == 503, ans
     assert "did not grant" in ans["error"]["details"], ans
-    wait_for(lambda: _waiters(d) == [], 5, "no waiter left in berthd")
+    wait_for(lambda: d.status()["waiting"] == [], 5, "no waiter left in berthd")
+    assert _waiters(d) == []
     assert any(e["kind"] == "extend.off" for e in d.timeline())
     # The stale-grant shape: the chat ends, the LLM goes idle. A new lease's admission pass
     # runs after that; a request left queued would have parked the LLM in that very pass.
@@ -71,16 +72,19 @@ def test_a_prompt_whose_client_goes_away_withdraws_its_request(world):
     """The page that posted the prompt is closed while berthd makes room: the gate calls the
     growth check off and the node withdraws its request at once, not at the wait limit."""
     import socket
-    d, c, chat = _busy_llm_beside_comfyui(world)
+    d, c, chat = _busy_llm_beside_comfyui(world, wait_limit="20s")
     body = json.dumps(prompt(FLUX)).encode()
     port = int(c.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(b"POST /prompt HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        wait_for(lambda: [w["kind"] for w in _waiters(d)] == ["extend"], 5,
+        wait_for(lambda: [w["kind"] for w in d.status()["waiting"]] == ["extend"], 10,
                  "ComfyUI's request for room queued")
-    wait_for(lambda: _waiters(d) == [], 2.5, "the request withdrawn when the client left")
-    wait_for(lambda: c.berth()["gate"]["client_gone"] == 1, 5, "the gate counting it")
+    # Well inside the 20 s wait limit: the gate looks at its client every 0.5 s.
+    wait_for(lambda: d.status()["waiting"] == [], 10, "the request withdrawn when the client left")
+    assert c.berth()["gate"]["client_gone"] == 1
+    assert any(e["kind"] == "extend.off" for e in d.timeline())       # withdrawn, not granted
+    assert d.state_of("llm") == "active"
     chat.join(30)
 
 
