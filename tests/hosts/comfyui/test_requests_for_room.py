@@ -96,11 +96,13 @@ def test_a_held_prompt_tells_its_page_berthds_reason(world):
     try:
         code, ans = c.post("/prompt", {**prompt(FLUX), "client_id": "page-1"})
         assert code == 503, ans
-        texts = [t for node, t in page.texts if node == "1"]
-        assert texts and all(t.startswith("Berth: waiting for the card: ") for t in texts), \
-            page.texts
         # berthd's words, as its board gives them (the instruction poll's wait).
-        assert "llm is inside its minimum turn" in texts[-1], texts
+        wait_for(lambda: any("llm is inside its minimum turn" in t for _, t in page.texts), 5,
+                 "the page told berthd's reason")
+        assert {node for node, _ in page.texts} == {"1"}                # the loader node
+        assert all(t.startswith("Berth: waiting for the card: berthd makes room for 10.0GiB "
+                                "more for this prompt's models") for _, t in page.texts), \
+            page.texts
         assert page.messages and page.messages[0]["type"] == "status"
     finally:
         page.close()
