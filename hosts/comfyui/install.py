@@ -10,7 +10,8 @@ is not published, ComfyUI-Manager's Git-URL install takes a repository's root). 
    ``.venv/bin/python`` (comfy-cli, the desktop app), ``../python_embeded/python`` (the
    portable layout); it must be Python 3.11 or newer, as Berth is;
 3. Berth is installed into it with that Python's pip, from ``--from`` (a Berth checkout or a
-   wheel built from one) or else the checkout this ``berth`` runs from;
+   wheel built from one) or else the checkout this ``berth`` runs from (itself always, its
+   dependencies only where missing);
 4. the node is copied from the Berth now in ComfyUI's Python (so node and library match) to
    ``custom_nodes/berth-comfyui``, replacing an earlier copy of Berth's node (never another
    folder of that name);
@@ -114,14 +115,25 @@ def _run(cmd: list[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess
     return r
 
 
-def pip_install(py: Path, source: Path) -> str:
-    """``source`` into the Python ``py`` with its own pip (dependencies only where missing).
-    Returns pip's "Successfully installed" line."""
+def pip_install(py: Path, source: Path) -> list[str]:
+    """``source`` into the Python ``py`` with its own pip: Berth itself always (an earlier
+    Berth of the same version string is replaced), then its dependencies only where missing,
+    so ComfyUI's own torch, aiohttp or pydantic are left as they are. Returns what pip said it
+    installed."""
+    pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
     _run([str(py), "-m", "pip", "--version"])       # an embedded Python may have no pip
-    r = _run([str(py), "-m", "pip", "install", "--disable-pip-version-check", str(source)],
-             timeout_s=900)
-    done = [ln for ln in r.stdout.splitlines() if ln.startswith("Successfully installed")]
-    return done[-1] if done else "Berth was already installed there"
+    said = _installed(_run([*pip, "--no-deps", "--force-reinstall", str(source)],
+                           timeout_s=900).stdout)
+    r = _run([str(py), "-c", "import importlib.metadata as m; print('\\n'.join(r for r in "
+              "(m.requires('berth-gpu') or []) if 'extra ==' not in r))"])
+    reqs = [ln.strip() for ln in r.stdout.splitlines() if ln.strip()]
+    deps = _installed(_run([*pip, *reqs], timeout_s=900).stdout) if reqs else ""
+    return [said or "Berth installed", deps or "its dependencies: all there already"]
+
+
+def _installed(pip_out: str) -> str:
+    done = [ln for ln in pip_out.splitlines() if ln.startswith("Successfully installed")]
+    return done[-1] if done else ""
 
 
 def node_source(py: Path) -> Path:
@@ -173,7 +185,8 @@ def install(comfyui_dir: str, python: str | None = None, source: str | None = No
     if dest.exists() and not _is_ours(dest):            # before anything is installed
         raise InstallError(f"{dest} exists and is not Berth's node; move it away first")
     say(f"installing Berth from {src} into it (its pip) ...")
-    say(f"  {pip_install(py, src)}")
+    for line in pip_install(py, src):
+        say(f"  {line}")
     node = copy_node(node_source(py), root / "custom_nodes")
     say(f"node: copied to {node}")
     say("next: an [engines.comfyui] entry in berth.toml (size, card, growth_allowance; see the "
