@@ -14,6 +14,7 @@ Custom nodes reach it as ``import server``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 import sys
 import uuid
@@ -22,6 +23,8 @@ from typing import Any
 from aiohttp import web
 
 __all__ = ["PromptServer", "TEXT"]
+
+log = logging.getLogger("comfyui")
 
 #: ``protocol.BinaryEventTypes.TEXT``.
 TEXT = 3
@@ -171,8 +174,7 @@ class PromptServer:
             try:
                 data = fn(data)
             except Exception:
-                import logging
-                logging.getLogger("comfyui").exception("on_prompt handler failed")
+                log.exception("on_prompt handler failed")
         return data
 
     def get_queue_info(self) -> dict:
