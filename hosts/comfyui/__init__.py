@@ -33,11 +33,12 @@ def start(server=None):
     """Join ComfyUI's ``server`` (default ``PromptServer.instance``) and start the agent.
     Returns the agent, or None outside ComfyUI. Raises ``RuntimeError`` when ComfyUI's app
     is already frozen (the node was imported too late to add its gate)."""
-    from . import comfy, node, routes
-    from .agent import Agent
+    from . import comfy
     server = server or comfy.prompt_server()
     if server is None:
-        return None
+        return None                       # outside ComfyUI (berth's own CLI): import nothing more
+    from . import node, routes
+    from .agent import Agent
     if node.AGENT is not None:
         return node.AGENT
     if server.app.frozen:
