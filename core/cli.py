@@ -52,6 +52,8 @@ COMMANDS = (
             "berth_hosts.llama_swap.cli:arguments"),
     Command("supervisor", "the supervisord host: its eventlistener",
             "berth_hosts.supervisor.cli:arguments"),
+    Command("comfyui", "the ComfyUI host: install the node into a ComfyUI",
+            "berth_hosts.comfyui.cli:arguments"),
     Command("demo", "the main job on a simulated card: an LLM and ComfyUI on one card, parks "
                     "and wakes both ways", "berth.demo:arguments"),
 )

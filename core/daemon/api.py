@@ -21,6 +21,7 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 ``POST /v1/leases/{id}/extend``            ``{"bytes", "card"?}``: room to grow, asked before
                                            the growth (202; the reservation grows once the
                                            ladder made room: ``GET /v1/leases/{id}``)
+``DELETE /v1/leases/{id}/extend``          that request is no longer wanted (``api_extend``)
 ``POST /v1/leases/{id}/touch``             the engine served a request
 ``POST /v1/leases/{id}/jobs``              ``{"in_flight", "oldest_age_s"}``: requests its front has now
 ``POST /v1/leases/{id}/ready``             the engine answers: its minimum turn starts
@@ -56,7 +57,6 @@ import psutil
 from aiohttp import web
 from berth.daemon.api_bodies import (
     AttachBody,
-    ExtendBody,
     JobsBody,
     LeaseBody,
     OperatorBody,
@@ -78,6 +78,7 @@ from berth.daemon.api_claims import (
     peer_of,
     priority_cap,
 )
+from berth.daemon.api_extend import add_routes as add_extend_routes
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
 from berth.decide.model import Capabilities, Lease, ParkMechanism
@@ -365,22 +366,6 @@ async def jobs(request: web.Request) -> web.Response:
     return web.json_response({"id": lid, "in_flight": body.in_flight})
 
 
-async def extend(request: web.Request) -> web.Response:
-    """Room to grow, asked for before the growth (issue 13, seed 000's extension event)."""
-    broker = request.app[BROKER]
-    lid = request.match_info["id"]
-    body: ExtendBody = await parse_body(request, ExtendBody)
-    lease = _lease(broker, lid)
-    try:
-        pci = broker.sched.ledger.card(body.card).pci if body.card else next(iter(lease.shares))
-    except (KeyError, StopIteration) as e:
-        raise web.HTTPBadRequest(reason=f"card: {e.args[0] if e.args else body.card!r}") from None
-    await broker.submit(lambda now: broker.sched.extend(lid, pci, body.bytes, now))
-    sh = lease.shares[pci]
-    return web.json_response({"id": lid, "card": pci, "reserved_bytes": sh.reserved_bytes,
-                              "waiting": lid in broker.sched.queue}, status=202)
-
-
 def _lease_event(event: str):
     """A handler that passes one bodiless lease event (``touch``, ``ready``) to the scheduler."""
     async def handler(request: web.Request) -> web.Response:
@@ -510,7 +495,7 @@ def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Applicat
     r.add_get("/v1/leases/{id}/instructions", instructions)
     r.add_post("/v1/leases/{id}/wake", wake)
     r.add_delete("/v1/leases/{id}/wake", unwake)
-    r.add_post("/v1/leases/{id}/extend", extend)
+    add_extend_routes(app, broker, _lease)       # POST and DELETE .../extend
     r.add_post("/v1/leases/{id}/touch", touch)
     r.add_post("/v1/leases/{id}/jobs", jobs)
     r.add_post("/v1/leases/{id}/ready", ready)

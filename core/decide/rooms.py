@@ -205,3 +205,16 @@ def withdraw(st: State, lease_id: str, now: float, reason: str) -> list[Effect]:
     drop(st, lease_id)
     fx.append(Ended(lease_id, reason))
     return fx + admit(st, now)
+
+
+def unextend(st: State, lease_id: str, now: float, reason: str) -> list[Effect]:
+    """See :meth:`~.scheduler.Scheduler.unextend`. Raises ``KeyError``."""
+    lease = st.ledger.leases[lease_id]
+    w = st.queue.get(lease_id)
+    if w is None or w.kind is not WaitKind.EXTEND:
+        return []
+    st.queue.remove(lease_id)
+    fx = cancel_room(st, lease_id, now)
+    fx.append(Note(lease_id, "extend.off", f"{lease.engine}: its request for more room "
+                                            f"ended ({reason})"))
+    return fx + admit(st, now)

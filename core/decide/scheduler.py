@@ -20,6 +20,7 @@ helpers in ``fifo.go``):
 Events (methods) and what they do:
 
 - :meth:`request` a lease; :meth:`withdraw` one still waiting.
+- :meth:`extend` a reservation before growing; :meth:`unextend` (``Rooms``) withdraws the request.
 - :meth:`observe` a driver read: free bytes, stowaways, each holder's use. Detects a parked share
   that loaded again (``lease.unparked``) and a growth-bound holder past its reservation.
 - :meth:`confirmed`: the driver confirmation helper saw memory leave (``parked``, ``lent``) or
@@ -146,6 +147,15 @@ class Scheduler:
     def withdraw(self, lease_id: str, now: float, reason: str = "withdrawn") -> list[Effect]:
         """Take back a lease that is still waiting. A granted lease must be released instead."""
         return rooms.withdraw(self.state, lease_id, now, reason)
+
+    def unextend(self, lease_id: str, now: float, reason: str = "withdrawn") -> list[Effect]:
+        """The holder no longer wants the room it asked for with :meth:`extend` (its prompt got
+        a 503, its client went away, or the asker's process is gone): take the request out of
+        the queue and drop the room being made for it, so the ladder never makes room later for
+        nobody. A park already instructed goes on (only the driver settles a park); lends
+        already confirmed grow back. No request of that kind: no effects. Raises ``KeyError``
+        for an unknown lease."""
+        return rooms.unextend(self.state, lease_id, now, reason)
 
     def exited(self, lease_id: str, now: float, final: bool = False) -> list[Effect]:
         """The lease's process is gone. Live shares become ``released`` (they count until a

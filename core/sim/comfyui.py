@@ -7,21 +7,25 @@ ComfyUI's ``main.py`` (``start_comfyui``, ``prompt_worker``), ``server.py`` (``P
 Run as ``berth sim comfyui --port P --models DIR [--custom-node PATH]…``.
 
 What a custom node sees is named as in ComfyUI: the modules ``server`` (``PromptServer`` with
-``instance``, ``app``, ``routes``, ``prompt_queue``, ``loop``), ``execution`` (``PromptQueue``
-with ``put/get/task_done/get_tasks_remaining/set_flag/get_flags``), ``nodes``
+``instance``, ``app``, ``routes``, ``prompt_queue``, ``loop``, ``send_sync``,
+``send_progress_text``: :mod:`berth.sim.comfyui_server`), ``execution`` (``PromptQueue`` with
+``put/get/task_done/get_tasks_remaining/set_flag/get_flags``), ``nodes``
 (``NODE_CLASS_MAPPINGS``, ``interrupt_processing``), ``folder_paths`` (``get_full_path``,
 ``models_dir``), ``comfy.cli_args.args`` (``highvram``, ``gpu_only``, ``cpu``, ``port``,
-``listen``, ``disable_dynamic_vram``, ``vram_headroom``, ``reserve_vram``),
-``comfy.model_management`` (``current_loaded_models``, ``unload_all_models``,
+``listen``, ``disable_dynamic_vram``, ``disable_nvml_pressure``, ``vram_headroom``,
+``reserve_vram``), ``comfy.model_management`` (``current_loaded_models``, ``unload_all_models``,
 ``get_torch_device``, ``get_total_memory``) and, with dynamic VRAM, ``comfy.memory_management.
-aimdo_enabled`` and ``comfy_aimdo.control`` (``init(simple_vram_headroom=N)``,
-``set_simple_vram_headroom``, ``get_simple_vram_headroom``).
+aimdo_enabled`` and ``comfy_aimdo.control`` as comfy-aimdo 0.5.3 and later offer it
+(``init(simple_vram_headroom=N, nvml_pressure=B)``, ``set_simple_vram_headroom``,
+``get_simple_vram_headroom``, ``lib``).
 
-Startup follows ``main.py``: the CUDA context (``--residual``) is allocated, ``PromptServer`` is
-created, custom nodes are imported from their file path inside a coroutine on the server's loop
-(an import error is logged "IMPORT FAILED" and skipped), ``add_routes()`` registers every route as
-``/x`` and ``/api/x``, the ``prompt_worker`` thread starts, and ``AppRunner.setup()`` freezes the
-app (a middleware added later raises ``RuntimeError``).
+Startup follows ``main.py``: with dynamic VRAM, ``comfy_aimdo.control.init(simple_vram_headroom=
+<--reserve-vram>, nvml_pressure=not --disable-nvml-pressure)``; the CUDA context (``--residual``)
+is allocated, ``PromptServer`` is created, custom nodes are imported from their file path inside
+a coroutine on the server's loop (an import error is logged "IMPORT FAILED" and skipped),
+``add_routes()`` registers every route as ``/x`` and ``/api/x``, the ``prompt_worker`` thread
+starts, ``AppRunner.setup()`` freezes the app (a middleware added later raises
+``RuntimeError``), and ``publish_loop`` sends what ``send_sync`` queued to the websockets.
 
 Memory, in bytes, on one simulated card, held by this process: the context; each model a loader
 node names, allocated at the size of its file on disk when the prompt reaches that node and kept
@@ -31,9 +35,10 @@ allocates; what still does not fit is an out-of-memory error on the card (counte
 and the prompt fails. ``unload_models``/``free_memory`` flags, applied by the worker between
 prompts, free every model, except under ``--highvram``/``--gpu-only``, where the GPU is the
 offload device and unloading frees nothing. Dynamic VRAM (on unless ``--disable-dynamic-vram``,
-as in ComfyUI 0.24) loads a model only partly when the card, less the headroom
-(``--vram-headroom`` GB, changed at run time through ``comfy_aimdo.control``), has no room for
-all of it.
+as in ComfyUI 0.24) loads a model only partly when the card, less comfy-aimdo's simple headroom
+(``--reserve-vram`` GB at start, changed while running through ``comfy_aimdo.control``: what
+Berth's node sets) and the per-card extra (``--vram-headroom`` GB, fixed), has no room for all
+of it.
 """
 
 from __future__ import annotations
@@ -49,10 +54,8 @@ import threading
 import time
 import traceback
 import types
-import uuid
 from typing import Any
 
-from aiohttp import web
 from berth.decide.units import parse_size
 from berth.sim.cards import SimCards, SimError, SimOOM
 
@@ -116,7 +119,12 @@ class Card:
         self.lock = threading.RLock()
         self.loaded: dict[str, int] = {}      # model path -> bytes on the card, LRU order
         self.dynamic = not args.disable_dynamic_vram
-        self.headroom_bytes = int(args.vram_headroom * _GiB) if self.dynamic else 0
+        # comfy-aimdo's process-wide simple headroom (``--reserve-vram``, set through
+        # ``comfy_aimdo.control`` and changeable while running) and the per-card extra fixed at
+        # ``init_devices`` (``--vram-headroom``), added after it, as ComfyUI's main.py passes them.
+        self.headroom_bytes = 0
+        self.extra_headroom_bytes = int(args.vram_headroom * _GiB) if self.dynamic else 0
+        self.nvml_pressure = False
 
     def free_bytes(self) -> int:
         return self.store.read(self.pci).free_bytes
@@ -143,7 +151,8 @@ class Card:
         free = self.free_bytes()
         if not self.dynamic:
             return free
-        return min(free, self.total_bytes - self.headroom_bytes - self.own_bytes())
+        return min(free, self.total_bytes - self.headroom_bytes - self.extra_headroom_bytes
+                   - self.own_bytes())
 
     def _unload(self, path: str) -> int:
         n = self.loaded.pop(path)
@@ -185,27 +194,47 @@ def _modules(card: Card, args: argparse.Namespace, models_dir: str) -> dict[str,
     mods = {"comfy": comfy, "comfy.cli_args": cli_args, "comfy.model_management": mm,
             "comfy.memory_management": mem, "folder_paths": _folder_paths(models_dir)}
     if card.dynamic:
-        aimdo = types.ModuleType("comfy_aimdo")
-        aimdo.__path__ = []
-        control = types.ModuleType("comfy_aimdo.control")
-        control.lib = object()
-
-        def set_simple_vram_headroom(n: int) -> None:
-            if n < 0:
-                raise ValueError("simple_vram_headroom must be non-negative")
-            card.headroom_bytes = int(n)
-            log.info("aimdo: VRAM headroom set to %d MiB", n >> 20)
-
-        def init(implementation=None, simple_vram_headroom=None, **_kw) -> bool:
-            if simple_vram_headroom is not None:
-                set_simple_vram_headroom(simple_vram_headroom)
-            return True
-
-        control.init, control.set_simple_vram_headroom = init, set_simple_vram_headroom
-        control.get_simple_vram_headroom = lambda: card.headroom_bytes
-        aimdo.control = control
-        mods.update({"comfy_aimdo": aimdo, "comfy_aimdo.control": control})
+        mods.update(_aimdo(card))
     return mods
+
+
+def _aimdo(card: Card) -> dict[str, types.ModuleType]:
+    """``comfy_aimdo.control`` as comfy-aimdo 0.5.3 and later offer it (the releases' own
+    ``control.py``): ``init(implementation, simple_vram_headroom, nvml_pressure)`` (on a loaded
+    library it sets the headroom when given, and NVML pressure always: to its default, off,
+    when not given), ``set_simple_vram_headroom``/``get_simple_vram_headroom`` and the native
+    ``lib`` behind them."""
+    aimdo = types.ModuleType("comfy_aimdo")
+    aimdo.__path__ = []
+    control = types.ModuleType("comfy_aimdo.control")
+
+    def set_headroom(n: int) -> None:
+        card.headroom_bytes = int(n)
+        log.info("aimdo: simple VRAM headroom set to %d MiB", int(n) >> 20)
+
+    def set_nvml_pressure(on: bool) -> None:
+        card.nvml_pressure = bool(on)
+        log.info("aimdo: NVML pressure %s", "on" if on else "off")
+
+    control.lib = types.SimpleNamespace(set_simple_vram_headroom=set_headroom,
+                                        get_simple_vram_headroom=lambda: card.headroom_bytes,
+                                        set_nvml_pressure=set_nvml_pressure)
+
+    def init(implementation=None, simple_vram_headroom=None, nvml_pressure=False) -> bool:
+        if simple_vram_headroom is not None:
+            set_headroom(simple_vram_headroom)
+        set_nvml_pressure(nvml_pressure)
+        return True
+
+    def set_simple_vram_headroom(n: int) -> None:
+        if int(n) < 0 or int(n) > (1 << 60):
+            raise ValueError("simple_vram_headroom must be between 0 and 2**60 bytes")
+        set_headroom(n)
+
+    control.init, control.set_simple_vram_headroom = init, set_simple_vram_headroom
+    control.get_simple_vram_headroom = lambda: card.headroom_bytes
+    aimdo.control = control
+    return {"comfy_aimdo": aimdo, "comfy_aimdo.control": control}
 
 
 # -- execution.PromptQueue -----------------------------------------------------------------
@@ -226,6 +255,7 @@ class PromptQueue:
     def put(self, item) -> None:
         with self.mutex:
             heapq.heappush(self.queue, item)
+            self.server.queue_updated()
             self.not_empty.notify()
 
     def get(self, timeout=None):
@@ -245,6 +275,7 @@ class PromptQueue:
             prompt = self.currently_running.pop(item_id)
             self.history[prompt[1]] = {"prompt": prompt, "outputs": {}, "status": status,
                                        **history_result}
+            self.server.queue_updated()
 
     def get_current_queue(self):
         with self.mutex:
@@ -269,155 +300,6 @@ class PromptQueue:
                 ret, self.flags = self.flags, {}
                 return ret
             return self.flags.copy()
-
-
-# -- server.PromptServer -------------------------------------------------------------------
-@web.middleware
-async def cache_control(request: web.Request, handler):
-    return await handler(request)
-
-
-class PromptServer:
-    """The server object custom nodes reach as ``server.PromptServer.instance``."""
-
-    instance: "PromptServer"
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, card: Card):
-        PromptServer.instance = self
-        self.loop, self.card = loop, card
-        self.prompt_queue = PromptQueue(self)
-        self.number = 0
-        self.client_id = None
-        self.app = web.Application(middlewares=[cache_control])
-        self.routes = web.RouteTableDef()
-        self.on_prompt_handlers: list = []
-        r = self.routes
-
-        @r.get("/prompt")
-        async def get_prompt(request):
-            return web.json_response({"exec_info": {
-                "queue_remaining": self.prompt_queue.get_tasks_remaining()}})
-
-        @r.post("/prompt")
-        async def post_prompt(request):
-            data = await request.json()
-            for fn in self.on_prompt_handlers:      # exceptions swallowed, as in ComfyUI
-                try:
-                    data = fn(data)
-                except Exception:
-                    log.exception("on_prompt handler failed")
-            if "prompt" not in data:
-                return _prompt_error("no_prompt", "No prompt provided", "No prompt provided")
-            number = self.number
-            self.number += 1
-            prompt_id = str(data.get("prompt_id", uuid.uuid4()))
-            problem = _validate(data["prompt"])
-            if problem:
-                return _prompt_error("prompt_outputs_failed_validation",
-                                     "Prompt outputs failed validation", problem)
-            extra = dict(data.get("extra_data") or {})
-            self.prompt_queue.put((number, prompt_id, data["prompt"], extra, []))
-            return web.json_response({"prompt_id": prompt_id, "number": number,
-                                      "node_errors": {}})
-
-        @r.get("/queue")
-        async def get_queue(request):
-            running, pending = self.prompt_queue.get_current_queue()
-            return web.json_response({"queue_running": [list(x[:2]) for x in running],
-                                      "queue_pending": [list(x[:2]) for x in pending]})
-
-        @r.post("/queue")
-        async def post_queue(request):
-            data = await request.json()
-            if data.get("clear"):
-                self.prompt_queue.wipe_queue()
-            return web.Response(status=200)
-
-        @r.post("/free")
-        async def post_free(request):
-            data = await request.json()
-            for flag in ("unload_models", "free_memory"):
-                if data.get(flag):
-                    self.prompt_queue.set_flag(flag, data[flag])
-            return web.Response(status=200)
-
-        @r.get("/history/{prompt_id}")
-        async def get_history(request):
-            pid = request.match_info["prompt_id"]
-            with self.prompt_queue.mutex:
-                h = self.prompt_queue.history.get(pid)
-                out = {pid: {"status": h["status"], "outputs": h["outputs"]}} if h else {}
-            return web.json_response(out)
-
-        @r.get("/system_stats")
-        async def system_stats(request):
-            free = self.card.free_bytes()
-            return web.json_response({"system": {"comfyui_version": "stand-in"}, "devices": [{
-                "name": f"cuda:0 {self.card.pci}", "type": "cuda", "index": 0,
-                "vram_total": self.card.total_bytes, "vram_free": free,
-                "torch_vram_total": self.card.own_bytes(), "torch_vram_free": 0}]})
-
-        @r.get("/object_info")
-        async def object_info(request):
-            return web.json_response({name: {"name": name} for name in NODE_CLASS_MAPPINGS})
-
-        @r.get("/ws")
-        async def websocket(request):
-            # ComfyUI's status channel (server.py websocket_handler): a status message on
-            # connect, then open, mostly idle, for as long as the page is.
-            sock = web.WebSocketResponse()
-            await sock.prepare(request)
-            await sock.send_json({"type": "status", "data": {
-                "status": {"exec_info": {"queue_remaining":
-                                         self.prompt_queue.get_tasks_remaining()}},
-                "sid": request.query.get("clientId", "")}})
-            async for _ in sock:
-                pass
-            return sock
-
-    def add_routes(self) -> None:
-        """Every route twice, as ``/x`` and ``/api/x`` (server.py ``add_routes``)."""
-        api = web.RouteTableDef()
-        for route in self.routes:
-            if isinstance(route, web.RouteDef):
-                api.route(route.method, "/api" + route.path)(route.handler, **route.kwargs)
-        self.app.add_routes(api)
-        self.app.add_routes(self.routes)
-
-    def add_on_prompt_handler(self, fn) -> None:
-        self.on_prompt_handlers.append(fn)
-
-    def send_sync(self, event, data, sid=None) -> None:
-        pass
-
-    def queue_updated(self) -> None:
-        pass
-
-    async def start(self, address: str, port: int) -> web.AppRunner:
-        runner = web.AppRunner(self.app, access_log=None)
-        await runner.setup()                         # freezes the app and its middlewares
-        await web.TCPSite(runner, address, port).start()
-        print(f"To see the GUI go to: http://{address}:{port}", flush=True)
-        return runner
-
-
-def _prompt_error(kind: str, message: str, details: str) -> web.Response:
-    return web.json_response({"error": {"type": kind, "message": message, "details": details,
-                                         "extra_info": {}}, "node_errors": {}}, status=400)
-
-
-def _validate(prompt: Any) -> str | None:
-    if not isinstance(prompt, dict) or not prompt:
-        return "prompt must be a non-empty object of nodes"
-    fp = sys.modules["folder_paths"]
-    for nid, node in prompt.items():
-        if not isinstance(node, dict) or node.get("class_type") not in NODE_CLASS_MAPPINGS:
-            return f"node {nid}: unknown class_type {node.get('class_type') if isinstance(node, dict) else node!r}"
-        for inp, folder in LOADERS.get(node["class_type"], {}).items():
-            name = (node.get("inputs") or {}).get(inp)
-            if not isinstance(name, str) or fp.get_full_path(folder, name) is None:
-                return f"node {nid}: {inp} {name!r} is not in {folder}"
-    return None
 
 
 # -- nodes ---------------------------------------------------------------------------------
@@ -455,7 +337,7 @@ async def load_custom_node(module_path: str) -> bool:
 
 
 # -- main.prompt_worker --------------------------------------------------------------------
-def _execute(server: PromptServer, prompt: dict, args: argparse.Namespace) -> tuple[bool, list[str]]:
+def _execute(server, prompt: dict, args: argparse.Namespace) -> tuple[bool, list[str]]:
     card, fp = server.card, sys.modules["folder_paths"]
     for nid in sorted(prompt, key=lambda k: (len(k), k)):
         node = prompt[nid]
@@ -487,7 +369,7 @@ def _execute(server: PromptServer, prompt: dict, args: argparse.Namespace) -> tu
     return True, []
 
 
-def prompt_worker(q: PromptQueue, server: PromptServer, args: argparse.Namespace) -> None:
+def prompt_worker(q: PromptQueue, server, args: argparse.Namespace) -> None:
     # As ComfyUI's: after a prompt (or an unload) it collects garbage and empties the cache at
     # most every 10 s, for ``--gc-s`` here. It waits on the queue only between those steps, and
     # PromptQueue.get looks at no flag: a flag set meanwhile wakes nothing until the next
@@ -542,8 +424,12 @@ def arguments(p: argparse.ArgumentParser) -> None:
     vram.add_argument("--gpu-only", action="store_true")
     vram.add_argument("--cpu", action="store_true")
     p.add_argument("--disable-dynamic-vram", action="store_true")
-    p.add_argument("--vram-headroom", type=float, default=0.0, metavar="GB")
-    p.add_argument("--reserve-vram", type=float, default=None, metavar="GB")
+    p.add_argument("--disable-nvml-pressure", action="store_true")
+    p.add_argument("--vram-headroom", type=float, default=0.0, metavar="GB",
+                   help="dynamic VRAM: a per-card extra headroom, fixed at start")
+    p.add_argument("--reserve-vram", type=float, default=None, metavar="GB",
+                   help="dynamic VRAM: the simple headroom (what Berth's node changes); "
+                        "legacy loading: ComfyUI's extra reserved VRAM")
     p.add_argument("--dir", help="simulated cards directory (default $BERTH_SIM_DIR)")
 
 
@@ -559,12 +445,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"berth sim comfyui: {e}", file=sys.stderr)
         return 2
     sys.modules.update(_modules(card, args, os.path.abspath(args.models)))
+    if card.dynamic:                # main.py, before torch: comfy_aimdo.control.init(...)
+        sys.modules["comfy_aimdo.control"].init(
+            simple_vram_headroom=None if args.reserve_vram is None
+            else int(args.reserve_vram * _GiB), nvml_pressure=not args.disable_nvml_pressure)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    from berth.sim import comfyui_server
     this = sys.modules[__name__]
-    for name in ("server", "execution", "nodes"):
-        sys.modules[name] = this                 # PromptServer, PromptQueue, NODE_CLASS_MAPPINGS
-    server = PromptServer(loop, card)
+    sys.modules.update({"server": comfyui_server, "execution": this, "nodes": this})
+    server = comfyui_server.PromptServer(loop, card, PromptQueue)
 
     async def init_extra_nodes():
         for path in args.custom_node:
@@ -581,7 +471,9 @@ def run(args: argparse.Namespace) -> int:
     loop.add_signal_handler(signal.SIGTERM, loop.stop)
     try:
         loop.run_until_complete(server.start(args.listen, args.port))
+        publish = loop.create_task(server.publish_loop())   # main.py gathers it with start
         loop.run_forever()
+        publish.cancel()
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,9 +1,11 @@
 """Berth's ComfyUI custom node: makes ComfyUI a good neighbour of the LLMs on its card.
 
-Source: issue 13; seed 002 "Fronts"; reference/hosts.md "ComfyUI". Install it as any custom
-node (ComfyUI-Manager, ``comfy node install``, or a copy of this folder into ``custom_nodes/``);
-it needs the ``berth-gpu`` distribution (``requirements.txt``) and imports only ``berth`` and
-itself, so the folder works alone. Inside Berth it is ``berth_hosts.comfyui``.
+Source: issue 13, issue 28; seed 002 "Fronts"; reference/hosts.md "ComfyUI". Install it with
+``berth comfyui install COMFYUI_DIR`` (Berth into ComfyUI's Python, this folder into
+``custom_nodes/``; ``README.md`` "Install"); it needs the ``berth-gpu`` distribution in ComfyUI's
+Python and imports only ``berth`` and itself, so the folder works alone. Inside Berth it is
+``berth_hosts.comfyui`` (``cli.py`` and ``install.py`` are Berth's command, not the node, and
+are not copied).
 
 At import inside ComfyUI (``server.PromptServer.instance`` exists, the app is not frozen yet):
 
@@ -31,11 +33,12 @@ def start(server=None):
     """Join ComfyUI's ``server`` (default ``PromptServer.instance``) and start the agent.
     Returns the agent, or None outside ComfyUI. Raises ``RuntimeError`` when ComfyUI's app
     is already frozen (the node was imported too late to add its gate)."""
-    from . import comfy, node, routes
-    from .agent import Agent
+    from . import comfy
     server = server or comfy.prompt_server()
     if server is None:
-        return None
+        return None                       # outside ComfyUI (berth's own CLI): import nothing more
+    from . import node, routes
+    from .agent import Agent
     if node.AGENT is not None:
         return node.AGENT
     if server.app.frozen:

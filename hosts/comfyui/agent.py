@@ -1,28 +1,34 @@
 """The node's agent: ComfyUI's lease with berthd, and the park, wake and growth it carries out.
 
 Source: issue 13 ("At import, inside ComfyUI", "Growth that asks first", "Flags that defeat
-unloading"); seed 002 rules 1, 3, 4 and "Fronts"; seed 000 "Growth allowance" (extension
-events); reference/hosts.md "Threads" (never unload from the event loop: the worker applies
+unloading"); issue 28 (engine names, withdrawn requests for room, held prompts that say why);
+seed 002 rules 1, 3, 4 and "Fronts"; seed 000 "Growth allowance" (extension events);
+reference/hosts.md "Threads" (never unload from the event loop: the worker applies
 ``prompt_queue.set_flag("unload_models"/"free_memory")``) and "Idle signals"
 (``get_tasks_remaining() == 0``).
 
 The agent runs in its own thread with its own event loop, so nothing it waits for (berthd's
 long polls, a park waiting for the queue) runs on ComfyUI's loop. It:
 
-1. registers ComfyUI's own process (PID and start time) as the lease of the engine entry
-   ``comfyui`` (size, card and priority from ``[engines.comfyui]`` in berth.toml; the growth
-   bound unless the entry names another), adopting the process that already runs;
+1. registers ComfyUI's own process (PID and start time) as the lease of its engine entry
+   (``$BERTH_ENGINE``, default ``comfyui``: size, card and priority from
+   ``[engines.<name>]`` in berth.toml; the growth bound unless the entry names another),
+   adopting the process that already runs;
 2. carries out berthd's instructions: **park** (close the gate, wait until no prompt is queued,
    running or being posted, set the worker's ``unload_models`` and ``free_memory`` flags, wait
    until the worker took them, answer; berthd confirms with a driver read and falls back as
    usual), **wake** (open the gate), **drain** (as a park, then the gate refuses prompts until
-   ComfyUI restarts: Berth does not stop what it did not start);
+   ComfyUI restarts: Berth does not stop what it did not start, and the agent leases nothing
+   more);
 3. reports ComfyUI's jobs (gated writes held or handled, prompts queued or running, and when
    the oldest arrived) as ``berth run``'s front does, so an idle ComfyUI yields the card at
    once and a busy one keeps it until its prompts end (issue 16; :mod:`.jobs`);
 4. before a prompt passes, asks berthd to extend the reservation when the model files the
-   prompt names, plus the allowance, pass it (:meth:`Agent.before_prompt`);
-5. with dynamic VRAM, keeps ComfyUI's own budget inside the lease: the loader's headroom is
+   prompt names, plus the allowance, pass it, and withdraws the request when the prompt stops
+   waiting (:mod:`.reservation`);
+5. follows berthd's reason for the lease's wait (the instruction poll's ``wait``), which held
+   prompts show on their page (:mod:`.notice`);
+6. with dynamic VRAM, keeps ComfyUI's own budget inside the lease: the loader's headroom is
    the card's total less the reservation, updated at the grant, park, wake and extension.
 
 berthd down: the gate is ``off`` (everything passes) and the agent keeps asking to register,
@@ -41,50 +47,63 @@ import threading
 import time
 from typing import Any
 
-from berth import paths
 from berth.client import ApiError, BerthdUnavailable, Client, JobReporter
 from berth.decide.instruction import Instruction, read_poll
 from berth.process import identify
 
-from . import comfy, jobs
-from .gate import Gate
+from . import comfy, jobs, notice
+from .gate import Gate, GateState
 from .reservation import Reservation
 
-__all__ = ["Agent", "ENGINE", "DEFAULT_ALLOWANCE_BYTES"]
+__all__ = ["Agent", "ENGINE", "DEFAULT_ALLOWANCE_BYTES", "engine_name"]
 
 log = logging.getLogger("berth.comfyui")
 
+G = GateState
 ENGINE = "comfyui"
 DEFAULT_ALLOWANCE_BYTES = 1 << 30      # activations and the VAE's decode, when no entry says
 _RETRY_S = 2.0
+_POLL_S = 20.0
+
+
+def engine_name() -> str:
+    """The engine entry this ComfyUI leases as: ``$BERTH_ENGINE``, else ``comfyui``. Two
+    ComfyUI instances on one machine each need their own (``BERTH_ENGINE=comfyui-b``), or
+    berthd's board and ``berth park comfyui`` cannot tell them apart."""
+    return (os.environ.get("BERTH_ENGINE") or "").strip() or ENGINE
 
 
 def _entry(engine: str):
     """The ``[engines.<engine>]`` entry of the berth.toml berthd reads, or None."""
+    from berth.config import ConfigError, load_config
     try:
-        from berth.config import ConfigError, load
-        path = paths.config_path()
-        return load(path).engines.get(engine) if path.exists() else None
+        return load_config()[0].engines.get(engine)
     except (ConfigError, OSError) as e:
-        log.warning("Berth: cannot read %s: %s", paths.config_path(), e)
+        # ComfyUI runs on (the node fails open), but the config problem is said, not hidden.
+        log.error("Berth: berth.toml does not load, so the engine entry %r is not used: %s",
+                  engine, e)
         return None
 
 
 class Agent(Reservation):
     """ComfyUI's side of its lease. ``server`` is ``PromptServer.instance``; ``args`` ComfyUI's
-    parsed command line. Times in seconds, sizes in bytes."""
+    parsed command line; ``engine`` the engine entry (default :func:`engine_name`). Times in
+    seconds, sizes in bytes."""
 
-    def __init__(self, server: Any, args: Any = None, engine: str = ENGINE, url: str | None = None):
-        self.server, self.args, self.engine = server, args, engine
+    def __init__(self, server: Any, args: Any = None, engine: str | None = None,
+                 url: str | None = None):
+        self.server, self.args, self.engine = server, args, engine or engine_name()
         self.queue = server.prompt_queue
         self.url = url or (f"http://{getattr(args, 'listen', '127.0.0.1') or '127.0.0.1'}:"
                            f"{getattr(args, 'port', 8188)}")
         self.defeated = comfy.unloading_defeated(args)
-        self.entry = _entry(engine)
+        self.entry = _entry(self.engine)
         self.allowance_bytes = (self.entry.growth_allowance if self.entry is not None
                                 and "growth_allowance" in self.entry.model_fields_set
                                 else DEFAULT_ALLOWANCE_BYTES)
-        self.gate = Gate(on_wake=self._wake_asked, before_write=self.before_prompt)
+        self.gate = Gate(on_wake=self._wake_asked, before_write=self.before_prompt,
+                         on_notice=lambda body, text: notice.send_text(server, body, text))
+        self.extend_waits = notice.WaitMeter()
         self.me = identify(os.getpid())
         self.lease_id: str | None = None
         self.card: str | None = None
@@ -94,10 +113,12 @@ class Agent(Reservation):
         self.health = "starting"
         self.policy: dict = {}
         self.after_seq = 0
+        self.wait_version = 0                       # of berthd's reason for the lease's wait
         self.loop: asyncio.AbstractEventLoop | None = None
         self._client: Client | None = None
         self._grow_lock: asyncio.Lock | None = None
         self._thread: threading.Thread | None = None
+        self._tasks: set[asyncio.Task] = set()
 
     # -- lifetime ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -119,18 +140,23 @@ class Agent(Reservation):
         """Run ``coro`` on the agent's loop from any thread."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def _spawn(self, coro) -> None:
+        """Run ``coro`` on the agent's loop as a task of its own (kept: the loop holds tasks
+        only weakly). Called on the agent's loop."""
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
     async def _main(self) -> None:
         self._client = Client()
-        # Kept on self: the loop holds tasks only weakly.
-        self._jobs = asyncio.create_task(JobReporter(
-            lambda: jobs.work(self.gate, self.queue), lambda: self.lease_id,
-            lambda: self._client).run())
+        self._spawn(JobReporter(lambda: jobs.work(self.gate, self.queue),
+                                lambda: self.lease_id, lambda: self._client).run())
         if self.defeated:
             log.warning("Berth: ComfyUI runs with %s: unloading frees nothing (the GPU is the "
                         "offload device), so Berth cannot park it; registering without park. "
                         "Run ComfyUI without %s to let it share the card.",
                         self.defeated, self.defeated)
-        while True:
+        while self.gate.state is not G.STOPPED:     # drained: lease nothing more
             try:
                 await self._register()
                 await self._instructions()
@@ -139,7 +165,7 @@ class Agent(Reservation):
             except Exception:                     # never let the agent die silently
                 log.exception("Berth: the agent failed; starting over")
                 self.lease_id = None
-                self.gate.set("off", "agent error")
+                self.gate.fail_open("agent error")
                 await asyncio.sleep(_RETRY_S)
 
     # -- the lease ---------------------------------------------------------------------------
@@ -163,60 +189,73 @@ class Agent(Reservation):
         return body
 
     async def _register(self) -> None:
+        r = await self._request_lease()
+        self.lease_id, self.policy = r["id"], r.get("policy") or {}
+        self.gate.wait_limit_s = float(self.policy.get("wait_limit_s") or 120.0)
+        cards = r.get("cards") or []
+        self.card = cards[0]["pci"] if cards else None
+        log.info("Berth: ComfyUI (pid %s) registered as lease %s of engine %s (%s)",
+                 os.getpid(), self.lease_id, self.engine, r["state"])
+        if r["state"] != "active":
+            self.gate.move(G.STARTING, "the lease waits for room")
+            self.health = "waiting for room"
+        while True:
+            try:
+                g = await self._client.wait_grant(self.lease_id, _POLL_S)
+            except BerthdUnavailable:
+                await asyncio.sleep(_RETRY_S)
+                continue
+            if g.get("granted"):
+                break
+            self._follow_wait(g.get("wait"))
+        self.policy = g.get("policy") or self.policy
+        await self._sync_reservation()
+        self.health = "leased" + (f"; {self.defeated}: no park" if self.defeated else "")
+        self.gate.move(G.OPEN, "lease granted")
+        with contextlib.suppress(BerthdUnavailable, ApiError):
+            await self._client.ready(self.lease_id)
+
+    async def _request_lease(self) -> dict:
         said = False
         while True:
             try:
-                r = await self._client.request_lease(self._body())
-                break
+                return await self._client.request_lease(self._body())
             except BerthdUnavailable as e:
                 if not said:
                     log.warning("Berth: %s; ComfyUI runs UNLEASED (fail-open): Berth cannot "
                                 "protect this card until berthd is back", e)
                     said = True
                 self.health = "unleased: berthd is not reachable"
-                self.gate.set("off", "berthd is not reachable")
+                self.gate.fail_open("berthd is not reachable")
             except ApiError as e:
                 log.error("Berth: berthd refused ComfyUI's lease: %s", e.message)
                 self.health = f"unleased: berthd refused the lease: {e.message}"
-                self.gate.set("off", "lease refused")
+                self.gate.fail_open("lease refused")
             await asyncio.sleep(_RETRY_S)
-        self.lease_id, self.policy = r["id"], r.get("policy") or {}
-        self.gate.wait_limit_s = float(self.policy.get("wait_limit_s") or 120.0)
-        cards = r.get("cards") or []
-        self.card = cards[0]["pci"] if cards else None
-        log.info("Berth: ComfyUI (pid %s) registered as lease %s (%s)", os.getpid(),
-                 self.lease_id, r["state"])
-        if r["state"] != "active":
-            self.gate.set("starting", "the lease waits for room")
-            self.health = "waiting for room"
-        while True:
-            try:
-                g = await self._client.wait_grant(self.lease_id, 20.0)
-            except BerthdUnavailable:
-                await asyncio.sleep(_RETRY_S)
-                continue
-            if g.get("granted"):
-                break
-        self.policy = g.get("policy") or self.policy
-        await self._sync_reservation()
-        self.health = "leased" + (f"; {self.defeated}: no park" if self.defeated else "")
-        self.gate.set("open", "lease granted")
-        with contextlib.suppress(BerthdUnavailable, ApiError):
-            await self._client.ready(self.lease_id)
+
+    def _follow_wait(self, wait: dict | None) -> None:
+        """berthd's reason for the lease's wait (``{"why", "lasting", "version"}``), which held
+        prompts show."""
+        if isinstance(wait, dict):
+            self.gate.cause = wait.get("why")
+            self.wait_version = int(wait.get("version") or 0)
 
     # -- instructions ------------------------------------------------------------------------
     async def _instructions(self) -> None:
         backoff = 0.5
         while True:
             # Back from "off", ask without waiting: the gate must follow the lease as soon as
-            # berthd answers, not after a 20 s long poll with no growth check.
-            wait = 0.0 if self.gate.state == "off" else 20.0
+            # berthd answers, not after a long poll with no growth check. The poll also ends
+            # when berthd's reason for the lease's wait changes (wait_version).
+            wait = 0.0 if self.gate.state is G.OFF else _POLL_S
             try:
-                r = await self._client.instructions(self.lease_id, self.after_seq, wait)
+                r = await self._client.call(
+                    "GET", f"/v1/leases/{self.lease_id}/instructions", timeout_s=wait + 10,
+                    after=self.after_seq, timeout=wait, wait_version=self.wait_version)
                 backoff = 0.5
             except BerthdUnavailable:
                 # berthd went away: fail open, and lease again when it is back.
-                self.gate.set("off", "berthd is not reachable")
+                self.gate.fail_open("berthd is not reachable")
                 self.health = "unleased: berthd is not reachable"
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -230,25 +269,30 @@ class Agent(Reservation):
                 log.error("Berth: berthd refused the instruction poll: %s", e)
                 await asyncio.sleep(backoff)
                 continue
-            if self.gate.state == "off":
-                states = set((r.get("states") or {}).values())
-                if states == {"parked"}:          # a prompt asks berthd to wake it, as before
-                    self.gate.set("asleep", "berthd is back and keeps the lease parked")
-                    self.health = "parked"
-                else:
-                    self.gate.set("open", "berthd is back and keeps the lease")
-                    self.health = "leased"
-            readable, errors, self.after_seq = read_poll(r.get("instructions", []),
-                                                         self.after_seq)
-            for e in errors:
-                log.error("Berth: berthd sent an instruction this node cannot read (%s); "
-                          "skipped", e)
-            for ins in readable:
-                await self._carry_out(ins)
-            if r.get("ended"):
-                log.info("Berth: lease %s ended (%s)", self.lease_id, r["ended"])
-                self.lease_id = None
+            if not await self._follow(r):
                 return
+
+    async def _follow(self, r: dict) -> bool:
+        """Take in one instruction poll's answer; False once the lease ended (or drained)."""
+        self._follow_wait(r.get("wait"))
+        if self.gate.state is G.OFF:
+            if set((r.get("states") or {}).values()) == {"parked"}:
+                # A prompt asks berthd to wake it, as before berthd went away.
+                self.gate.move(G.ASLEEP, "berthd is back and keeps the lease parked")
+                self.health = "parked"
+            else:
+                self.gate.move(G.OPEN, "berthd is back and keeps the lease")
+                self.health = "leased"
+        readable, errors, self.after_seq = read_poll(r.get("instructions", []), self.after_seq)
+        for e in errors:
+            log.error("Berth: berthd sent an instruction this node cannot read (%s); skipped", e)
+        for ins in readable:
+            await self._carry_out(ins)
+        if r.get("ended") or self.gate.state is G.STOPPED:
+            log.info("Berth: lease %s ended (%s)", self.lease_id, r.get("ended") or "drained")
+            self.lease_id = None
+            return False
+        return True
 
     async def _carry_out(self, ins: Instruction) -> None:
         op = ins.op
@@ -262,9 +306,7 @@ class Agent(Reservation):
                 why = (f"drained by Berth ({ins.reason}); restart ComfyUI to lease "
                        f"again")
                 log.warning("Berth: %s", why)
-                self.gate.stop_reason = why
-                self.gate.set("stopped", "drained")
-                self.gate.fail_held(why)
+                self.gate.stop(why)
                 self.health = why
                 ok, detail = True, "models unloaded; ComfyUI keeps running, its gate refuses prompts"
         elif op == "wake":
@@ -280,37 +322,33 @@ class Agent(Reservation):
         the release grace (the gate opens again: nothing was touched)."""
         if self.defeated:
             return False, f"ComfyUI runs with {self.defeated}: unloading frees nothing"
+        st = self.gate.state
+        if st not in (G.OPEN, G.OFF, G.CLOSING, G.ASLEEP):
+            return False, f"busy: the gate is {st}"
         grace = float(self.policy.get("release_grace_s") or 20.0)
         end = time.monotonic() + grace
-        self.gate.set("closing", "park: waiting for the queue")
+        if st is not G.ASLEEP:
+            self.gate.move(G.CLOSING, "park: waiting for the queue")
         while not (self.gate.idle() and self.queue.get_tasks_remaining() == 0):
             if time.monotonic() > end:
-                self.gate.set("open", "park called off: the queue stayed busy")
+                self.gate.move(G.OPEN, "park called off: the queue stayed busy")
                 return False, f"busy: prompts still queued or running after {grace:g} s"
             await asyncio.sleep(0.05)
-        # Unloading happens on ComfyUI's prompt worker, never here (reference "Threads"). Its
-        # PromptQueue.get looks at no flag: set while the worker runs its gc after a prompt,
-        # the flags wake nothing (seen on ComfyUI 0.3.64), so set them again until taken.
-        nudge = 0.0
-        while nudge == 0.0 or "unload_models" in self.queue.get_flags(reset=False):
-            if time.monotonic() > end:
-                break                             # berthd's driver read decides anyway
-            if time.monotonic() >= nudge:         # the flag waited on last: none is left over
-                self.queue.set_flag("free_memory", True)
-                self.queue.set_flag("unload_models", True)
-                nudge = time.monotonic() + 0.25
-            await asyncio.sleep(0.02)
-        while (comfy.loaded_models() or 0) > 0 and time.monotonic() < end:
-            await asyncio.sleep(0.02)
+        await _unload(self.queue, end)
         self._budget(0)
-        self.gate.set("asleep", "parked")
+        self.gate.move(G.ASLEEP, "parked")
         self.health = "parked"
         return True, ""
 
-    async def wake(self) -> None:
+    async def wake(self) -> bool:
+        """Open the gate (models load again with the next prompt). False after a drain: a
+        drained ComfyUI stays refused until it restarts."""
+        if self.gate.state is G.STOPPED:
+            return False
         await self._sync_reservation()
         self.health = "leased"
-        self.gate.set("open", "woken")
+        self.gate.move(G.OPEN, "woken")
+        return True
 
     def _wake_asked(self) -> None:
         """The gate holds a prompt while asleep: ask berthd to wake the lease (any thread)."""
@@ -320,17 +358,38 @@ class Agent(Reservation):
             try:
                 if lid is None:
                     raise BerthdUnavailable("no lease")
-                await self._client.wake(lid)
+                r = await self._client.wake(lid)
+                self.gate.cause = (r.get("wait") or {}).get("why") or self.gate.cause
             except (BerthdUnavailable, ApiError) as e:
                 # berthd is gone: fail open (ComfyUI's models were unloaded; it loads again).
                 log.warning("Berth: the wake could not be asked (%s); the gate opens", e)
-                self.gate.set("off", "berthd is not reachable")
+                self.gate.fail_open("berthd is not reachable")
         self.call(ask())
 
     def status(self) -> dict:
         """What the "Berth status" node and the protocol's state route show."""
+        hr = self._headroom
         return {"engine": self.engine, "lease": self.lease_id, "health": self.health,
                 "reserved_bytes": self.reserved_bytes, "gate": self.gate.counters(),
                 "unloading_defeated_by": self.defeated,
                 "dynamic_vram": comfy.aimdo_control() is not None,
-                "dynamic_vram_headroom_bytes": self.headroom_bytes}
+                "dynamic_vram_headroom_bytes": self.headroom_bytes,
+                "dynamic_vram_setter": None if hr is None else (hr.how or hr.why)}
+
+
+async def _unload(queue: Any, end: float) -> None:
+    """Have ComfyUI's prompt worker unload (``queue`` is its ``PromptQueue``), never from here
+    (reference "Threads"), until ``end`` (monotonic seconds). Its ``PromptQueue.get`` looks at
+    no flag: set while the worker runs its gc after a prompt, the flags wake nothing (seen on
+    ComfyUI 0.3.64), so they are set again until taken."""
+    nudge = 0.0
+    while nudge == 0.0 or "unload_models" in queue.get_flags(reset=False):
+        if time.monotonic() > end:
+            break                                 # berthd's driver read decides anyway
+        if time.monotonic() >= nudge:             # the flag waited on last: none is left over
+            queue.set_flag("free_memory", True)
+            queue.set_flag("unload_models", True)
+            nudge = time.monotonic() + 0.25
+        await asyncio.sleep(0.02)
+    while (comfy.loaded_models() or 0) > 0 and time.monotonic() < end:
+        await asyncio.sleep(0.02)

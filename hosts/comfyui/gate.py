@@ -1,28 +1,25 @@
 """The gate: an aiohttp middleware on ComfyUI's own app, the front for ComfyUI.
 
 Source: seed 002 "Fronts" and rule 3; issue 13 ("add the gate ... before the app freezes");
-reference/hosts.md "Routes and middleware" (a custom node may append to
-``PromptServer.instance.app.middlewares`` at import time; ``add_on_prompt_handler`` cannot
-veto a prompt).
+issue 28 ("a held prompt says why in ComfyUI"); reference/hosts.md "Routes and middleware" (a
+custom node may append to ``PromptServer.instance.app.middlewares`` at import time;
+``add_on_prompt_handler`` cannot veto a prompt).
 
 Only the writes that use the card are gated: ``POST /prompt`` and ``POST /api/prompt``
 (:data:`GATED`). Every other request passes untouched, whatever the state: reads never wake
 ComfyUI (monitors poll ``/queue`` and ``/system_stats``), and ``/free``, ``/interrupt`` and
 ``/queue`` do not load models.
 
-States (the seed's four, plus ``starting`` while the lease waits and ``off`` when the gate
-passes everything: berthd down, or no lease; ``stopped`` after a drain, which answers every
-gated write with a 503 at once)::
-
-    off ──▶ starting ──▶ open ──▶ closing ──▶ asleep ──▶ waking ──▶ open
-                          ▲          │
-                          └──────────┘ park called off
+States and their edges are data (:mod:`.states`); :meth:`Gate.move` is the only place the state
+changes: it checks the edge, records the time, wakes every held write and logs the edge.
 
 A gated write while ``open`` passes once :meth:`Gate.before_write` (the growth check) says so.
 While ``closing``, ``starting`` or ``waking`` it is held; while ``asleep`` it is held and the
-first one asks for the wake (``on_wake``, once per sleep). A held write ends when the gate
-opens (it passes), or with a 503 in ComfyUI's error shape naming the reason at the wait limit
-or when the wake fails::
+first one asks for the wake (``on_wake``, once per sleep). While held, the prompt's page is
+told why every ``notice_every_s`` (``on_notice(body, text)``, :mod:`.notice`: "waiting for the
+card: <berthd's reason> (waited N s; about M s more)"). A held write ends when the gate opens
+(it passes), when its client goes away, or with a 503 in ComfyUI's error shape naming the
+reason at the wait limit or when the wake fails::
 
     {"error": {"type": "berth_unavailable", "message": "...", "details": "<reason>",
                "extra_info": {"src": "berth", "reason": "<reason>"}}, "node_errors": {}}
@@ -31,30 +28,40 @@ The gate also keeps when each gated write arrived (held or being handled) and, o
 queued it, its prompt's id with that time (:meth:`Gate.arrivals`): ComfyUI's queue keeps no
 arrival times, and berthd's ladder wants the oldest job's age (issue 16).
 
-Threads: the middleware runs on ComfyUI's event loop; the node's agent changes the state from
-its own thread. State lives under a lock, and a change wakes held requests through
+Threads: the middleware runs on ComfyUI's event loop; the node's agent moves the state from
+its own thread. State lives under a lock, and a move wakes held requests through
 ``call_soon_threadsafe`` on the loop that serves them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-__all__ = ["Gate", "GATED", "STATES", "unavailable"]
+from .notice import Teller, WaitMeter
+from .states import EDGES, PASSING, TRANSITIONS, GateState, IllegalGateTransition
+
+__all__ = ["Gate", "GATED", "GateState", "unavailable"]
 
 log = logging.getLogger("berth.comfyui")
 
+G = GateState
+
 #: The requests the gate holds (method, path): the writes that use the card.
 GATED = frozenset({("POST", "/prompt"), ("POST", "/api/prompt")})
-STATES = ("off", "starting", "open", "closing", "asleep", "waking", "stopped")
-_HOLDING = frozenset({"starting", "closing", "asleep", "waking"})
+
+_NOT_STOPPED = frozenset(GateState) - {G.STOPPED}
+_ASLEEP, _WAKING = frozenset({G.ASLEEP}), frozenset({G.WAKING})
+
+#: How often a held write looks at its client and tells its page why it waits (seconds).
+_TICK_S = 0.5
 
 
 def unavailable(reason: str, message: str) -> web.Response:
@@ -65,52 +72,82 @@ def unavailable(reason: str, message: str) -> web.Response:
         status=503, headers={"Retry-After": "1"})
 
 
+def _gone(request: web.Request) -> bool:
+    """The client closed its connection (aiohttp clears the transport on connection_lost)."""
+    t = request.transport
+    return t is None or t.is_closing()
+
+
 class Gate:
     """The gate's state and its middleware (:meth:`middleware`, to append to the app).
 
     ``wait_limit_s``: the longest a write is held, seconds. ``on_wake()``: called (from the
     loop, must not block) when the first write arrives while asleep. ``before_write(body)``: an
-    awaitable run for each gated write while open, before it passes; it returns None to let the
-    write through, or a reason string for a 503 (the growth check: berthd could not make room).
+    awaitable run for each gated write while open, before it passes, with the request's JSON
+    body; it returns None to let the write through, or a reason string for a 503 (the growth
+    check: berthd could not make room); cancelled when the client goes away.
+    ``on_notice(body, text)``: tells the prompt's page why it waits (any thread, must not
+    block). ``cause``: berthd's words for why the lease waits, set by the agent.
     """
 
     def __init__(self, wait_limit_s: float = 120.0, on_wake: Callable[[], None] | None = None,
-                 before_write: Callable[[object], Awaitable[str | None]] | None = None):
+                 before_write: Callable[[Any], Awaitable[str | None]] | None = None,
+                 on_notice: Callable[[Any, str], None] | None = None,
+                 notice_every_s: float = 2.0):
         self.wait_limit_s = wait_limit_s
-        self.on_wake = on_wake
-        self.before_write = before_write
+        self.on_wake, self.before_write, self.on_notice = on_wake, before_write, on_notice
+        self.notice_every_s = notice_every_s
         self._lock = threading.Lock()
-        self._state = "off"
+        self._state = G.OFF
         self.since = time.monotonic()
+        self.cause: str | None = None
+        self.waits = WaitMeter()                   # how long held writes waited
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._fail_epoch, self._fail_reason = 0, ""
-        self._wake_asked = False
         self.stop_reason = ""
         self.in_flight = 0          # gated writes being handled by ComfyUI now
         self.holding = 0
         self._arrived: dict[int, float] = {}       # writes held or handled now: arrival time
         self.queued_at: dict[str, float] = {}      # prompt id: when its write arrived
-        self.passed = self.held = self.refused = self.wakes = 0
+        self.passed = self.held = self.refused = self.wakes = self.client_gone = 0
 
     # -- state (any thread) ----------------------------------------------------------------
     @property
-    def state(self) -> str:
+    def state(self) -> GateState:
         return self._state
 
-    def set(self, state: str, why: str = "") -> bool:
-        """Move to ``state`` (one of :data:`STATES`); True when it changed."""
-        if state not in STATES:
-            raise ValueError(f"gate state: expected one of {', '.join(STATES)}, got {state!r}")
+    def move(self, new: GateState, why: str = "",
+             only_from: frozenset[GateState] | None = None) -> bool:
+        """The only place the state changes: check the edge (:data:`~.states.EDGES`), record
+        the time, wake every held write, log the edge. Moving to the current state, or from a
+        state not in ``only_from`` (checked under the same lock: another thread may have moved
+        the gate), does nothing and returns False. Raises
+        :class:`~.states.IllegalGateTransition` for an edge the table lacks."""
+        new = GateState(new)
         with self._lock:
             old = self._state
-            if old == state:
+            if new is old or (only_from is not None and old not in only_from):
                 return False
-            self._state, self.since = state, time.monotonic()
-            if state != "waking":
-                self._wake_asked = False
-        log.info("Berth gate: %s -> %s%s", old, state, f" ({why})" if why else "")
+            edge = EDGES.get((old, new))
+            if edge is None:
+                raise IllegalGateTransition(
+                    f"gate: {old} -> {new} is not allowed; from {old} it may go to "
+                    f"{', '.join(sorted(TRANSITIONS[old])) or 'nowhere'}")
+            self._state, self.since = new, time.monotonic()
         self._notify()
+        log.info("Berth gate: %s -> %s (%s)", old, new, why or edge)
         return True
+
+    def fail_open(self, why: str) -> bool:
+        """Pass everything from now on (berthd down, no lease), unless drained: a stopped gate
+        stays stopped. True when the state changed."""
+        return self.move(G.OFF, why, only_from=_NOT_STOPPED)
+
+    def stop(self, why: str) -> None:
+        """Drained: answer every gated write, held now or to come, with a 503 naming ``why``."""
+        self.stop_reason = why
+        self.move(G.STOPPED, "drained")
+        self.fail_held(why)
 
     def fail_held(self, reason: str) -> None:
         """Answer every write held now with a 503 naming ``reason``."""
@@ -123,10 +160,8 @@ class Gate:
         with self._lock:
             waiters = list(self._waiters)
         for loop, ev in waiters:
-            try:
+            with contextlib.suppress(RuntimeError):     # that loop has closed
                 loop.call_soon_threadsafe(ev.set)
-            except RuntimeError:        # that loop has closed
-                pass
 
     def idle(self) -> bool:
         return self.in_flight == 0
@@ -144,9 +179,18 @@ class Gate:
                 self.queued_at.pop(pid, None)
 
     def counters(self) -> dict:
-        return {"state": self._state, "in_flight": self.in_flight, "holding": self.holding,
-                "passed": self.passed, "held": self.held, "refused": self.refused,
-                "wakes": self.wakes}
+        return {"state": self._state.value, "in_flight": self.in_flight,
+                "holding": self.holding, "passed": self.passed, "held": self.held,
+                "refused": self.refused, "wakes": self.wakes, "client_gone": self.client_gone}
+
+    def why_held(self) -> str:
+        """Why a write is held now, in words (berthd's, where the agent has them)."""
+        st, cause = self._state, f": {self.cause}" if self.cause else ""
+        if st is G.STARTING:
+            return f"ComfyUI's lease waits for room{cause}"
+        if st is G.CLOSING:
+            return "ComfyUI is being parked for another engine; the prompt runs after the wake"
+        return f"ComfyUI is parked and being woken{cause}"
 
     # -- the middleware (ComfyUI's loop) ---------------------------------------------------
     @web.middleware
@@ -157,102 +201,141 @@ class Gate:
         with self._lock:
             self._arrived[key] = arrived
         try:
-            refusal = await self._admit(request)
+            try:
+                body = await request.json()       # aiohttp keeps the body for the handler
+            except Exception:
+                body = None                       # ComfyUI answers a bad body itself
+            refusal = await self._admit(request, body)
             if refusal is not None:
                 return refusal
-            with self._lock:
-                self.in_flight += 1
-            try:
-                resp = await handler(request)
-                pid = _prompt_id(resp)
-                if pid is not None:
-                    with self._lock:
-                        self.queued_at[pid] = arrived
-                return resp
-            finally:
-                with self._lock:
-                    self.in_flight -= 1
-                self._notify()
+            return await self._handle(request, handler, arrived)
         finally:
             with self._lock:
                 self._arrived.pop(key, None)
 
-    async def _admit(self, request: web.Request) -> web.Response | None:
+    async def _handle(self, request: web.Request, handler, arrived: float):
+        with self._lock:
+            self.in_flight += 1
+        try:
+            resp = await handler(request)
+            pid = _prompt_id(resp)
+            if pid is not None:
+                with self._lock:
+                    self.queued_at[pid] = arrived
+            return resp
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+            self._notify()
+
+    async def _admit(self, request: web.Request, body: Any) -> web.Response | None:
+        """Hold the write until the gate passes it (None) or refuses it (a 503)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.wait_limit_s
-        epoch = self._fail_epoch
-        counted = False
+        arrived = loop.time()
+        deadline, epoch = arrived + self.wait_limit_s, self._fail_epoch
         ev = asyncio.Event()
-        key = (loop, ev)
+        key, held = (loop, ev), False
+        told = Teller(lambda text: self._say(body, text), self.notice_every_s)
         with self._lock:
             self._waiters.add(key)
         try:
             while True:
                 ev.clear()
                 st = self._state
-                if self._fail_epoch != epoch:
-                    self.refused += 1
-                    return unavailable(self._fail_reason, f"ComfyUI is unavailable: "
-                                                          f"{self._fail_reason}")
-                if st == "stopped":
-                    self.refused += 1
-                    return unavailable("stopped", f"ComfyUI is not leased: {self.stop_reason}")
-                if st in ("off", "open"):
-                    why = await self._check(request) if st == "open" else None
-                    if why is None:
-                        self.passed += 1
-                        return None
-                    self.refused += 1
-                    return unavailable(why, f"Berth could not make room for this prompt: {why}")
-                if not counted:
-                    counted = True
-                    self.held += 1
-                    self.holding += 1
-                if st == "asleep":
+                refusal = self._refusal(epoch, st)
+                if refusal is not None:
+                    return refusal
+                if st in PASSING:
+                    return await self._pass(request, body, st, held, loop.time() - arrived,
+                                            told)
+                if not held:
+                    held, self.held, self.holding = True, self.held + 1, self.holding + 1
+                if st is G.ASLEEP:
                     self._ask_wake()
-                left = deadline - loop.time()
-                if left <= 0:
-                    self.refused += 1
-                    return unavailable("wait_limit", f"ComfyUI was not ready within the wait "
-                                       f"limit ({self.wait_limit_s:g} s, gate {self._state}); "
-                                       "the prompt was held and not queued")
-                try:
-                    await asyncio.wait_for(ev.wait(), left)
-                except TimeoutError:
-                    pass
+                if loop.time() >= deadline:
+                    return self._refuse("wait_limit", f"ComfyUI was not ready within the wait "
+                                        f"limit ({self.wait_limit_s:g} s, gate {self._state}); "
+                                        "the prompt was held and not queued")
+                if _gone(request):
+                    self.client_gone += 1
+                    return self._refuse("client_gone", "the client went away while held")
+                waited = loop.time() - arrived
+                told.tell(self.why_held(), waited, self.waits.expected(waited))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ev.wait(), min(deadline - loop.time(), _TICK_S))
         finally:
             with self._lock:
                 self._waiters.discard(key)
-            if counted:
+            if held:
                 self.holding -= 1
 
-    async def _check(self, request: web.Request) -> str | None:
+    def _refusal(self, epoch: int, st: GateState) -> web.Response | None:
+        if self._fail_epoch != epoch:
+            return self._refuse(self._fail_reason,
+                                f"ComfyUI is unavailable: {self._fail_reason}")
+        if st is G.STOPPED:
+            return self._refuse("stopped", f"ComfyUI is not leased: {self.stop_reason}")
+        return None
+
+    def _refuse(self, reason: str, message: str) -> web.Response:
+        self.refused += 1
+        return unavailable(reason, message)
+
+    async def _pass(self, request: web.Request, body: Any, st: GateState, held: bool,
+                    waited_s: float, told: Teller) -> web.Response | None:
+        """The gate passes the write: the growth check first while open."""
+        why = await self._check(request, body) if st is G.OPEN else None
+        if why == "client_gone":
+            self.client_gone += 1
+            return self._refuse(why, "the client went away while berthd made room")
+        if why is not None:
+            return self._refuse(why, f"Berth could not make room for this prompt: {why}")
+        if held:
+            self.waits.record(waited_s)
+            told.ready(waited_s)
+        self.passed += 1
+        return None
+
+    async def _check(self, request: web.Request, body: Any) -> str | None:
+        """The growth check, called off when the client goes away (its request for room is
+        then withdrawn by the agent)."""
         if self.before_write is None:
             return None
+        task = asyncio.ensure_future(self.before_write(body))
         try:
-            body = await request.json()           # aiohttp keeps the body for the handler
-        except Exception:
-            return None                           # ComfyUI answers a bad body itself
-        try:
-            return await self.before_write(body.get("prompt") if isinstance(body, dict) else None)
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_TICK_S)
+                if done:
+                    return task.result()
+                if _gone(request):
+                    task.cancel()
+                    return "client_gone"
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
         except Exception as e:                    # the check must never break ComfyUI
             log.warning("Berth: the growth check failed (%s); the prompt passes", e)
             return None
 
+    def _say(self, body: Any, text: str) -> None:
+        if self.on_notice is not None:
+            try:
+                self.on_notice(body, text)
+            except Exception as e:
+                log.warning("Berth: telling the page why failed: %s", e)
+
     def _ask_wake(self) -> None:
-        with self._lock:
-            if self._wake_asked or self._state != "asleep":
-                return
-            self._wake_asked = True
-            self._state, self.since = "waking", time.monotonic()
-            self.wakes += 1
-        log.info("Berth gate: asleep -> waking (a prompt arrived)")
+        """The first write held while asleep asks for the wake: once per sleep, as the move to
+        ``waking`` happens once."""
+        if not self.move(G.WAKING, "a prompt arrived", only_from=_ASLEEP):
+            return
+        self.wakes += 1
         if self.on_wake is not None:
             try:
                 self.on_wake()
             except Exception as e:
                 log.warning("Berth: asking for the wake failed: %s", e)
-                self.set("asleep", f"wake failed: {e}")
+                self.move(G.ASLEEP, f"wake failed: {e}", only_from=_WAKING)
                 self.fail_held(f"wake failed: {e}")
 
 

@@ -15,6 +15,8 @@ import asyncio
 
 from aiohttp import web
 
+from .states import GateState
+
 __all__ = ["add_routes"]
 
 
@@ -31,13 +33,15 @@ def add_routes(routes: web.RouteTableDef, agent) -> None:
 
     @routes.post("/berth/v1/wake")
     async def wake(request: web.Request) -> web.Response:
-        await asyncio.wrap_future(agent.call(agent.wake()))
+        if not await asyncio.wrap_future(agent.call(agent.wake())):
+            return web.json_response({"error": {"message": agent.gate.stop_reason,
+                                                "type": "drained", "code": 409}}, status=409)
         return web.json_response({"state": "active"})
 
     @routes.get("/berth/v1/state")
     async def state(request: web.Request) -> web.Response:
         g = agent.gate
-        st = {"asleep": "parked", "waking": "parked"}.get(g.state, "active")
+        st = "parked" if g.state in (GateState.ASLEEP, GateState.WAKING) else "active"
         busy = g.in_flight + agent.queue.get_tasks_remaining()
         return web.json_response({"state": st, "lent": {}, "in_flight": busy,
                                   "berth": agent.status()})

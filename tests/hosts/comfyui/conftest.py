@@ -5,9 +5,12 @@ counts). Waits poll observable state with deadlines."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 import urllib.error
@@ -96,6 +99,45 @@ class Comfy:
         return h["status"] if h else None
 
 
+class Page:
+    """ComfyUI's websocket as its page holds it (``/ws?clientId=ID``), read in a thread: the
+    progress texts (binary event 3: node id, text) and the JSON messages it got."""
+
+    def __init__(self, url: str, client_id: str):
+        self.url, self.client_id = url, client_id
+        self.texts: list[tuple[str, str]] = []
+        self.messages: list[dict] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ws = None
+        self._open = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._read()), daemon=True)
+        self._thread.start()
+        assert self._open.wait(10), "the websocket did not open"
+
+    async def _read(self) -> None:
+        import aiohttp
+        self._loop = asyncio.get_running_loop()
+        async with aiohttp.ClientSession() as s, \
+                s.ws_connect(f"{self.url}/ws?clientId={self.client_id}") as ws:
+            self._ws = ws
+            self._open.set()
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    event, = struct.unpack(">I", msg.data[:4])
+                    if event == 3:
+                        n, = struct.unpack(">I", msg.data[4:8])
+                        self.texts.append((msg.data[8:8 + n].decode(),
+                                           msg.data[8 + n:].decode()))
+                elif msg.type == aiohttp.WSMsgType.TEXT:
+                    self.messages.append(json.loads(msg.data))
+
+    def close(self) -> None:
+        if self._loop is not None and self._ws is not None:
+            with contextlib.suppress(RuntimeError):
+                asyncio.run_coroutine_threadsafe(self._ws.close(), self._loop).result(5)
+        self._thread.join(5)
+
+
 class World:
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -133,14 +175,14 @@ class World:
                     "BERTH_SIM_DIR": str(self.tmp / "sim"),
                     "BERTH_CONFIG": str(self.tmp / "berth.toml"), "PYTHONUNBUFFERED": "1"}
 
-    def comfyui(self, *flags: str, step_s: float = 0.05) -> Comfy:
+    def comfyui(self, *flags: str, step_s: float = 0.05, env: dict | None = None) -> Comfy:
         port = free_port()
         log = self.tmp / f"comfyui-{port}.log"
         proc = subprocess.Popen([BERTH, "sim", "comfyui", "--port", str(port), "--models",
                                  str(self.models), "--custom-node", str(self.node),
                                  "--step-s", str(step_s), *flags],
-                                env=self.env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                env={**self.env, **(env or {})}, stdout=open(log, "ab"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
         c = Comfy(proc, f"http://127.0.0.1:{port}", log)
 

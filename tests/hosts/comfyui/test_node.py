@@ -339,3 +339,44 @@ def test_a_park_right_after_a_prompt_unloads_though_the_worker_was_busy_in_its_g
     wait_for(lambda: d.state_of("comfyui") == "parked", 8, "ComfyUI parked")
     use = d.lease_of("comfyui")["shares"][0]["used_bytes"]
     assert use <= 300 << 20, use                    # the context only: the models left the card
+
+
+def test_a_prompt_held_while_parked_tells_its_page_then_says_the_card_is_ready(world):
+    """The gate's own hold (ComfyUI parked, the wake asked): the page that posted the prompt
+    gets ComfyUI's progress text on its loader node at once, and again when it passes."""
+    from .conftest import Page
+    d = world.berthd()
+    c = world.comfyui()
+    wait_for(lambda: d.state_of("comfyui") == "active" and c.berth()["gate"]["state"] == "open",
+             10, "ComfyUI leased")
+    _parked(d, c)
+    page = Page(c.url, "page-2")
+    try:
+        code, ans = c.post("/prompt", {**prompt(SD15), "client_id": "page-2"})
+        assert code == 200, ans
+        wait_for(lambda: len(page.texts) >= 2, 5, "the page told")
+        assert {node for node, _ in page.texts} == {"1"}
+        assert page.texts[0][1].startswith("Berth: waiting for the card: ComfyUI is parked and "
+                                           "being woken"), page.texts
+        assert page.texts[-1][1].startswith("Berth: the card is ready (waited "), page.texts
+        # ComfyUI's own status messages reach the page too (the queue changed).
+        wait_for(lambda: sum(m["type"] == "status" for m in page.messages) >= 2, 5,
+                 "status messages")
+    finally:
+        page.close()
+
+
+def test_dynamic_vram_headroom_never_below_reserve_vram_and_nvml_pressure_stays_on(world):
+    """ComfyUI's main.py hands ``--reserve-vram`` to comfy-aimdo as its simple headroom, the
+    value the node changes: the node never sets less than the user asked, and never re-runs
+    comfy-aimdo's ``init`` (which in 0.4.11-0.5.0 also turns NVML pressure off)."""
+    d = world.berthd()
+    c = world.comfyui("--reserve-vram", "23.5")            # more than total - 1 GiB reserved
+    wait_for(lambda: c.berth()["dynamic_vram_headroom_bytes"] is not None, 10, "the headroom set")
+    stats = c.get("/system_stats")[1]["stand_in"]
+    assert stats["simple_vram_headroom"] == int(23.5 * (1 << 30))
+    assert stats["nvml_pressure"] is True
+    assert c.berth()["dynamic_vram_setter"] == "control.set_simple_vram_headroom"
+    _parked(d, c)
+    stats = c.get("/system_stats")[1]["stand_in"]
+    assert stats["simple_vram_headroom"] == 24 << 30 and stats["nvml_pressure"] is True
