@@ -199,7 +199,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._refused:
             return   # lingering after a 4xx
         if self.listener.hand_off is not None:
-            self._keep_raw(data)
+            _keep_raw(self, data)   # for a hand-off (berth.gateway.ws)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -214,7 +214,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.pause_reading()
         except httptools.HttpParserCallbackError as exc:
             if isinstance(exc.__context__, _HandOff):
-                self._give(exc.__context__.factory)
+                _give(self, exc.__context__.factory)
             elif not isinstance(exc.__context__, _Stop):
                 raise
             return
@@ -303,40 +303,6 @@ class ClientConnection(asyncio.BufferedProtocol):
             self._pending = None
             if not self.handler._fast(req, self):
                 self._start()
-
-    # ---- handing the connection to another server -------------------------------------------------
-
-    def _keep_raw(self, data: bytes | memoryview) -> None:
-        """Keep the bytes of a request head that begins this read, for :meth:`_give`."""
-        if self.current is None and not self.queue and self.task is None \
-                and self.exchange is None:
-            self._raw = [bytes(data)]
-            self._begun = 0
-        elif self._raw is not None and self._head_bytes:
-            self._raw.append(bytes(data))
-        else:
-            self._raw = None
-
-    def _give(self, factory) -> None:
-        """Give the connection to ``factory()``'s protocol (aiohttp's server), with the bytes
-        of the request it starts with. Only a request that began a read and has nothing before
-        it on the connection is given (``_raw``); the listener stops counting the connection."""
-        raw, self._raw = self._raw, None
-        if raw is None or self._begun != 1:
-            self._refuse(400, "not_first", "this request goes to another server inside this one: "
-                         "send it first on a connection of its own (not pipelined)")
-            return
-        t, self.transport = self.transport, None
-        self.closed = True
-        self.current = None
-        self.listener.forget(self)
-        self.listener.handed_off += 1
-        proto = factory()
-        t.set_protocol(proto)
-        if self._reading_paused:
-            t.resume_reading()
-        proto.connection_made(t)
-        proto.data_received(b"".join(raw))
 
     # ---- answering ----------------------------------------------------------------------------------
 
@@ -454,6 +420,42 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.listener.loop.call_later(_LINGER_S, self.close)
+
+
+# ---- handing a connection to another server ---------------------------------------------------
+
+def _keep_raw(self: ClientConnection, data: bytes | memoryview) -> None:
+    """Keep the bytes of a request head that begins this read, for :func:`_give`."""
+    if self.current is None and not self.queue and self.task is None \
+            and self.exchange is None:
+        self._raw = [bytes(data)]
+        self._begun = 0
+    elif self._raw is not None and self._head_bytes:
+        self._raw.append(bytes(data))
+    else:
+        self._raw = None
+
+
+def _give(self: ClientConnection, factory) -> None:
+    """Give the connection to ``factory()``'s protocol (aiohttp's server), with the bytes
+    of the request it starts with. Only a request that began a read and has nothing before
+    it on the connection is given (``_raw``); the listener stops counting the connection."""
+    raw, self._raw = self._raw, None
+    if raw is None or self._begun != 1:
+        self._refuse(400, "not_first", "this request goes to another server inside this one: "
+                     "send it first on a connection of its own (not pipelined)")
+        return
+    t, self.transport = self.transport, None
+    self.closed = True
+    self.current = None
+    self.listener.forget(self)
+    self.listener.handed_off += 1
+    proto = factory()
+    t.set_protocol(proto)
+    if self._reading_paused:
+        t.resume_reading()
+    proto.connection_made(t)
+    proto.data_received(b"".join(raw))
 
 
 def _shown(target: bytes) -> str:

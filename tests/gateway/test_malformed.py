@@ -10,7 +10,8 @@ import aiohttp
 from aiohttp import web
 from berth.client import Client
 from berth.config import parse
-from berth.gateway.server import MAX_BODY_BYTES, Gateway
+from berth.gateway.body import MAX_BODY_BYTES
+from berth.gateway.server import Gateway
 
 from tests.gateway.world import serve as _serve
 
