@@ -156,6 +156,7 @@ class Listener:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self.lingering = 0       # refused connections still reading what the client sends
         self.accepted = self.refused = self.evicted = 0
         self.head_timeouts = self.idle_timeouts = self.handed_off = 0
 

@@ -32,6 +32,7 @@ _BODY_HIGH_BYTES = 1 << 20    # a request body buffered past this pauses reading
 _HEAD_LIMIT_BYTES = 1 << 20   # a request line and headers longer than this are refused (431)
 _PIPELINE_LIMIT = 16          # requests parsed ahead of the one being answered
 _LINGER_S = 1.0               # how long a refused connection's input is drained before closing
+_LINGER_MAX = 64              # refused connections lingering at once, at most
 
 
 class Request:
@@ -151,7 +152,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.body_at: float | None = None
         self.served = 0
         self._head_bytes = 0
-        self._refused = False
+        self._refused = self._lingers = False
         self._reading_paused = False
         self._writing_paused = False
         # the bytes of a request head that began a read (kept only while a hand-off may follow)
@@ -175,6 +176,8 @@ class ClientConnection(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.listener.forget(self)
+        if self._lingers:
+            self.listener.lingering -= 1
         if self.task is not None:
             self.task.cancel()
         if self.exchange is not None:
@@ -416,6 +419,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         the connection, and the client would lose the answer)."""
         assert self.transport is not None
         self.write(answer)
+        if self.listener.lingering >= _LINGER_MAX:
+            self.close()       # a flood: file descriptors count more than one lost answer
+            return
+        self.listener.lingering += 1
+        self._lingers = True
         self.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()

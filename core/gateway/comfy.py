@@ -156,7 +156,8 @@ class ComfyPort:
 
     # -- the listener's handler ----------------------------------------------------------------
     def _hand_off(self, req: "Request"):
-        return self._handoff if is_websocket(req.headers) else None
+        upgrade = req.conn.parser.should_upgrade() and is_websocket(req.headers)
+        return self._handoff if upgrade else None
 
     def _fast(self, req: "Request", client: "ClientConnection") -> bool:
         return False

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from berth.front.server import ClientConnection, Request
     from berth.gateway.body import Body
 
-__all__ = ["RelayConnection", "Relays", "Target", "Tried", "attempt", "GapTimeout", "PeerGone",
-           "DEFAULT_GAP_S"]
+__all__ = ["RelayConnection", "Relays", "Target", "Tried", "attempt", "end_cut", "GapTimeout",
+           "PeerGone", "DEFAULT_GAP_S"]
 
 #: The longest gap between two reads of an answer, after its headers, seconds (issue 27).
 DEFAULT_GAP_S = 30.0
@@ -223,7 +223,7 @@ async def attempt(pool: Pool, relays: Relays, req: "Request", client: "ClientCon
                 return Tried(False, kind="failed", why="the connection closed before an answer")
         except EngineFailed as exc:
             if conn.sent:
-                return _cut(conn, client, exc, target)
+                return end_cut(conn, client, exc, target)
             return Tried(False, kind="gone" if isinstance(exc, PeerGone) else "failed",
                          why=str(exc))
         finally:
@@ -235,7 +235,7 @@ async def attempt(pool: Pool, relays: Relays, req: "Request", client: "ClientCon
     raise AssertionError("unreachable")
 
 
-def _cut(conn: RelayConnection, client: "ClientConnection", exc: EngineFailed,
+def end_cut(conn: RelayConnection, client: "ClientConnection", exc: EngineFailed,
          target: Target) -> Tried:
     """The answer was cut after part of it reached the client: end an event stream in band,
     anything else by closing the client's connection."""

@@ -52,6 +52,7 @@ from berth.gateway import route as routing
 from berth.gateway import views
 from berth.gateway.body import Passing
 from berth.gateway.errors import answer, document, error, redirect
+from berth.gateway.fast import fast
 from berth.gateway.peers import ENGINES_PATH, Peer, Peers, new_session
 from berth.gateway.relay import RelayConnection, Relays, Target, attempt
 from berth.gateway.signing import EMPTY_DIGEST, Verifier
@@ -196,14 +197,16 @@ class Gateway:
     # -- the listener's handler ----------------------------------------------------------------
     def _hand_off(self, req: Request):
         """The board, and websockets on ComfyUI's routes, go to aiohttp's server whole."""
-        path = req.path
-        if path == "/board" or path.startswith("/board/") or (
-                is_comfy_path(path) and is_websocket(req.headers)):
+        t = req.target
+        if t.startswith(b"/board") and (len(t) == 6 or t[6:7] in b"/?"):
+            return self._handoff
+        if req.conn.parser.should_upgrade() and is_comfy_path(req.path) and \
+                is_websocket(req.headers):
             return self._handoff
         return None
 
     def _fast(self, req: Request, client: ClientConnection) -> bool:
-        return False
+        return fast(self, req, client)
 
     async def _handle(self, req: Request, client: ClientConnection) -> bool:
         path = req.path
