@@ -401,10 +401,6 @@ class ClientConnection(asyncio.BufferedProtocol):
     def writing_paused(self) -> bool:
         return self._writing_paused
 
-    @property
-    def reading_paused(self) -> bool:
-        return self._reading_paused
-
     def _refuse(self, status: int, reason: str, message: str) -> None:
         """A request the server cannot take: a 4xx if nothing is being answered, then close."""
         self._refused = True
