@@ -67,7 +67,7 @@ class RelayConnection(EngineConnection):
         self.gap_s: float | None = None
         self.src: bytes | None = None
         self.read_at = 0.0
-        self.sse = self.sent = False
+        self.sent = False
         self._held: list[bytes] | None = None
         self._held_head = b""
 
@@ -77,7 +77,7 @@ class RelayConnection(EngineConnection):
         """Tie the connection to ``client`` for the answer to ``req`` (see
         :meth:`EngineConnection.begin`)."""
         self.extra, self.src, self.gap_s, self.peer = extra, src, gap_s, peer
-        self.sse = self.sent = False
+        self.sent = False
         self._held = None
         self.begin(client, req.method == b"HEAD", req.version == "1.0", on_settled)
 
@@ -93,21 +93,23 @@ class RelayConnection(EngineConnection):
         self.read_at = time.monotonic()
         super().data_received(data)
 
+    @property
+    def sse(self) -> bool:
+        """Whether the answer is an event stream (its headers, kept until the next exchange)."""
+        return any(n.lower() == b"content-type" and b"event-stream" in v.lower()
+                   for n, v in self.headers)
+
     def on_headers_complete(self) -> None:
         was = self.started
         super().on_headers_complete()
         if was or not self.started:
             return
         self.read_at = time.monotonic()
-        length = None
-        for name, value in self.headers:
-            low = name.lower()
-            if low == b"content-type":
-                self.sse = b"event-stream" in value.lower()
-            elif low == b"content-length" and value.strip().isdigit():
-                length = int(value)
-        if self.src is not None and self.parser.get_status_code() >= 400 and \
-                not self.head_only and length is not None and length <= _MARK_BYTES:
+        if self.src is None or self.head_only or self.parser.get_status_code() < 400:
+            return
+        length = next((int(v) for n, v in self.headers if n.lower() == b"content-length"
+                       and v.strip().isdigit()), None)
+        if length is not None and length <= _MARK_BYTES:
             self._held_head, self._held = self.out.pop(), []
 
     def _flush(self) -> None:
