@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import TYPE_CHECKING
 
 from berth.front.upstream import Address
@@ -40,6 +41,9 @@ __all__ = ["openai", "check_peer"]
 log = logging.getLogger("berth.gateway")
 
 _STOPPED = ("not running", "draining", "waiting")
+#: An unknown model reads berthd's status again, at most this often (seconds): a client asking
+#: for names nothing serves must not become a load on berthd.
+_REREAD_S = 0.2
 
 
 async def openai(gw: "Gateway", req: "Request", client: "ClientConnection") -> bool:
@@ -121,7 +125,8 @@ async def route(gw: "Gateway", req: "Request", client: "ClientConnection", model
                 body: Body, local_only: bool) -> bool:
     """Try the machines that serve ``model``, best first, until one answers."""
     cands, down = candidates(gw, model, local_only)
-    if not cands and not down and gw.table.find(model) is None:
+    if not cands and not down and gw.table.find(model) is None and \
+            time.monotonic() - gw.table.read_at > _REREAD_S:
         await gw.table.refresh()       # a run may have registered since the last read
         cands, down = candidates(gw, model, local_only)
     tried: list[tuple[Candidate, Tried]] = []

@@ -103,8 +103,9 @@ class Gateway:
         self.machine_line = b"X-Berth-Machine: %s\r\n" % self.machine.encode("latin-1", "replace")
         self.host, self.port = _addr(listen, "--listen")
         self.table = LocalTable(cfg, client or Client(socket=paths.socket_path(cfg)), refresh_s)
+        nonces = paths.state_dir(cfg) / f"gateway-{_file_safe(self.machine)}.nonces"
         self.verifier = Verifier(net.key, net.replay_window, self.machine,
-                                 paths.state_dir(cfg) / "gateway-nonces") if net.key else None
+                                 nonces) if net.key else None
         self.relays = Relays()
         self.peers = Peers(list(net.peers), net.key, self.machine, timeout_s=net.peer_timeout,
                            retry_s=net.peer_retry, poll_s=net.peer_poll,
@@ -322,6 +323,10 @@ async def _rest_read(req: Request) -> bool:
 
 async def _to_board(request: web.Request) -> web.Response:
     raise web.HTTPFound("/board/")
+
+
+def _file_safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100]
 
 
 def _addr(value: str, flag: str) -> tuple[str, int]:

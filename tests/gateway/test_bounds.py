@@ -75,7 +75,7 @@ class FakePeer:
 
 def _gateway(tmp_path, peers: list[int], engines: dict | None = None,
              timeout: str = "0.5s") -> Gateway:
-    doc = {"engines": engines or {}, "network": {"name": "A"}}
+    doc = {"engines": engines or {}, "network": {"name": "A"}, "state_dir": str(tmp_path)}
     if peers:
         doc["network"].update(key=KEY, peers=[f"127.0.0.1:{p}" for p in peers],
                               peer_timeout=timeout, peer_poll="0.2s", peer_retry="5s")

@@ -200,7 +200,8 @@ def test_a_peer_whose_aliases_are_a_string_is_refused_not_matched_by_substring(t
         app.router.add_post("/v1/chat/completions", chat)
         peer, peer_port = await _serve(app)
         gw = Gateway(parse({"network": {"name": "A", "key": KEY,
-                                        "peers": [f"127.0.0.1:{peer_port}"]}}),
+                                        "peers": [f"127.0.0.1:{peer_port}"]},
+                            "state_dir": str(tmp_path)}),
                      "127.0.0.1:0", client=Client(socket=tmp_path / "no-berthd.sock"))
         await gw.start()
         try:

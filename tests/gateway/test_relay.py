@@ -19,7 +19,7 @@ from tests.gateway.world import serve as _serve
 
 def _gateway(tmp_path, name: str, port: int, engines: dict, peers: list[int] = (),
              retry: str = "5s") -> Gateway:
-    doc = {"engines": engines, "network": {"name": name}}
+    doc = {"engines": engines, "network": {"name": name}, "state_dir": str(tmp_path)}
     if peers:
         doc["network"].update(key=KEY, peers=[f"127.0.0.1:{p}" for p in peers],
                               peer_timeout="0.5s", peer_poll="0.2s", peer_retry=retry)
