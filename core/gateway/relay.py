@@ -214,6 +214,8 @@ async def attempt(pool: Pool, relays: Relays, req: "Request", client: "ClientCon
         conn.relay(client, req, extra=target.extra, src=target.src, gap_s=target.gap_s,
                    peer=target.peer)
         relays.live.add(conn)
+        if target.peer is not None and not getattr(target.peer, "up", True):
+            conn.fail(PeerGone("the peer went down as the request left", False))
         reusable = False
         try:
             await body.send(conn, head)
