@@ -45,7 +45,18 @@ def _main(args) -> int:
     except ValueError as e:
         print(f"berth gateway: {e}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve(gw))
+    return run(_serve(gw))
+
+
+def run(main) -> int:
+    """Run ``main`` on uvloop where it is installed (measured by ``bench/gateway.py``: the
+    gateway's hop costs 0.1 to 0.2 ms less per request at concurrency 1, and less CPU), else on
+    asyncio's own loop. The listener is the same code on both."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def start_line(gw) -> str:
