@@ -175,3 +175,28 @@ def test_runs_keep_their_routes_while_berthd_is_down(tmp_path):
     assert t.berthd_up is False
     assert t.find("llama") is not None and t.find("llama").target == "http://127.0.0.1:17102"
     assert t.find("cfg").target == "http://127.0.0.1:9"
+
+
+def test_ranking_by_expected_time_to_first_byte():
+    """Issue 27: ready idle < ready busy (by queue) < parked (restore) < loading (remaining
+    load) < cold (cold start), the peer's round trip added; loading was ranked as ready."""
+    def c(m, state, local=False, queue=0, rtt=0.0, loading=0.0, **costs):
+        return Candidate(m, local, state, queue, costs, rtt_s=rtt, loading_s=loading)
+    order = rank([c("cold", "not running", cold_start_s=5.0),
+                  c("loading", "loading", cold_start_s=20.0, loading=16.0),
+                  c("parked", "parked", restore_s=2.0),
+                  c("busy", "active", queue=3, rtt=0.001),
+                  c("busier", "active", queue=5, local=True),
+                  c("idle", "active", rtt=0.05)])
+    assert [x.machine for x in order] == ["idle", "busy", "busier", "parked", "loading", "cold"]
+    assert [x.category for x in order] == ["ready_idle", "ready_busy", "ready_busy", "parked",
+                                           "loading", "cold"]
+    assert order[4].expected_s == 4.0 and order[0].expected_s == 0.05
+    # Within a category, the round trip counts: a near parked machine before a far one.
+    near, far = c("near", "parked", rtt=0.01, restore_s=1.0), c("far", "parked", rtt=0.5,
+                                                                restore_s=1.0)
+    assert [x.machine for x in rank([far, near])] == ["near", "far"]
+    # Loading here, ready on a peer: the peer.
+    here = c("here", "loading", local=True, loading=1.0)
+    assert rank([here, c("peer", "active", rtt=0.2)])[0].machine == "peer"
+    assert set(here.as_dict()) == {"category", "expected_s", "queue", "rtt_s", "loading_s"}
