@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 
 from aiohttp import web
 from berth.client import Client
@@ -181,10 +182,9 @@ class Gateway:
         return app
 
     async def _sweep(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(SWEEP_S)
-            self.relays.sweep(loop.time())
+            self.relays.sweep(time.monotonic())    # the relays' clock (uvloop's is coarser)
 
     def _peer_down(self, peer: Peer, why: str) -> None:
         self.relays.peer_down(peer, why)
