@@ -88,7 +88,12 @@ def _gateway_proc(tmp: Path, extra: str) -> tuple[subprocess.Popen, int]:
             return http(port, "GET", "/health", timeout=2)[0] == 200
         except OSError:
             return False
-    wait_for(up, 20, "the gateway to answer")
+    try:
+        wait_for(up, 20, "the gateway to answer")
+    except BaseException:
+        proc.kill()
+        proc.wait(5)
+        raise
     return proc, port
 
 
