@@ -1,11 +1,15 @@
-"""What the gateway costs: direct to an engine against through ``berth gateway``.
+"""What the gateway costs: beside nginx, on the same upstream and the same load, in one run.
 
-Separate processes, so that no two share an event loop: a minimal aiohttp upstream (the
-"engine"), ``berth gateway`` with a berth.toml whose ``[engines.bench]`` names the upstream's url
-(no berthd: the gateway fails open and routes by berth.toml, so the figures are the gateway's own
-cost, without a front), and this process, an aiohttp client that generates the load. Each case
-runs direct and through the gateway, in rounds whose order rotates so that the machine's other
-load falls on both paths alike:
+Separate processes, so that no two share an event loop: the minimal aiohttp upstream of
+``bench/front.py`` (the "engine"), a Berth front before it (``bench/front.py``'s front, open),
+``berth gateway`` with a berth.toml whose ``[engines.bench]`` names that front (no berthd: the
+gateway fails open and routes by berth.toml), nginx straight to the engine (``bench/nginx.py``,
+shared with ``bench/front.py``), and this process, an aiohttp client that generates the load.
+A request through the gateway takes two hops (gateway, front) where nginx's takes one: the
+figures say what a user of ``berth gateway`` pays over the proxy they would otherwise run.
+
+Each case runs on every path (direct, nginx, front, gateway) in rounds whose order rotates
+(``bench/front.py``'s ``load``), so that the machine's other load falls on every path alike:
 
 - ``json``: ``POST /v1/completions`` with a small JSON body naming ``model``, answered with a
   ~300-byte JSON body, at concurrency 1 and 32;
@@ -14,12 +18,16 @@ load falls on both paths alike:
 
     python bench/gateway.py [--json] [--scale X]
 
-Prints p50 latency (whole response, ms), requests/s and chunks/s per path, and the ratios.
-With ``--json`` the last line is one JSON object with keys ``added_p50_ms_c1`` (gateway p50 minus
-direct p50 at concurrency 1), ``rps_ratio_c1``, ``rps_ratio_c32`` (gateway / direct requests/s),
-``stream_ratio`` (SSE chunks/s at concurrency 32), ``cpus`` and the raw figures under ``runs``,
-the same way ``bench/front.py`` does. ``--scale`` multiplies the request counts (default 1: about
-15 s on two cores).
+Prints p50 and p99 latency (whole response, ms), requests/s, chunks/s and CPU µs per request of
+each process, and the figures. With ``--json`` the last line is one JSON object with keys
+``rps_over_nginx_c32`` (gateway / nginx requests/s at concurrency 32; target ≥ 0.6),
+``added_p50_ms_over_nginx_c1`` (gateway p50 minus nginx p50 at concurrency 1; ≤ 0.35),
+``stream_over_nginx_c32`` (gateway / nginx SSE chunks/s at concurrency 32; ≥ 0.9), the same
+against the engine direct (``added_p50_ms_c1``, ``rps_ratio_c1``, ``rps_ratio_c32``,
+``stream_ratio``), ``gateway_cpu_us_per_request_c32``, ``front_cpu_us_per_request_c32``,
+``nginx_cpu_us_per_request_c32``, ``cpus``, ``load_1m`` (the machine's load average at the
+end) and the raw figures under ``runs``. Without nginx the script says so, and the nginx keys
+are null. ``--scale`` multiplies the request counts (default 1: about a minute on two cores).
 """
 
 from __future__ import annotations
@@ -28,135 +36,143 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import statistics
+import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import aiohttp
+import front as fb  # bench/front.py: its upstream, front, load generator and nginx
+import psutil
+from nginx import start_nginx
 
-SSE_CHUNKS = 256
-COUNTS = {("json", 1): 2000, ("json", 32): 6000, ("sse", 32): 320}
-ROUNDS = 3
-_REQUEST = json.dumps({"model": "bench", "prompt": "the quick brown fox", "max_tokens": 9}).encode()
-_CHAT = json.dumps({"model": "bench", "stream": True,
-                    "messages": [{"role": "user", "content": "hi"}]}).encode()
-
-
-def serve_upstream(port: int) -> None:
-    from aiohttp import web
-    reply = json.dumps({"id": "cmpl-bench", "object": "text_completion", "created": 1,
-                        "model": "bench", "choices": [{"index": 0, "text": "the quick brown fox "
-                                                       "jumps over the lazy dog",
-                                                       "finish_reason": "stop"}]}).encode()
-    chunk = b"data: " + json.dumps({"object": "chat.completion.chunk", "model": "bench",
-                                    "choices": [{"index": 0, "delta": {"content": "tok"}}]}
-                                   ).encode() + b"\n\n"
-
-    async def completions(request):
-        await request.read()
-        return web.Response(body=reply, content_type="application/json")
-
-    async def chat(request):
-        await request.read()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for _ in range(SSE_CHUNKS):
-            await resp.write(chunk)
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    async def health(request):
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+CASES = (("json", 1), ("json", 32), ("sse", 32))
+COUNTS = {("json", 1): 3000, ("json", 32): 8000, ("sse", 32): 768}   # as bench/front.py
+WARMUP = {"json": 200, "sse": 20}
+PATHS = ("direct", "nginx", "front", "gateway")
+TARGETS = {"rps_over_nginx_c32": (">=", 0.6), "added_p50_ms_over_nginx_c1": ("<=", 0.35),
+           "stream_over_nginx_c32": (">=", 0.9)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_gateway(port: int, front_port: int, tmp: str) -> subprocess.Popen:
+    cfg = Path(tmp) / "berth.toml"
+    cfg.write_text(f'state_dir = "{tmp}"\n[engines.bench]\nfront = "127.0.0.1:{front_port}"\n'
+                   f'[network]\nname = "bench"\n')
+    env = {**os.environ, "BERTH_STATE_DIR": tmp, "BERTH_SOCKET": f"{tmp}/none.sock"}
+    berth = str(Path(sys.executable).parent / "berth")
+    return subprocess.Popen([berth, "gateway", "--listen", f"127.0.0.1:{port}", "--config",
+                             str(cfg)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 20.0) -> None:
+def start_all(tmp: str) -> tuple[dict[str, str], dict[str, subprocess.Popen], bool]:
+    """The upstream, the front, the gateway and nginx: their URLs and processes, and whether
+    nginx runs."""
+    ports = {p: fb.free_port() for p in PATHS}
+    urls = {p: f"http://127.0.0.1:{ports[p]}" for p in PATHS}
+    procs = {"direct": fb.spawn("--role", "upstream", "--port", str(ports["direct"]))}
+    fb.wait_ready(urls["direct"], procs["direct"])
+    procs["front"] = fb.spawn("--role", "front", "--port", str(ports["front"]), "--upstream",
+                              urls["direct"])
+    fb.wait_ready(urls["front"], procs["front"])
+    procs["gateway"] = start_gateway(ports["gateway"], ports["front"], tmp)
+    _wait_gateway(urls["gateway"], procs["gateway"])
+    nginx = start_nginx(ports["nginx"], ports["direct"], tmp)
+    if nginx is None:
+        print("nginx not found (Debian: apt-get install nginx): measuring without it",
+              file=sys.stderr)
+    else:
+        procs["nginx"] = nginx
+        fb.wait_ready(urls["nginx"], nginx)
+    return urls, procs, nginx is not None
+
+
+def _wait_gateway(url: str, proc: subprocess.Popen) -> None:
+    import time
     import urllib.request
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
+    end = time.monotonic() + 30
+    while True:
         if proc.poll() is not None:
-            raise SystemExit(f"{proc.args} exited with {proc.returncode}")
+            raise SystemExit(f"the gateway exited: {proc.stderr.read().decode()[-2000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status < 500:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == 200:
                     return
         except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"{url} did not answer within {timeout_s} s")
+            pass
+        if time.monotonic() > end:
+            raise SystemExit(f"{url} not ready after 30 s")
+        time.sleep(0.05)
 
 
-async def one(session: aiohttp.ClientSession, url: str, case: str) -> int:
-    path, body = ("/v1/completions", _REQUEST) if case == "json" else ("/v1/chat/completions",
-                                                                       _CHAT)
-    async with session.post(url + path, data=body,
-                            headers={"Content-Type": "application/json"}) as r:
-        if r.status != 200:
-            raise SystemExit(f"{url}{path}: HTTP {r.status}: {(await r.text())[:300]}")
-        if case == "json":
-            await r.read()
-            return 0
-        return (await r.read()).count(b"\n\n")     # events (one per chunk the engine wrote)
+def measure(urls: dict[str, str], procs: dict[str, subprocess.Popen], scale: float) -> list:
+    me = psutil.Process()
+    watch = {name: psutil.Process(p.pid) for name, p in procs.items()}
+    paths = []
+    for name in PATHS:
+        if name not in procs:
+            continue
+        w = {"client": me, "engine": watch["direct"]}
+        if name != "direct":
+            w[name] = watch[name]
+        if name == "gateway":
+            w["front"] = watch["front"]
+        paths.append((name, urls[name], w))
+    runs = []
+    for case, c in CASES:
+        n = max(c, int(COUNTS[(case, c)] * scale))
+        warmup = int(WARMUP[case] * min(1.0, scale * 5))
+        runs += asyncio.run(fb.load(paths, case, c, n, warmup))
+    return runs
 
 
-async def run(session: aiohttp.ClientSession, url: str, case: str, concurrency: int,
-              n: int) -> dict:
-    lat: list[float] = []
-    chunks = 0
-    left = n
+def figures(runs: list, nginx: bool) -> dict:
+    def get(path: str, case: str, c: int) -> dict:
+        return next(r for r in runs if (r["path"], r["case"], r["concurrency"]) == (path, case, c))
 
-    async def worker():
-        nonlocal left, chunks
-        while left > 0:
-            left -= 1
-            t0 = time.perf_counter()
-            got = await one(session, url, case)     # (not `chunks += await ...`: the read of
-            chunks += got                           # chunks would predate the await)
-            lat.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - t0
-    return {"n": len(lat), "wall_s": wall, "lat": lat, "chunks": chunks}
-
-
-async def bench(paths: dict[str, str], scale: float) -> list[dict]:
-    out: list[dict] = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        for (case, conc), count in COUNTS.items():
-            n = max(conc, int(count * scale / ROUNDS))
-            for url in paths.values():                       # warm up both
-                await run(s, url, case, conc, min(n, 50))
-            acc = {p: {"n": 0, "wall_s": 0.0, "lat": [], "chunks": 0} for p in paths}
-            order = list(paths)
-            for rnd in range(ROUNDS):
-                for p in order[rnd % 2:] + order[:rnd % 2]:
-                    r = await run(s, paths[p], case, conc, n)
-                    a = acc[p]
-                    a["n"] += r["n"]
-                    a["wall_s"] += r["wall_s"]
-                    a["lat"] += r["lat"]
-                    a["chunks"] += r["chunks"]
-            for p, a in acc.items():
-                out.append({"path": p, "case": case, "concurrency": conc,
-                            "p50_ms": statistics.median(a["lat"]) * 1000,
-                            "p99_ms": sorted(a["lat"])[int(0.99 * (len(a["lat"]) - 1))] * 1000,
-                            "rps": a["n"] / a["wall_s"],
-                            "chunks_per_s": a["chunks"] / a["wall_s"]})
+    gw = {k: get("gateway", *k) for k in CASES}
+    direct = {k: get("direct", *k) for k in CASES}
+    out: dict = {
+        "added_p50_ms_c1": gw["json", 1]["p50_ms"] - direct["json", 1]["p50_ms"],
+        "rps_ratio_c1": gw["json", 1]["rps"] / direct["json", 1]["rps"],
+        "rps_ratio_c32": gw["json", 32]["rps"] / direct["json", 32]["rps"],
+        "stream_ratio": gw["sse", 32]["chunks_per_s"] / direct["sse", 32]["chunks_per_s"],
+        "gateway_cpu_us_per_request_c32": gw["json", 32]["cpu_us_per_request"]["gateway"],
+        "front_cpu_us_per_request_c32": get("front", "json", 32)["cpu_us_per_request"]["front"],
+        "rps_over_nginx_c32": None, "added_p50_ms_over_nginx_c1": None,
+        "stream_over_nginx_c32": None, "nginx_cpu_us_per_request_c32": None}
+    if nginx:
+        ng = {k: get("nginx", *k) for k in CASES}
+        out.update({
+            "rps_over_nginx_c32": gw["json", 32]["rps"] / ng["json", 32]["rps"],
+            "added_p50_ms_over_nginx_c1": gw["json", 1]["p50_ms"] - ng["json", 1]["p50_ms"],
+            "stream_over_nginx_c32": gw["sse", 32]["chunks_per_s"]
+            / ng["sse", 32]["chunks_per_s"],
+            "nginx_cpu_us_per_request_c32": ng["json", 32]["cpu_us_per_request"]["nginx"]})
+    out["cpus"] = os.cpu_count()
+    out["load_1m"] = os.getloadavg()[0]
     return out
+
+
+def report(runs: list, figs: dict) -> None:
+    print(f"gateway benchmark on {figs['cpus']} CPUs (direct, nginx, the front, the gateway "
+          f"through the front)")
+    print(f"{'case':<5} {'conc':>4} {'path':<8} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} "
+          f"{'chunks/s':>9}   CPU µs per request by process")
+    for r in runs:
+        cpu = " ".join(f"{k} {v:.0f}" for k, v in r["cpu_us_per_request"].items())
+        print(f"{r['case']:<5} {r['concurrency']:>4} {r['path']:<8} {r['p50_ms']:>8.3f} "
+              f"{r['p99_ms']:>8.3f} {r['rps']:>8.0f} {r['chunks_per_s']:>9.0f}   {cpu}")
+    for k, v in figs.items():
+        if v is None:
+            print(f"{k:<32} {'n/a':>8}   (no nginx)")
+            continue
+        mark = ""
+        if k in TARGETS:
+            op, goal = TARGETS[k]
+            ok = v <= goal if op == "<=" else v >= goal
+            mark = f"   target {op} {goal}: {'met' if ok else 'MISSED'}"
+        print(f"{k:<32} {v:8.3f}{mark}")
 
 
 def main() -> None:
@@ -166,50 +182,24 @@ def main() -> None:
     args = ap.parse_args()
     if args.scale <= 0:
         raise SystemExit("--scale: must be more than 0")
-    up_port, gw_port = free_port(), free_port()
-    procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="berth-bench-gw-") as tmp:
-        cfg = Path(tmp) / "berth.toml"
-        cfg.write_text(f'state_dir = "{tmp}"\n[engines.bench]\nurl = "http://127.0.0.1:{up_port}"'
-                       f'\n[network]\nname = "bench"\n')
-        env = {**os.environ, "BERTH_STATE_DIR": tmp, "BERTH_SOCKET": f"{tmp}/none.sock"}
+        procs: dict[str, subprocess.Popen] = {}
         try:
-            procs.append(subprocess.Popen([sys.executable, __file__, "--upstream", str(up_port)]))
-            wait_ready(f"http://127.0.0.1:{up_port}/health", procs[-1])
-            berth = str(Path(sys.executable).parent / "berth")
-            procs.append(subprocess.Popen([berth, "gateway", "--listen", f"127.0.0.1:{gw_port}",
-                                           "--config", str(cfg)], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            wait_ready(f"http://127.0.0.1:{gw_port}/berth/v1/gateway", procs[-1])
-            runs = asyncio.run(bench({"direct": f"http://127.0.0.1:{up_port}",
-                                      "gateway": f"http://127.0.0.1:{gw_port}"}, args.scale))
+            urls, procs, nginx = start_all(tmp)
+            runs = measure(urls, procs, args.scale)
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(10)
-
-    def get(path, case, conc):
-        return next(r for r in runs if (r["path"], r["case"], r["concurrency"]) == (path, case,
-                                                                                     conc))
-    for r in runs:
-        print(f"{r['path']:8} {r['case']:5} c={r['concurrency']:<3} p50 {r['p50_ms']:7.3f} ms  "
-              f"p99 {r['p99_ms']:7.3f} ms  {r['rps']:8.0f} req/s  {r['chunks_per_s']:9.0f} chunks/s")
-    fig = {"added_p50_ms_c1": get("gateway", "json", 1)["p50_ms"] - get("direct", "json", 1)["p50_ms"],
-           "rps_ratio_c1": get("gateway", "json", 1)["rps"] / get("direct", "json", 1)["rps"],
-           "rps_ratio_c32": get("gateway", "json", 32)["rps"] / get("direct", "json", 32)["rps"],
-           "stream_ratio": get("gateway", "sse", 32)["chunks_per_s"]
-           / get("direct", "sse", 32)["chunks_per_s"],
-           "cpus": os.cpu_count(), "runs": runs}
-    print(f"gateway: added p50 {fig['added_p50_ms_c1']:.3f} ms at c=1; requests/s ratio "
-          f"{fig['rps_ratio_c1']:.2f} at c=1, {fig['rps_ratio_c32']:.2f} at c=32; SSE chunks/s "
-          f"ratio {fig['stream_ratio']:.2f} at c=32 ({fig['cpus']} CPUs)")
+            for name, p in procs.items():
+                p.send_signal(signal.SIGQUIT if name == "nginx" else signal.SIGTERM)
+            for p in procs.values():
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+    figs = figures(runs, nginx)
+    report(runs, figs)
     if args.json:
-        print(json.dumps(fig))
+        print(json.dumps({**figs, "runs": runs}))
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--upstream":
-        serve_upstream(int(sys.argv[2]))
-    else:
-        main()
+    main()

@@ -179,6 +179,9 @@ class EngineConfig(_Strict):
     supervisor: str | None = None
     mode: Literal["observe", "gate"] = "observe"
     options: dict[str, Any] = Field(default_factory=dict)
+    #: The gateway ends an answer from this engine that sends no byte for this long once its
+    #: headers came (issue 27: every relay is bounded); longer than any normal gap of the engine.
+    read_timeout: PositiveDuration = 30.0
 
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo):
@@ -280,6 +283,16 @@ class NetworkConfig(_Strict):
         return self
 
 
+class ListenersConfig(_Strict):
+    """``[listeners]``: what the gateway's listeners allow a client (issue 26): a request head
+    within ``head_timeout``, a kept-alive connection idle (or a request body silent) at most
+    ``idle_timeout``, at most ``max_connections`` open (0: from the file descriptor limit)."""
+
+    head_timeout: PositiveDuration = 10.0
+    idle_timeout: PositiveDuration = 60.0
+    max_connections: Whole = 0
+
+
 class Config(_Strict):
     """The whole of ``berth.toml``."""
 
@@ -291,6 +304,7 @@ class Config(_Strict):
     api: ApiConfig = Field(default_factory=ApiConfig)
     hosts: HostsConfig = Field(default_factory=HostsConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
+    listeners: ListenersConfig = Field(default_factory=ListenersConfig)
     state_dir: str | None = None
 
     @model_validator(mode="after")

@@ -52,6 +52,13 @@ again once). An engine that cannot be reached
 gets the client a 502 (``src: "berth"``, reason ``engine_unreachable``); an engine that cuts a
 stream mid-way ends it by closing the client's connection, so the client sees it incomplete.
 WebSocket upgrades are not forwarded (the request goes as a plain one, then the connection closes).
+A request target that is not a path (absolute-form, ``GET http://x/y``) is a 400.
+
+Every client connection is held to the front's :class:`~berth.front.listen.Limits` (issue 26,
+:mod:`.listen`, the same for the gateway): a request head within 10 s, a kept-alive connection
+idle (or a request body silent) at most 60 s, and a bound on open connections from the file
+descriptor limit, beyond which the connection that waited longest for its head gives its place,
+else the new one gets a 503 at once.
 
 How (measured in ``bench/front.py``, beside nginx): the front is an asyncio protocol over
 httptools' C parser on both sides (:mod:`.server`, :mod:`.upstream`), not aiohttp's server and
@@ -64,7 +71,7 @@ The API for ``berth run`` (every method runs on the event loop that called :meth
 
     front = Front(host, port, *, name="engine", wait_limit_s=120.0, on_wake=None,
                   on_activity=None, on_state=None, is_write=None, activity_every_s=1.0,
-                  shutdown_grace_s=2.0)
+                  shutdown_grace_s=2.0, max_in_flight=None, on_unwanted=None, limits=None)
     await front.start()            # listening (port=0 picks one: front.port), state "starting"
     front.set_upstream(url)        # the engine's base URL; may change at any time
     front.open()                   # starting/closing/asleep/waking -> open: forward (held go too)
@@ -91,6 +98,7 @@ is called on every transition. Callbacks must not block; exceptions from ``on_ac
 """
 
 from .front import Front
+from .listen import Limits, Listener
 from .rules import (
                     DEADLINE_HEADERS,
                     DEADLINE_MARGIN_S,
@@ -104,6 +112,6 @@ from .rules import (
 )
 
 __all__ = [
-    "Front", "FrontState", "EDGES", "TRANSITIONS", "HOLDING_STATES", "READ_METHODS",
+    "Front", "Limits", "Listener", "FrontState", "EDGES", "TRANSITIONS", "HOLDING_STATES", "READ_METHODS",
     "HOP_BY_HOP", "DEADLINE_HEADERS", "DEADLINE_MARGIN_S", "IllegalFrontTransition",
 ]

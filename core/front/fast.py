@@ -15,7 +15,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING
 
-from .path import RequestPath, _head, _payload
+from .path import RequestPath, request_bytes, request_head
 from .rules import FrontState, error_answer
 from .upstream import Address, EngineConnection, EngineFailed, StaleConnection
 
@@ -44,7 +44,7 @@ class FastPath(RequestPath):
         engine.begin(client, req.method == b"HEAD", req.version == "1.0",
                      functools.partial(self._fast_done, req, client, engine, addr))
         client.exchange = engine
-        engine.write(_payload(req, _head(req, addr), body))
+        engine.write(request_bytes(req, request_head(req, addr), body))
         return True
 
     def _fast_done(self, req: "Request", client: "ClientConnection", engine: EngineConnection,

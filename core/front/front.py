@@ -12,6 +12,7 @@ from typing import Awaitable, Callable
 from yarl import URL
 
 from .fast import FastPath
+from .listen import Limits, Listener
 from .rules import EDGES, TRANSITIONS, FrontState, IllegalFrontTransition, default_is_write
 from .server import ClientConnection
 from .upstream import Address, Pool
@@ -36,6 +37,9 @@ class Front(FastPath):
     only for what the engine is running, and what waits can be held while it sleeps.
     ``on_unwanted``: called when the last held request leaves (answered at its deadline, or its
     client gone) while the front is ``waking``: nobody waits for that wake any more.
+    ``limits``: what the front allows its clients (:class:`berth.front.listen.Limits`: a request
+    head within 10 s, an idle kept-alive connection 60 s, connections bounded by the file
+    descriptor limit).
 
     Counters (plain ints): ``forwarded`` requests sent to the engine, ``held`` requests that
     waited, ``held_timeouts`` held requests answered 503 at a deadline, ``client_gone`` clients
@@ -51,7 +55,8 @@ class Front(FastPath):
                  is_write: Callable[[str, str], bool] | None = None,
                  activity_every_s: float = 1.0, shutdown_grace_s: float = 2.0,
                  max_in_flight: int | None = None,
-                 on_unwanted: Callable[[], None] | None = None):
+                 on_unwanted: Callable[[], None] | None = None,
+                 limits: Limits | None = None):
         if wait_limit_s <= 0:
             raise ValueError(f"wait_limit_s must be positive, got {wait_limit_s}")
         if max_in_flight is not None and max_in_flight < 1:
@@ -77,9 +82,8 @@ class Front(FastPath):
         self._wake_tasks: set[asyncio.Task[None]] = set()
         self._addr: Address | None = None
         self._pool = Pool()
-        self._server: asyncio.Server | None = None
-        self._conns: set[ClientConnection] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.listener = Listener(self, host, port, name=f"front {name}", pool=self._pool,
+                                 limits=limits)
         self._last_activity = float("-inf")
         self.in_flight = self._holding = 0
         self._arrived: dict = {}                # request -> when it reached the front (monotonic s)
@@ -91,11 +95,8 @@ class Front(FastPath):
     async def start(self) -> None:
         """Listen on the front's address, in state ``starting``. Raises ``OSError`` if the address
         is taken."""
-        self._loop = asyncio.get_running_loop()
-        server = await self._loop.create_server(lambda: ClientConnection(self), self.host,
-                                                self.port, reuse_address=True)
-        self._server = server
-        self.port = server.sockets[0].getsockname()[1]
+        await self.listener.start()
+        self.port = self.listener.port
 
     async def stop(self) -> None:
         """Shut the front down:
@@ -110,10 +111,9 @@ class Front(FastPath):
             self.stopped("front stopped")
         for task in list(self._wake_tasks):
             task.cancel()
-        if self._server is None:
+        server = self.listener.close()
+        if server is None:
             return
-        server, self._server = self._server, None
-        server.close()
         busy = {c.task for c in self._conns if c.task is not None}
         try:
             async with asyncio.timeout(self._shutdown_grace_s):
@@ -122,12 +122,14 @@ class Front(FastPath):
                 await self._idle.wait()   # task-free forwards too
         except TimeoutError:
             pass
-        for conn in list(self._conns):
-            conn.close()
-            if conn.task is not None:
-                conn.task.cancel()
+        self.listener.close_clients()
         await server.wait_closed()
         self._pool.close()
+
+    @property
+    def _conns(self) -> set[ClientConnection]:
+        """The client connections open now."""
+        return self.listener.conns
 
     @property
     def url(self) -> str:

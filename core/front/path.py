@@ -159,13 +159,13 @@ class RequestPath:
         engine: EngineConnection | None = None
         reusable = False
         try:
-            head = _head(req, addr)
+            head = request_head(req, addr)
             if req.expect and not req.complete and not req.size:
                 client.write(_CONTINUE)   # the client sends its body only now
             streamed = req.streamed
             payload = b""
             if not streamed:
-                payload = _payload(req, head, await req.read_all())
+                payload = request_bytes(req, head, await req.read_all())
             for retry in (False, True):
                 try:
                     engine = await self._pool.acquire(addr)
@@ -269,13 +269,13 @@ class RequestPath:
 
 
 
-def _head(req: "Request", addr: Address) -> bytes:
+def request_head(req: "Request", addr: Address) -> bytes:
     """The request line and header lines for the engine, without the framing header."""
     return b"%s %s%s HTTP/1.1\r\n%s%s" % (req.method, addr.prefix, req.target, addr.host_line,
                                           b"".join(req.lines))
 
 
-def _payload(req: "Request", head: bytes, body: bytes) -> bytes:
+def request_bytes(req: "Request", head: bytes, body: bytes) -> bytes:
     """A whole request for the engine: ``head``, its length, and ``body``."""
     if body or req.length is not None or req.method in _BODY_METHODS:
         return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
+from http import HTTPStatus
 from typing import Iterable
 
 __all__ = [
@@ -84,21 +85,32 @@ def default_is_write(method: str, path: str) -> bool:
 
 
 def error_answer(status: int, reason: str, message: str, type_: str, *,
-                 close: bool = False, head: bool = False) -> bytes:
+                 close: bool = False, head: bool = False, src: str = "berth",
+                 retry_after_s: int = RETRY_AFTER_S,
+                 headers: dict[str, str] | None = None) -> bytes:
     """A whole HTTP/1.1 answer the front gives itself: OpenAI's error shape plus llama-swap's
-    ``src`` (reference "llama-swap") and the ``reason``; a 503 carries ``Retry-After``.
-    ``head``: the answer to a HEAD request (headers only)."""
+    ``src`` (reference "llama-swap") and the ``reason``; a 503 carries ``Retry-After``
+    (``retry_after_s`` seconds). ``head``: the answer to a HEAD request (headers only).
+    ``headers``: more header lines (a 405's ``Allow``)."""
     body = json.dumps({"error": {"message": message, "type": type_, "code": status},
-                       "src": "berth", "reason": reason}).encode()
-    phrase = {400: "Bad Request", 431: "Request Header Fields Too Large", 502: "Bad Gateway",
-              503: "Service Unavailable"}.get(status, "Error")
-    lines = [f"HTTP/1.1 {status} {phrase}", "Content-Type: application/json; charset=utf-8",
-            f"Content-Length: {len(body)}"]
+                       "src": src, "reason": reason}).encode()
+    lines = [f"HTTP/1.1 {status} {phrase(status)}",
+             "Content-Type: application/json; charset=utf-8", f"Content-Length: {len(body)}"]
     if status == 503:
-        lines.append(f"Retry-After: {RETRY_AFTER_S}")
+        lines.append(f"Retry-After: {retry_after_s}")
+    if headers:
+        lines.extend(f"{k}: {v}" for k, v in headers.items())
     if close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body)
+
+
+def phrase(status: int) -> str:
+    """The reason phrase for ``status`` (RFC 9110), "Error" for one it does not name."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
 
 
 def client_deadline_s(headers: Iterable[tuple[bytes, bytes]]) -> float | None:

@@ -23,7 +23,7 @@ import httptools
 from .rules import REQUEST_DROP, error_answer, strip_headers
 
 if TYPE_CHECKING:
-    from .front import Front
+    from .listen import Listener
     from .upstream import EngineConnection
 
 log = logging.getLogger("berth.front")
@@ -32,6 +32,7 @@ _BODY_HIGH_BYTES = 1 << 20    # a request body buffered past this pauses reading
 _HEAD_LIMIT_BYTES = 1 << 20   # a request line and headers longer than this are refused (431)
 _PIPELINE_LIMIT = 16          # requests parsed ahead of the one being answered
 _LINGER_S = 1.0               # how long a refused connection's input is drained before closing
+_LINGER_MAX = 64              # refused connections lingering at once, at most
 
 
 class Request:
@@ -113,13 +114,31 @@ class Request:
         return data
 
 
-class ClientConnection(asyncio.BufferedProtocol):
-    """One client's connection to the front. Parses requests, queues them, and runs them in
-    order through :meth:`Front._handle`, which writes each answer with :meth:`write`."""
+class _HandOff(Exception):
+    """Raised from a parser callback: give the connection to ``factory``'s protocol."""
 
-    def __init__(self, front: "Front"):
-        self.front = front
-        self._buffer = front._pool.buffer
+    def __init__(self, factory):
+        super().__init__("hand off")
+        self.factory = factory
+
+
+class _Stop(Exception):
+    """Raised from a parser callback: the request was refused; parse no further."""
+
+
+class ClientConnection(asyncio.BufferedProtocol):
+    """One client's connection to a listener (:class:`berth.front.listen.Listener`). Parses
+    requests, queues them, and runs them in order through the handler's ``_handle`` (or
+    ``_fast``), which writes each answer with :meth:`write`.
+
+    For the listener's limits it keeps ``head_at`` (when the head being parsed began; None
+    outside a head), ``body_at`` (when a body still arriving last sent bytes) and ``served``
+    (requests answered)."""
+
+    def __init__(self, listener: "Listener"):
+        self.listener = listener
+        self.handler = listener.handler
+        self._buffer = listener.pool.buffer
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.queue: collections.deque[Request] = collections.deque()
@@ -129,26 +148,36 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._pending: Request | None = None            # to start once its body is complete
         self.closed = False
         self.feeding: asyncio.Transport | None = None   # the engine connection writing to us
+        self.head_at: float | None = None
+        self.body_at: float | None = None
+        self.served = 0
         self._head_bytes = 0
-        self._refused = False
+        self._refused = self._lingers = False
         self._reading_paused = False
         self._writing_paused = False
+        # the bytes of a request head that began a read (kept only while a hand-off may follow)
+        self._raw: list[bytes] | None = None
+        self._begun = 0
 
     # ---- asyncio.BufferedProtocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport   # type: ignore[assignment]
-        self.front._conns.add(self)
+        if not self.listener.admit(self):
+            self._refused = True
+            self._linger(self.listener.refusal())
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer   # the front's one read buffer (berth.front.upstream.READ_BYTES)
+        return self._buffer   # the listener's one read buffer (berth.front.upstream.READ_BYTES)
 
     def buffer_updated(self, nbytes: int) -> None:
         self.data_received(self._buffer[:nbytes])
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.front._conns.discard(self)
+        self.listener.forget(self)
+        if self._lingers:
+            self.listener.lingering -= 1
         if self.task is not None:
             self.task.cancel()
         if self.exchange is not None:
@@ -172,6 +201,8 @@ class ClientConnection(asyncio.BufferedProtocol):
     def data_received(self, data: bytes | memoryview) -> None:
         if self._refused:
             return   # lingering after a 4xx
+        if self.listener.hand_off is not None:
+            _keep_raw(self, data)   # for a hand-off (berth.gateway.ws)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -184,20 +215,33 @@ class ClientConnection(asyncio.BufferedProtocol):
                 self.current = None
                 self._complete(req)
             self.pause_reading()
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _HandOff):
+                _give(self, exc.__context__.factory)
+            elif not isinstance(exc.__context__, _Stop):
+                raise
+            return
         except httptools.HttpParserError as exc:
             self._refuse(400, "bad_request", f"malformed HTTP request: {exc}")
             return
-        if self.current is not None and self._head_bytes:
-            self._head_bytes += len(data)
-            if self._head_bytes > _HEAD_LIMIT_BYTES:
-                self._refuse(431, "headers_too_large", "request line and headers over "
-                             f"{_HEAD_LIMIT_BYTES} bytes")
+        if self.current is not None:
+            if self._head_bytes:
+                self._head_bytes += len(data)
+                if self._head_bytes > _HEAD_LIMIT_BYTES:
+                    self._refuse(431, "headers_too_large", "request line and headers over "
+                                 f"{_HEAD_LIMIT_BYTES} bytes")
+            else:
+                self.body_at = self.listener.loop.time()   # a body still arriving
+        elif self.body_at is not None:
+            self.body_at = None
 
     # ---- httptools callbacks ----------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
         self.current = Request(self)
         self._head_bytes = 1
+        self.head_at = self.listener.loop.time()
+        self._begun += 1
 
     def on_url(self, url: bytes) -> None:
         req = self.current
@@ -213,10 +257,27 @@ class ClientConnection(asyncio.BufferedProtocol):
         req = self.current
         assert req is not None
         self._head_bytes = 0
+        self.head_at = None
+        self.listener.waiting.pop(self, None)
         p = self.parser
         req.method = p.get_method()
         req.version = p.get_http_version()
         req.keep_alive = p.should_keep_alive()
+        if req.target[:1] != b"/" and not (req.target == b"*" and req.method == b"OPTIONS"):
+            # absolute-form (a proxy request, RFC 9112 §3.2.2) or authority-form (CONNECT):
+            # this is not a forward proxy
+            self._refuse(400, "absolute_form", f"request target {_shown(req.target)}: this "
+                         "server takes a path (origin-form, RFC 9112 §3.2.1), not a URL")
+            raise _Stop()
+        if self._raw is not None:
+            factory = self.listener.hand_off(req)
+            if factory is not None:
+                raise _HandOff(factory)
+            self._raw = None
+        elif self.listener.hand_off is not None and self.listener.hand_off(req) is not None:
+            self._refuse(400, "not_first", "this request goes to another server inside this one: "
+                         "send it first on a connection of its own (not pipelined)")
+            raise _Stop()
         req.lines, req.length, req.chunked, expect = strip_headers(req.headers, REQUEST_DROP)
         req.expect = expect and req.version == "1.1"
         self.queue.append(req)
@@ -243,21 +304,24 @@ class ClientConnection(asyncio.BufferedProtocol):
         req._finish()
         if self._pending is req:
             self._pending = None
-            if not self.front._fast(req, self):
+            if not self.handler._fast(req, self):
                 self._start()
 
     # ---- answering ----------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        self.task = self.front._loop.create_task(self._serve())
+        self.task = self.listener.loop.create_task(self._serve())
 
     def answered(self, keep: bool) -> None:
         """A task-free forward answered the first queued request; go on with the rest."""
         req = self.queue.popleft()
+        self.served += 1
         if not (keep and req.keep_alive and req.complete) or self.closed:
             self.close()
             return
         self.run_queue()
+        if not self.queue:
+            self._wait_for_head()
 
     def run_queue(self) -> None:
         """Answer what is queued in the connection's task (none runs now)."""
@@ -266,13 +330,19 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self.queue and self.task is None and not self.closed:
             self._start()
 
+    def _wait_for_head(self) -> None:
+        """Nothing left to answer: the idle and head limits apply again."""
+        if not self.closed:
+            self.listener.waiting[self] = self.listener.loop.time()
+
     async def _serve(self) -> None:
         """Answer queued requests in order; the task ends when none is left."""
         try:
             while self.queue:
                 req = self.queue[0]
-                keep = await self.front._handle(req, self)
+                keep = await self.handler._handle(req, self)
                 self.queue.popleft()
+                self.served += 1
                 if not (keep and req.keep_alive and req.complete) or self.closed:
                     # the client asked to close, the answer ends at close, or the rest of
                     # the body was never read: the connection cannot carry another request
@@ -280,10 +350,11 @@ class ClientConnection(asyncio.BufferedProtocol):
                     return
                 if self._reading_paused and len(self.queue) <= _PIPELINE_LIMIT:
                     self.resume_reading()
+            self._wait_for_head()
         except asyncio.CancelledError:
-            pass   # the client went (or the front stopped); the handler counted it
+            pass   # the client went (or the listener stopped); the handler counted it
         except Exception:
-            log.exception("front %s: request failed", self.front.name)
+            log.exception("%s: request failed", self.listener.name)
             self.close()
         finally:
             self.task = None
@@ -302,6 +373,18 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def expire(self, in_head: bool) -> None:
+        """Close for a limit of the listener: a 408 first if part of a head came (``in_head``
+        and a byte arrived), else silently (an idle kept-alive connection)."""
+        self.listener.forget(self)
+        if in_head and self.head_at is not None and self.task is None \
+                and self.exchange is None and not self._refused:
+            self._refused = True
+            self.write(error_answer(408, "head_timeout", "the request head did not arrive in "
+                                    f"{self.listener.limits.head_timeout_s:g} s",
+                                    "invalid_request_error", close=True))
+        self.close()
+
     def pause_reading(self) -> None:
         if not self._reading_paused and self.transport is not None and not self.closed:
             self._reading_paused = True
@@ -311,21 +394,74 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._reading_paused and self.transport is not None and not self.closed:
             self._reading_paused = False
             self.transport.resume_reading()
+            if self.body_at is not None:
+                self.body_at = self.listener.loop.time()   # the wait was ours, not the client's
 
     @property
     def writing_paused(self) -> bool:
         return self._writing_paused
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
-        """A request the front cannot parse: a 4xx if nothing is being answered, then close.
-        What the client still sends is read and dropped for up to :data:`_LINGER_S` (closing
-        with unread bytes would reset the connection, and the client would lose the 4xx)."""
+        """A request the server cannot take: a 4xx if nothing is being answered, then close."""
         self._refused = True
         if self.task is not None or self.exchange is not None or self.transport is None:
             self.close()
             return
-        self.write(error_answer(status, reason, message, "invalid_request_error", close=True))
+        self._linger(error_answer(status, reason, message, "invalid_request_error", close=True))
+
+    def _linger(self, answer: bytes) -> None:
+        """Write ``answer``, end the sending side and close after :data:`_LINGER_S`: what the
+        client still sends is read and dropped meanwhile (closing with unread bytes would reset
+        the connection, and the client would lose the answer)."""
+        assert self.transport is not None
+        self.write(answer)
+        if self.listener.lingering >= _LINGER_MAX:
+            self.close()       # a flood: file descriptors count more than one lost answer
+            return
+        self.listener.lingering += 1
+        self._lingers = True
         self.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self.front._loop.call_later(_LINGER_S, self.close)
+        self.listener.loop.call_later(_LINGER_S, self.close)
+
+
+# ---- handing a connection to another server ---------------------------------------------------
+
+def _keep_raw(self: ClientConnection, data: bytes | memoryview) -> None:
+    """Keep the bytes of a request head that begins this read, for :func:`_give`."""
+    if self.current is None and not self.queue and self.task is None \
+            and self.exchange is None:
+        self._raw = [bytes(data)]
+        self._begun = 0
+    elif self._raw is not None and self._head_bytes:
+        self._raw.append(bytes(data))
+    else:
+        self._raw = None
+
+
+def _give(self: ClientConnection, factory) -> None:
+    """Give the connection to ``factory()``'s protocol (aiohttp's server), with the bytes
+    of the request it starts with. Only a request that began a read and has nothing before
+    it on the connection is given (``_raw``); the listener stops counting the connection."""
+    raw, self._raw = self._raw, None
+    if raw is None or self._begun != 1:
+        self._refuse(400, "not_first", "this request goes to another server inside this one: "
+                     "send it first on a connection of its own (not pipelined)")
+        return
+    t, self.transport = self.transport, None
+    self.closed = True
+    self.current = None
+    self.listener.forget(self)
+    self.listener.handed_off += 1
+    proto = factory()
+    t.set_protocol(proto)
+    if self._reading_paused:
+        t.resume_reading()
+    proto.connection_made(t)
+    proto.data_received(b"".join(raw))
+
+
+def _shown(target: bytes) -> str:
+    text = target[:200].decode("latin-1")
+    return repr(text + ("..." if len(target) > 200 else ""))

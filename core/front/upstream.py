@@ -75,6 +75,9 @@ class EngineConnection(asyncio.BufferedProtocol):
     :attr:`done` (a future, for a task to await) or, given ``on_settled``, is passed to that
     callback right after the read that settled it has gone to the client (no loop turn)."""
 
+    #: header lines added to every answer's head (a subclass sets them per exchange)
+    extra = b""
+
     def __init__(self, pool: "Pool"):
         self.pool = pool
         # the body pieces of one read; the parser calls list.append itself (no Python frame
@@ -276,7 +279,8 @@ class EngineConnection(asyncio.BufferedProtocol):
             if not self.http10:
                 self.rechunk = True
                 lines.append(b"Transfer-Encoding: chunked\r\n")
-        self.out.append(b"HTTP/1.1 %d %s\r\n%s\r\n" % (status, self.reason, b"".join(lines)))
+        self.out.append(b"HTTP/1.1 %d %s\r\n%s%s\r\n" % (status, self.reason, b"".join(lines),
+                                                         self.extra))
         self.started = True
         if self.head_only:
             # llhttp cannot be told that a HEAD answer has no body: end here, do not reuse
@@ -300,7 +304,9 @@ class Pool:
     """Idle engine connections, newest first out, by address. A connection the engine closes
     while idle leaves the pool at once (its ``connection_lost``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, factory: Callable[["Pool"], EngineConnection] | None = None) -> None:
+        #: makes each new connection (default :class:`EngineConnection`)
+        self.factory = factory or EngineConnection
         #: the read buffer of every connection of this front, engine and client side (one
         #: event loop: each read is parsed, and its bytes copied out, before the next)
         self.buffer = memoryview(bytearray(READ_BYTES))
@@ -320,9 +326,10 @@ class Pool:
                 conn.close()
         return None
 
-    async def acquire(self, addr: Address) -> EngineConnection:
-        """An idle connection to ``addr`` or a new one. Raises ``OSError`` (or ``TimeoutError``)
-        when the engine cannot be reached."""
+    async def acquire(self, addr: Address,
+                      timeout_s: float = CONNECT_TIMEOUT_S) -> EngineConnection:
+        """An idle connection to ``addr`` or a new one (connected within ``timeout_s``
+        seconds). Raises ``OSError`` (or ``TimeoutError``) when the engine cannot be reached."""
         conn = self.take(addr)
         if conn is not None:
             return conn
@@ -332,9 +339,9 @@ class Pool:
             if self._tls is None:
                 self._tls = ssl.create_default_context()
             tls = self._tls
-        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+        async with asyncio.timeout(timeout_s):
             _, new = await loop.create_connection(
-                lambda: EngineConnection(self), addr.host, addr.port, ssl=tls,
+                lambda: self.factory(self), addr.host, addr.port, ssl=tls,
                 server_hostname=addr.host if tls else None)
         return new   # asyncio sets TCP_NODELAY on TCP connections
 

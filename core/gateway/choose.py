@@ -1,34 +1,48 @@
-"""Which machine serves a request soonest (issue 14 "Many machines"). Pure: no I/O, no clock.
+"""Which machine answers a request first (issue 27 "Rank by expected time to first byte"). Pure:
+no I/O, no clock (ages come in as numbers).
 
-Candidates are ranked, best first, by (1) the engine's state on that machine: awake (active or
-lent) beats parked, which beats not running (waiting, drained or stopped), which beats draining;
-(2) the expected switch time there: the machine's measured median restore for a parked engine,
-its cold start for one not running (:data:`DEFAULT_RESTORE_S`, :data:`DEFAULT_COLD_START_S`
-before a measure exists); (3) the shorter queue; (4) this machine before a peer.
+Each candidate falls in one category, best first (:data:`CATEGORIES`):
+
+1. ``ready_idle``: serving (active or lent, its engine answered), nothing queued there;
+2. ``ready_busy``: serving, with requests queued or in flight there: the shorter queue first;
+3. ``unknown``: berthd cannot be read there; routed as configured, as if it served;
+4. ``parked``: its measured median restore there (:data:`DEFAULT_RESTORE_S` before one);
+5. ``loading``: its lease is granted and the engine still loads: the measured cold start less
+   how long it has been loading (:data:`DEFAULT_COLD_START_S` before a measure);
+6. ``cold``: not running there (waiting for a lease, or no lease): its measured cold start;
+7. ``stopping``: draining.
+
+Within a category the expected seconds to the first byte (``expected_s``: the switch time above,
+0 for a serving engine, plus the peer's measured round trip) order the candidates, then the
+queue, then this machine before a peer. A loading engine here therefore yields to the same model
+ready on a peer, and a parked one to a busy one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Candidate", "rank", "DEFAULT_RESTORE_S", "DEFAULT_COLD_START_S", "STATE_RANK"]
+__all__ = ["Candidate", "rank", "CATEGORIES", "DEFAULT_RESTORE_S", "DEFAULT_COLD_START_S"]
 
 #: Expected restore (s) of a parked engine whose machine has measured none yet.
 DEFAULT_RESTORE_S = 5.0
 #: Expected cold start (s) of an engine not running whose machine has measured none yet.
 DEFAULT_COLD_START_S = 30.0
 
-#: Lower serves sooner. ``unknown``: berthd cannot be read; the route is tried as configured.
-STATE_RANK = {"active": 0, "lent": 0, "unknown": 1, "parked": 1, "waiting": 2,
-              "not running": 2, "draining": 3}
+CATEGORIES = ("ready_idle", "ready_busy", "unknown", "parked", "loading", "cold", "stopping")
+_RANK = {c: i for i, c in enumerate(CATEGORIES)}
+_OF_STATE = {"parked": "parked", "loading": "loading", "waiting": "cold", "not running": "cold",
+             "draining": "stopping", "unknown": "unknown"}
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One machine that serves the model: ``machine`` (its name), ``local`` (this one),
-    ``state`` (a :data:`berth.gateway.table.STATES` word), ``queue`` (requests waiting there),
-    ``costs`` (that machine's measured switch costs for the engine: ``restore_s``,
-    ``cold_start_s``, seconds or None), ``ref``: the caller's handle."""
+    ``state`` (a :data:`berth.gateway.table.STATES` word), ``queue`` (requests queued or in
+    flight there), ``costs`` (that machine's measured switch costs for the engine:
+    ``restore_s``, ``cold_start_s``, seconds or None), ``rtt_s`` (the round trip to that
+    machine, seconds; 0 here), ``loading_s`` (how long a loading engine has loaded, seconds),
+    ``ref``: the caller's handle."""
 
     machine: str
     local: bool
@@ -36,22 +50,44 @@ class Candidate:
     queue: int = 0
     costs: dict | None = None
     ref: object = None
+    rtt_s: float = 0.0
+    loading_s: float = 0.0
 
+    @property
+    def category(self) -> str:
+        if self.state in ("active", "lent"):
+            return "ready_idle" if self.queue <= 0 else "ready_busy"
+        return _OF_STATE.get(self.state, "cold")
+
+    def _cost(self, name: str, default: float) -> float:
+        v = (self.costs or {}).get(name)
+        return default if v is None else float(v)
+
+    @property
     def expected_s(self) -> float:
-        """Seconds before it can start serving: 0 awake, a restore parked, a cold start else."""
-        c = self.costs or {}
-        r = STATE_RANK.get(self.state, 3)
-        if r == 0:
-            return 0.0
-        if self.state in ("parked", "unknown"):
-            v = c.get("restore_s")
-            return DEFAULT_RESTORE_S if v is None else float(v)
-        v = c.get("cold_start_s")
-        return DEFAULT_COLD_START_S if v is None else float(v)
+        """Seconds before the first byte can come: the switch the engine needs there (see the
+        module docstring) plus the round trip."""
+        cat = self.category
+        if cat == "parked":
+            wait = self._cost("restore_s", DEFAULT_RESTORE_S)
+        elif cat == "loading":
+            wait = max(0.0, self._cost("cold_start_s", DEFAULT_COLD_START_S) - self.loading_s)
+        elif cat in ("cold", "stopping"):
+            wait = self._cost("cold_start_s", DEFAULT_COLD_START_S)
+        else:
+            wait = 0.0
+        return wait + self.rtt_s
 
     def key(self) -> tuple:
-        return (STATE_RANK.get(self.state, 3), self.expected_s(), self.queue,
-                0 if self.local else 1, self.machine)
+        cat = self.category
+        first = self.queue if cat == "ready_busy" else self.expected_s
+        return (_RANK[cat], first, self.expected_s, self.queue, not self.local, self.machine)
+
+    def as_dict(self) -> dict:
+        """The ranking inputs, for the status JSON and ``/v1/models``."""
+        return {"category": self.category, "expected_s": round(self.expected_s, 4),
+                "queue": self.queue, "rtt_s": round(self.rtt_s, 4),
+                "loading_s": round(self.loading_s, 3)}
 
 
 def rank(cands: list[Candidate]) -> list[Candidate]:

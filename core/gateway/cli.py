@@ -38,7 +38,28 @@ def _main(args) -> int:
     except ValueError as e:
         print(f"berth gateway: {e}", file=sys.stderr)
         return 2
-    return asyncio.run(_serve(gw))
+    return run(_serve(gw))
+
+
+def run(main) -> int:
+    """Run ``main`` on uvloop where it is installed (measured by ``bench/gateway.py``: the
+    gateway's hop costs 0.1 to 0.2 ms less per request at concurrency 1, and less CPU), else on
+    asyncio's own loop. The listener is the same code on both."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def start_line(gw) -> str:
+    """``berth gateway: listening on http://HOST:PORT (models: a, b)`` and what else runs."""
+    names = sorted({r.name for r in gw.table.routes} |
+                   {r.name for p in (gw.peers.peers if gw.peers else ()) for r in p.routes})
+    comfy = f"; ComfyUI port on http://{gw.comfy.host}:{gw.comfy.port}" if gw.comfy else ""
+    peers = f"; {len(gw.peers.peers)} peer(s)" if gw.peers else ""
+    return (f"berth gateway: listening on http://{gw.host}:{gw.port} "
+            f"(models: {', '.join(names) or 'none yet'}){comfy}{peers}")
 
 
 async def _serve(gw) -> int:
@@ -50,11 +71,12 @@ async def _serve(gw) -> int:
         await gw.start()
     except OSError as e:
         print(f"berth gateway: cannot listen: {e.strerror or e}", file=sys.stderr)
-        await gw.stop()
         return 1
-    comfy = f", ComfyUI port on {gw.comfy.host}:{gw.comfy.port}" if gw.comfy else ""
-    peers = f", {len(gw.peers.peers)} peer(s)" if gw.peers else ""
-    print(f"berth gateway: {gw.machine} on http://{gw.host}:{gw.port}{comfy}{peers}", flush=True)
-    await stop.wait()
-    await gw.stop()
+    print(start_line(gw), flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await gw.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
     return 0

@@ -1,190 +1,139 @@
-"""Pass-through of one HTTP request or one websocket to a base URL, answers streamed as they
-come (server-sent events chunk by chunk), client disconnects passed on.
+"""One try of a request at one machine, on the front's own HTTP code (issue 27 "As light as the
+front"): the request goes out on a kept-alive :class:`berth.front.upstream.EngineConnection` of
+the gateway's pool, and the answer streams back into the client's connection as it arrives,
+server-sent events chunk by chunk, with no task woken per chunk.
 
-Source: issue 14 ("Streams are relayed as they come (SSE), with client disconnects passed
-through"); RFC 9110 §7.6.1 (hop-by-hop headers).
+Every relay is bounded (issue 27 "Every relay is bounded"):
 
-A client that goes away cancels the handler (the gateway's server runs with
-``handler_cancellation``), and the upstream connection is closed, so the engine (or the peer's
-gateway, and through it the engine) sees the disconnect and stops generating. An upstream that
-cannot be reached is :class:`Unreachable`; one that cuts a stream mid-way ends the client's
-answer by closing its connection, so the client sees it incomplete.
+- after the answer's headers, a gap between two reads longer than the route's ``gap_s``
+  (``[engines.X] read_timeout``, default 30 s) ends it (:class:`GapTimeout`, checked by
+  :meth:`Relays.sweep`);
+- a peer marked down ends its relays at once (:meth:`Relays.peer_down`, :class:`PeerGone`);
+- a client that goes away closes the connection, so the engine (or the peer's gateway, and
+  through it the engine) sees the disconnect and stops generating.
+
+A try that fails before any byte of the answer reached the client is reported as such
+(:class:`Tried`) so the caller may send the request to another machine. A stream cut after its
+headers ends with an in-band error event and the stream's proper end when it is a chunked
+event stream (:func:`berth.gateway.errors.event`); any other answer cut mid-way ends by closing
+the client's connection, so the client sees it incomplete.
+
+An error answer of the engine (status 400 or more, JSON of at most 64 KiB with a length) gets
+``"src": "engine"`` added when it names no ``src`` (issue 14: errors say who failed).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
-from typing import Mapping
+import re
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
-import aiohttp
-from aiohttp import web
-from multidict import CIMultiDict
-from yarl import URL
+from berth.front.upstream import Address, EngineConnection, EngineFailed, Pool, StaleConnection
+from berth.gateway.errors import event
 
-__all__ = ["relay", "relay_ws", "strip", "Unreachable", "HOP_BY_HOP", "new_session"]
+if TYPE_CHECKING:
+    from berth.front.server import ClientConnection, Request
+    from berth.gateway.body import Body
 
-log = logging.getLogger("berth.gateway")
+__all__ = ["RelayConnection", "Relays", "Target", "Tried", "attempt", "end_cut", "GapTimeout",
+           "PeerGone", "DEFAULT_GAP_S"]
 
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "te", "trailer", "trailers",
-                        "transfer-encoding", "upgrade"})
-_REQUEST_DROP = HOP_BY_HOP | {"host", "expect", "content-length"}
-_WHOLE_ANSWER_BYTES = 1 << 16
-
-
-class Unreachable(ConnectionError):
-    """The upstream could not be reached (nothing was sent)."""
-
-
-def new_session(connect_timeout_s: float = 10.0) -> aiohttp.ClientSession:
-    """A client session for relaying: kept-alive connections, no decompression, no cookies."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60.0),
-        auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
-        skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"))
+#: The longest gap between two reads of an answer, after its headers, seconds (issue 27).
+DEFAULT_GAP_S = 30.0
+_MARK_BYTES = 1 << 16
+_LENGTH_LINE = re.compile(rb"(?im)^content-length:[^\r\n]*\r\n")
 
 
-def strip(headers: Mapping[str, str], drop: frozenset[str] = HOP_BY_HOP) -> CIMultiDict[str]:
-    """Copy ``headers`` without hop-by-hop ones (``drop``, ``proxy-*``, those named in
-    ``Connection``)."""
-    named = headers.get("Connection")
-    listed = {t.strip().lower() for t in named.split(",")} if named else ()
-    out: CIMultiDict[str] = CIMultiDict()
-    for k, v in headers.items():
-        lk = k.lower()
-        if lk in drop or lk in listed or lk.startswith("proxy-"):
-            continue
-        out.add(k, v)
-    return out
+class GapTimeout(EngineFailed):
+    """No byte of the answer for longer than the route's gap."""
 
 
-async def relay(request: web.BaseRequest, session: aiohttp.ClientSession, base: str, *,
-                body: bytes | None = None, extra_headers: Mapping[str, str] | None = None,
-                path_qs: str | None = None, answer_headers: Mapping[str, str] | None = None,
-                abort: asyncio.Future | None = None, src: str | None = None
-                ) -> web.StreamResponse:
-    """Send ``request`` to ``base`` (a base URL) and stream the answer back.
-
-    ``body``: the request body already read (else it is streamed from the client).
-    ``extra_headers``: added to the request (signatures). ``path_qs``: the path to send (default
-    the request's own). ``abort``: a future whose completion before the answer's headers arrive
-    gives up (a peer marked down). ``answer_headers``: added to the answer (unless the upstream
-    set them). ``src``: written into an error answer's JSON object that has none (``"engine"``:
-    issue 14, errors say who failed). Raises :class:`Unreachable` then, and when the connection
-    cannot be made."""
-    headers = strip(request.headers, _REQUEST_DROP)
-    if extra_headers:
-        headers.update(extra_headers)
-    data: bytes | aiohttp.StreamReader | None
-    if body is not None:
-        data = body
-    elif request.body_exists:
-        data = request.content
-        if request.content_length is not None:
-            headers["Content-Length"] = str(request.content_length)
-    else:
-        data = None
-    url = URL(base + (path_qs if path_qs is not None else request.raw_path), encoded=True)
-    call = session.request(request.method, url, headers=headers, data=data,
-                           allow_redirects=False)
-    try:
-        if abort is None:
-            up = await call
-        else:
-            task = asyncio.ensure_future(call)
-            done, _ = await asyncio.wait({task, abort}, return_when=asyncio.FIRST_COMPLETED)
-            if task not in done:
-                task.cancel()
-                raise Unreachable(f"{base} stopped answering")
-            up = task.result()
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
-            asyncio.TimeoutError) as e:
-        raise Unreachable(f"{base}: {e or type(e).__name__}") from None
-    resp: web.StreamResponse | None = None
-    out_headers = strip(up.headers)
-    for k, v in (answer_headers or {}).items():
-        out_headers.setdefault(k, v)
-    try:
-        length = up.content_length
-        if length is not None and 0 < length <= _WHOLE_ANSWER_BYTES and request.method != "HEAD":
-            try:
-                payload = await up.read()
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-                log.warning("gateway: %s failed mid-answer: %r", base, e)
-                raise        # nothing sent to the client yet: the caller answers 502
-            if src is not None and up.status >= 400:
-                payload = _with_src(payload, src)
-                out_headers.pop("Content-Length", None)
-            return web.Response(status=up.status, reason=up.reason, body=payload,
-                                headers=out_headers)
-        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=out_headers)
-        await resp.prepare(request)
-        while True:
-            try:
-                chunk = await up.content.readany()
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-                log.warning("gateway: %s cut the answer mid-stream: %r", base, e)
-                if request.transport is not None:
-                    request.transport.close()
-                return resp
-            if not chunk:
-                break
-            await resp.write(chunk)
-        await resp.write_eof()
-        return resp
-    except (ConnectionResetError, asyncio.CancelledError):
-        up.close()      # the client went: so does the upstream connection
-        raise
-    finally:
-        up.release()
+class PeerGone(EngineFailed):
+    """The peer was marked down while the answer was under way."""
 
 
-async def relay_ws(request: web.Request, session: aiohttp.ClientSession, base: str,
-                   on_open=None, on_close=None) -> web.WebSocketResponse:
-    """Pass a websocket through to ``base`` (same path and query): messages both ways as they
-    come, a close from either side closes the other. Raises :class:`Unreachable` before the
-    client's socket is accepted if the upstream's cannot be opened."""
-    url = URL(base + request.raw_path, encoded=True)
-    proto = request.headers.get("Sec-WebSocket-Protocol")
-    protocols = tuple(p.strip() for p in proto.split(",")) if proto else ()
-    try:
-        up = await session.ws_connect(url, protocols=protocols, autoping=True,
-                                      headers={k: v for k, v in request.headers.items()
-                                               if k.lower() in ("cookie", "authorization",
-                                                                "origin")})
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-        raise Unreachable(f"{base}: {e or type(e).__name__}") from None
-    ws = web.WebSocketResponse(protocols=protocols, autoping=True)
-    await ws.prepare(request)
-    if on_open is not None:
-        on_open()
+class RelayConnection(EngineConnection):
+    """An engine connection with what the gateway adds: header lines on the answer
+    (``extra``), ``src`` marked on small JSON error bodies, the time of the last read
+    (``read_at``, monotonic seconds) for the gap limit, whether the answer is an event stream
+    (``sse``) and whether any of it reached the client (``sent``). ``peer``: the peer it goes
+    to, None for this machine."""
 
-    async def pump(src, dst) -> None:
-        async for msg in src:
-            if msg.type == aiohttp.WSMsgType.TEXT:
-                await dst.send_str(msg.data)
-            elif msg.type == aiohttp.WSMsgType.BINARY:
-                await dst.send_bytes(msg.data)
-            else:
-                break
+    def __init__(self, pool: Pool):
+        super().__init__(pool)
+        self.peer: object | None = None
+        self.gap_s: float | None = None
+        self.src: bytes | None = None
+        self.read_at = 0.0
+        self.sent = False
+        self._held: list[bytes] | None = None
+        self._held_head = b""
 
-    tasks = [asyncio.ensure_future(pump(ws, up)), asyncio.ensure_future(pump(up, ws))]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await up.close()
-        await ws.close()
-        if on_close is not None:
-            on_close()
-    return ws
+    def relay(self, client: "ClientConnection", req: "Request", *, extra: bytes = b"",
+              src: bytes | None = None, gap_s: float | None = None, peer: object | None = None,
+              on_settled: Callable | None = None) -> None:
+        """Tie the connection to ``client`` for the answer to ``req`` (see
+        :meth:`EngineConnection.begin`)."""
+        self.extra, self.src, self.gap_s, self.peer = extra, src, gap_s, peer
+        self.sent = False
+        self._held = None
+        self.begin(client, req.method == b"HEAD", req.version == "1.0", on_settled)
+
+    def fail(self, exc: EngineFailed) -> None:
+        """End the exchange now with ``exc`` and close the connection."""
+        if not self.active:
+            return
+        self._settle(exc)
+        self.close()
+        self._deliver()
+
+    def data_received(self, data: bytes | memoryview) -> None:
+        self.read_at = time.monotonic()
+        super().data_received(data)
+
+    @property
+    def sse(self) -> bool:
+        """Whether the answer is an event stream (its headers, kept until the next exchange)."""
+        return any(n.lower() == b"content-type" and b"event-stream" in v.lower()
+                   for n, v in self.headers)
+
+    def on_headers_complete(self) -> None:
+        was = self.started
+        super().on_headers_complete()
+        if was or not self.started:
+            return
+        self.read_at = time.monotonic()
+        if self.src is None or self.head_only or self.parser.get_status_code() < 400:
+            return
+        length = next((int(v) for n, v in self.headers if n.lower() == b"content-length"
+                       and v.strip().isdigit()), None)
+        if length is not None and length <= _MARK_BYTES:
+            self._held_head, self._held = self.out.pop(), []
+
+    def _flush(self) -> None:
+        if self._held is not None:
+            self._held.extend(self.body)
+            self.body.clear()
+            if self.ended:
+                self._write_marked()
+            return
+        if self.out or self.body:
+            self.sent = True
+        super()._flush()
+
+    def _write_marked(self) -> None:
+        payload = _with_src(b"".join(self._held or ()), self.src or b"")
+        head = _LENGTH_LINE.sub(b"", self._held_head)
+        self._held = None
+        self.sent = True
+        if self.client is not None:
+            self.client.write(b"%sContent-Length: %d\r\n\r\n%s" % (head[:-2], len(payload),
+                                                                  payload))
 
 
-def _with_src(payload: bytes, src: str) -> bytes:
+def _with_src(payload: bytes, src: bytes) -> bytes:
     """An error body with ``"src"`` added when it is a JSON object without one; else as it was."""
     try:
         doc = json.loads(payload)
@@ -192,4 +141,120 @@ def _with_src(payload: bytes, src: str) -> bytes:
         return payload
     if not isinstance(doc, dict) or "src" in doc:
         return payload
-    return json.dumps({**doc, "src": src}).encode()
+    return json.dumps({**doc, "src": src.decode()}).encode()
+
+
+class Relays:
+    """The relays under way, for the limits on them."""
+
+    def __init__(self) -> None:
+        self.live: set[RelayConnection] = set()
+        self.gap_timeouts = self.peer_cuts = 0
+
+    def sweep(self, now: float) -> None:
+        """End every relay whose answer has been silent past its gap (``now``: monotonic s)."""
+        for c in list(self.live):
+            if c.gap_s is not None and c.started and c.active and now - c.read_at > c.gap_s:
+                self.gap_timeouts += 1
+                c.fail(GapTimeout(f"no byte of the answer for {c.gap_s:g} s", c.started))
+
+    def peer_down(self, peer: object, why: str) -> None:
+        """End every relay to ``peer`` at once."""
+        for c in list(self.live):
+            if c.peer is peer and c.active:
+                self.peer_cuts += 1
+                c.fail(PeerGone(f"the peer is down ({why})", c.started))
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one try goes: ``machine`` (its name), ``addr`` (the front, engine or peer gateway),
+    ``peer`` (the :class:`berth.gateway.peers.Peer`, None for this machine), ``gap_s`` (see the
+    module docstring), ``extra`` (header lines added to the answer), ``src`` (marked on error
+    bodies), ``connect_s`` (the longest wait for a connection, seconds)."""
+
+    machine: str
+    addr: Address
+    peer: object | None = None
+    gap_s: float = DEFAULT_GAP_S
+    extra: bytes = b""
+    src: bytes | None = None
+    connect_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Tried:
+    """How a try went. ``answered``: the client got an answer (whole, or cut after its head:
+    ``cut`` says why); else nothing reached the client and ``why``/``kind`` say what failed
+    (``unreachable``: no connection; ``gone``: the peer went down; ``failed``: the connection
+    closed or the answer was not HTTP). ``keep``: the client's connection may carry another
+    request."""
+
+    answered: bool
+    keep: bool = True
+    kind: str = "answered"
+    why: str = ""
+    cut: str = ""
+
+
+async def attempt(pool: Pool, relays: Relays, req: "Request", client: "ClientConnection",
+                  target: Target, body: "Body", sign: bytes = b"") -> Tried:
+    """Send ``req`` (its ``body`` already read) to ``target``, the answer streaming to
+    ``client``. ``sign``: header lines added to the request (a peer call's signature). A kept-
+    alive connection the other side had closed is replaced once."""
+    addr = target.addr
+    head = b"%s %s%s HTTP/1.1\r\n%s%s%s" % (req.method, addr.prefix, req.target, addr.host_line,
+                                            b"".join(req.lines), sign)
+    for retry in (False, True):
+        try:
+            conn = pool.take(addr) or await pool.acquire(addr, target.connect_s)
+        except (OSError, TimeoutError) as exc:
+            return Tried(False, kind="unreachable", why=f"{exc or type(exc).__name__}")
+        assert isinstance(conn, RelayConnection)
+        conn.relay(client, req, extra=target.extra, src=target.src, gap_s=target.gap_s,
+                   peer=target.peer)
+        relays.live.add(conn)
+        if target.peer is not None and not getattr(target.peer, "up", True):
+            conn.fail(PeerGone("the peer went down as the request left", False))
+        reusable = False
+        try:
+            await body.send(conn, head)
+            assert conn.done is not None
+            reusable = await conn.done
+            return Tried(True, keep=req.version != "1.0")
+        except StaleConnection:
+            if retry:
+                return Tried(False, kind="failed", why="the connection closed before an answer")
+        except EngineFailed as exc:
+            if conn.sent:
+                return end_cut(conn, client, exc, target)
+            return Tried(False, kind="gone" if isinstance(exc, PeerGone) else "failed",
+                         why=str(exc))
+        finally:
+            relays.live.discard(conn)
+            if reusable and not conn.closed:
+                pool.release(conn, addr)
+            else:
+                conn.close()       # the other side sees its connection close
+    raise AssertionError("unreachable")
+
+
+def end_cut(conn: RelayConnection, client: "ClientConnection", exc: EngineFailed,
+         target: Target) -> Tried:
+    """The answer was cut after part of it reached the client: end an event stream in band,
+    anything else by closing the client's connection."""
+    if isinstance(exc, GapTimeout):
+        status, reason = 504, "upstream_stalled"
+    elif isinstance(exc, PeerGone):
+        status, reason = 502, "peer_down"
+    else:
+        status, reason = 502, "upstream_cut"
+    src = "peer" if target.peer is not None else "berth"
+    message = f"the answer from {target.machine} was cut: {exc}"
+    if conn.sse and conn.rechunk and not conn.head_only:
+        data = event(status, reason, message, src)
+        client.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data))
+        conn.rechunk = False
+        return Tried(True, keep=True, cut=reason)
+    client.close()
+    return Tried(True, keep=False, cut=reason)

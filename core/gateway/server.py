@@ -1,45 +1,64 @@
-"""The gateway's routes and its choice of machine.
+"""The gateway: its routes, its listener and its lifetime.
 
-Source: issue 14; seed 002 "Fronts" and "Many machines"; reference "llama-swap" ("HTTP
-endpoints": routing by the JSON ``model`` field or ``?model=``).
+Source: issue 14; issue 27; seed 002 "Fronts" and "Many machines"; reference "llama-swap"
+("HTTP endpoints": routing by the JSON ``model`` field or ``?model=``).
 
 =====================================  ============================================================
 ``POST /v1/chat/completions``,         by ``model`` (JSON body, else ``?model=``) to the front of
-``/v1/completions``, ``/v1/embeddings`` the engine that serves it here, or to the peer that can
-                                       serve it soonest (:mod:`berth.gateway.choose`); answers
+``/v1/completions``, ``/v1/embeddings`` the engine that serves it here, or to the peer that
+                                       answers first (:mod:`berth.gateway.route`); answers
                                        streamed through
-``GET /v1/models``, ``/v1/models/{id}`` every engine of every machine with its state and each
-                                       machine's measured switch costs; never forwarded to an
-                                       engine, so a read wakes nothing
+``GET /v1/models``, ``/v1/models/{id}`` every engine of every machine with its state, switch
+                                       costs and ranking (:mod:`berth.gateway.views`); never
+                                       forwarded, so a read wakes nothing
 ``GET /berth/v1/peer/engines``         for peers (signed): this machine's routes and costs
-``GET /berth/v1/gateway``              the gateway's own state (peers, ComfyUI port)
+``GET /berth/v1/gateway``              the gateway's own state (machines, ranking, listeners)
+``GET /health``, ``GET /metrics``      that it answers; its figures (Prometheus text)
+``GET /``                              a redirect to ``/board/``
 ``/board/``                            the web board (:mod:`berth.daemon.web`), read from berthd
-ComfyUI's API (``/prompt``, ``/api/…``, to the ``comfyui`` engine (its front, else its ``url``),
-``/queue``, ``/history``, ``/ws``, …)  websocket included
+ComfyUI's API (``/prompt``, ``/api/…``, to the ``comfyui`` engine (its front, else its ``url``);
+``/queue``, ``/history``, ``/ws``, …)  ``/ws`` to the entry's own ``url`` when it names one
 =====================================  ============================================================
+
+The listener is the front's (:class:`berth.front.listen.Listener`): the same asyncio protocol
+over httptools, the same limits on slow and idle clients (issue 26), the same kept-alive engine
+connections (issue 27 "As light as the front"). The board and websockets are handed whole to
+aiohttp's server (:mod:`berth.gateway.ws`).
 
 A request that carries a peer's signature (:mod:`berth.gateway.signing`) is checked, and served
 by this machine only: it is never forwarded again, so two gateways cannot bounce a request. A
 signed request that fails the check gets a 401 and is not served.
+
+Lifetime: :meth:`Gateway.start` builds each part on one ``AsyncExitStack`` (the table, the peer
+session and polls, the board's hub, the hand-off server, the listener, the ComfyUI port, the
+relay sweep), so a failed start stops only what was built, in reverse order, and
+:meth:`Gateway.stop` is that stack's close.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import contextlib
 import logging
 import socket
-from typing import Any
+import time
 
-import aiohttp
 from aiohttp import web
 from berth.client import Client
 from berth.config import Config
-from berth.gateway.choose import Candidate, rank
-from berth.gateway.errors import error, openai_errors
-from berth.gateway.peers import ENGINES_PATH, Peer, Peers
-from berth.gateway.relay import Unreachable, new_session, relay, relay_ws
-from berth.gateway.signing import Refused, Verifier
-from berth.gateway.table import LocalTable, Route, address_url
+from berth.front.listen import Limits, Listener
+from berth.front.server import ClientConnection, Request
+from berth.front.upstream import Address, Pool
+from berth.gateway import route as routing
+from berth.gateway import views
+from berth.gateway.body import Passing
+from berth.gateway.errors import answer, document, error, redirect
+from berth.gateway.fast import fast
+from berth.gateway.peers import ENGINES_PATH, Peer, Peers, new_session
+from berth.gateway.relay import RelayConnection, Relays, Target, attempt
+from berth.gateway.signing import EMPTY_DIGEST, Verifier
+from berth.gateway.table import LocalTable, address_url
+from berth.gateway.ws import HandOff, Unreachable, is_websocket, json_error, relay_ws
 
 __all__ = ["Gateway", "OPENAI_POSTS", "COMFY_PREFIXES", "is_comfy_path"]
 
@@ -52,9 +71,9 @@ COMFY_PREFIXES = ("/api/", "/prompt", "/queue", "/history", "/interrupt", "/free
                   "/object_info", "/system_stats", "/view", "/upload/", "/ws", "/features",
                   "/userdata", "/settings", "/extensions", "/embeddings")
 COMFY_ENGINE = "comfyui"
-MAX_BODY_BYTES = 64 << 20
-#: The gateway's own routes and the methods they take (another method: a 405, not a 404).
-_ALLOWED = {**{p: ("POST",) for p in OPENAI_POSTS}, "/v1/models": ("GET",)}
+SWEEP_S = 0.5
+_READS = ("GET", "HEAD")
+_CONTENT_METRICS = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def is_comfy_path(path: str) -> bool:
@@ -62,10 +81,18 @@ def is_comfy_path(path: str) -> bool:
                or path == p for p in COMFY_PREFIXES)
 
 
+def limits_of(cfg: Config) -> Limits:
+    """The listeners' limits from ``[listeners]``."""
+    li = cfg.listeners
+    return Limits(li.head_timeout, li.idle_timeout, li.max_connections or None)
+
+
 class Gateway:
     """One machine's gateway. ``cfg``: berth.toml; ``listen``/``comfyui_listen``: ``HOST:PORT``
     (port 0 picks one: read :attr:`port` and ``comfy.port`` after :meth:`start`). ``client``:
     berthd's control client (default: the socket berth.toml names)."""
+
+    name = "gateway"
 
     def __init__(self, cfg: Config, listen: str = "127.0.0.1:7880",
                  comfyui_listen: str | None = None, client: Client | None = None,
@@ -74,294 +101,232 @@ class Gateway:
         self.cfg = cfg
         net = cfg.network
         self.machine = net.name or socket.gethostname()
+        self.machine_line = b"X-Berth-Machine: %s\r\n" % self.machine.encode("latin-1", "replace")
         self.host, self.port = _addr(listen, "--listen")
         self.table = LocalTable(cfg, client or Client(socket=paths.socket_path(cfg)), refresh_s)
-        self.verifier = Verifier(net.key, net.replay_window) if net.key else None
+        nonces = paths.state_dir(cfg) / f"gateway-{_file_safe(self.machine)}.nonces"
+        self.verifier = Verifier(net.key, net.replay_window, self.machine,
+                                 nonces) if net.key else None
+        self.relays = Relays()
         self.peers = Peers(list(net.peers), net.key, self.machine, timeout_s=net.peer_timeout,
-                           retry_s=net.peer_retry, poll_s=net.peer_poll) if net.peers else None
+                           retry_s=net.peer_retry, poll_s=net.peer_poll,
+                           on_down=self._peer_down) if net.peers else None
+        self.pool = Pool(RelayConnection)
+        limits = limits_of(cfg)
+        self.listener = Listener(self, self.host, self.port, name="gateway", pool=self.pool,
+                                 limits=limits, hand_off=self._hand_off)
         self.comfy = None
         if comfyui_listen:
             from berth.gateway.comfy import ComfyPort
             host, port = _addr(comfyui_listen, "--comfyui-listen")
-            self.comfy = ComfyPort(host, port, self._comfy_target,
-                                   wait_limit_s=cfg.policy.wait_limit,
-                                   ws_target=self._comfy_ws_target)
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
-        self._hub = None
+            self.comfy = ComfyPort(self, host, port, limits)
         self.served_local = self.forwarded = self.refused = 0
+        self._addresses: dict[str, Address] = {}
+        self._handoff: HandOff | None = None
+        self.session = None
+        self._stack: contextlib.AsyncExitStack | None = None
 
     # -- lifetime ----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Read berthd, ask the peers once, listen. Raises ``OSError`` if an address is taken."""
-        self._session = new_session(connect_timeout_s=self.cfg.network.peer_timeout)
-        await self.table.start()
-        if self.peers is not None:
-            await self.peers.start(self._session)
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[openai_errors])
-        r = app.router
-        for path in OPENAI_POSTS:
-            r.add_post(path, self._openai)
-        r.add_get("/v1/models", self._models)
-        r.add_get("/v1/models/{model:.+}", self._model)
-        r.add_get(ENGINES_PATH, self._peer_engines)
-        r.add_get("/berth/v1/gateway", self._status)
-        # The board (issue 15: served by the gateway when it runs), read over berthd's socket.
-        from berth.daemon.web import Hub, SocketSource, board_app
-        self._hub = Hub(SocketSource(self.table.client.socket))
-        await self._hub.start()
-        app.add_subapp("/board/", board_app(self._hub, self.cfg.board.key))
-        r.add_get("/board", _to_board)
-        r.add_route("*", "/{tail:.*}", self._other)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=2.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]   # type: ignore[union-attr]
-        if self.comfy is not None:
-            await self.comfy.start(self._session)
+        """Read berthd, ask the peers once, listen. Raises ``OSError`` if an address is taken;
+        what was started by then is stopped again, in reverse order."""
+        async with contextlib.AsyncExitStack() as stack:
+            await self.table.start()
+            stack.push_async_callback(self.table.stop)
+            self.session = new_session(connect_timeout_s=self.cfg.network.peer_timeout)
+            stack.push_async_callback(self.session.close)
+            if self.verifier is not None:
+                stack.callback(self.verifier.close)
+            if self.peers is not None:
+                await self.peers.start(self.session)
+                stack.push_async_callback(self.peers.stop)
+            self._handoff = HandOff(await self._handoff_app(stack))
+            await self._handoff.start()
+            stack.push_async_callback(self._handoff.stop)
+            await self.listener.start()
+            stack.push_async_callback(self._stop_listening, self.listener)
+            self.port = self.listener.port
+            if self.comfy is not None:
+                await self.comfy.start()
+                stack.push_async_callback(self.comfy.stop)
+            sweep = asyncio.get_running_loop().create_task(self._sweep())
+            stack.callback(sweep.cancel)
+            self._stack = stack.pop_all()
 
     async def stop(self) -> None:
-        if self.comfy is not None:
-            await self.comfy.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._hub is not None:
-            await self._hub.stop()
-        if self.peers is not None:
-            await self.peers.stop()
-        await self.table.stop()
-        if self._session is not None:
-            await self._session.close()
+        """Stop everything :meth:`start` built, in reverse order (idempotent)."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
 
-    # -- OpenAI routes -----------------------------------------------------------------------
-    async def _openai(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        from_peer = await self._check_peer(request, body)
-        if isinstance(from_peer, web.Response):
-            return from_peer
-        model = request.query.get("model")
-        try:
-            doc = json.loads(body) if body else {}
-            if isinstance(doc, dict) and isinstance(doc.get("model"), str):
-                model = doc["model"]
-            elif isinstance(doc, dict) and doc.get("model") is not None:
-                return error(400, "model_invalid", f"model: expected a string naming the model, "
-                                                   f"got {doc['model']!r}")
-        except (ValueError, RecursionError):      # RecursionError: nested too deep to parse
-            if model is None:
-                return error(400, "invalid_json", "the body is not JSON and no ?model= is given")
-        if not model:
-            return error(400, "model_missing", "model: a request must name the model it is for "
-                                               "(the JSON field \"model\" or ?model=)")
-        return await self._route(request, model, body, local_only=from_peer is not None)
+    async def _stop_listening(self, listener: Listener) -> None:
+        server = listener.close()
+        busy = {c.task for c in listener.conns if c.task is not None}
+        if busy:
+            await asyncio.wait(busy, timeout=2.0)
+        listener.close_clients()
+        if server is not None:
+            await server.wait_closed()
+        self.pool.close()
 
-    async def _check_peer(self, request: web.Request, body: bytes) -> str | web.Response | None:
-        """The peer's machine name for a signed request, a 401 for a bad one, None unsigned."""
-        if "X-Berth-Signature" not in request.headers and "X-Berth-Peer" not in request.headers:
-            return None
-        if self.verifier is None:
-            self.refused += 1
-            return error(401, "peers_off", "this gateway takes no peer calls ([network] key is "
-                                           "not set)")
-        try:
-            return self.verifier.verify(request.method, request.raw_path, body, request.headers)
-        except Refused as e:
-            self.refused += 1
-            log.warning("gateway: refused a peer call from %s: %s", request.remote, e)
-            return error(401, e.reason, f"peer call refused: {e}")
+    async def _handoff_app(self, stack: contextlib.AsyncExitStack) -> web.Application:
+        # The board (issue 15: served by the gateway when it runs), read over berthd's socket.
+        from berth.daemon.web import Hub, SocketSource, board_app
+        hub = Hub(SocketSource(self.table.client.socket))
+        await hub.start()
+        stack.push_async_callback(hub.stop)
+        app = web.Application()
+        app.add_subapp("/board/", board_app(hub, self.cfg.board.key))
+        app.router.add_get("/board", _to_board)
+        app.router.add_get("/{tail:.*}", self._websocket)
+        return app
 
-    def _candidates(self, model: str, local_only: bool) -> tuple[list[Candidate], list[Peer]]:
-        cands: list[Candidate] = []
-        r = self.table.find(model)
-        if r is not None and r.target:
-            cands.append(Candidate(self.machine, True, r.state,
-                                   r.waiting + self.table.in_flight.get(r.name, 0),
-                                   self.table.costs.get(r.name), r))
-        down: list[Peer] = []
-        if not local_only and self.peers is not None:
-            for p, pr in self.peers.candidates(model):
-                if not pr.target:
-                    continue
-                if not p.up:
-                    down.append(p)
-                    continue
-                cands.append(Candidate(p.machine, False, pr.state, pr.queue,
-                                       p.costs.get(pr.name), (p, pr)))
-        return rank(cands), down
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            self.relays.sweep(time.monotonic())    # the relays' clock (uvloop's is coarser)
 
-    async def _route(self, request: web.Request, model: str, body: bytes,
-                     local_only: bool) -> web.StreamResponse:
-        cands, down = self._candidates(model, local_only)
-        if not cands and not down and self.table.find(model) is None:
-            await self.table.refresh()      # a run may have registered since the last read
-            cands, down = self._candidates(model, local_only)
-        failures: list[str] = []
-        for c in cands:
-            try:
-                if c.local:
-                    return await self._local(request, c.ref, body)
-                peer, _ = c.ref
-                return await self._forward(request, peer, body)
-            except Unreachable as e:
-                failures.append(f"{c.machine}: {e}")
-                if not c.local:
-                    self.peers.mark_down(c.ref[0], str(e))
-                    down.append(c.ref[0])
-            except aiohttp.ClientError as e:
-                # Sent, then failed before an answer could start: not retried elsewhere (the
-                # engine may have acted on it).
-                log.warning("gateway: %s failed mid-request: %r", c.machine, e)
-                return error(502, "upstream_failed", f"model {model!r} on {c.machine}: the "
-                             f"answer failed: {e or type(e).__name__}",
-                             src="berth" if c.local else "peer")
-        if down:
-            names = ", ".join(sorted({p.machine or p.url for p in down}))
-            return error(503, "peer_down", f"model {model!r} is served by {names}, which does not "
-                                           f"answer; retried after {self.peers.retry_s:g} s",
-                         src="peer")
-        if failures:
-            return error(502, "front_unreachable", f"model {model!r}: its front cannot be "
-                                                   f"reached ({'; '.join(failures)})")
-        r = self.table.find(model)
-        if r is not None:
-            return error(503, "no_front", f"model {model!r} is an engine on {self.machine} "
-                         f"({r.state}) with no front or url to send requests to: run it with "
-                         f"`berth run --engine {r.name} --front HOST:PORT -- ...`, or give its "
-                         f"entry a url")
-        known = sorted({x.name for x in self._all_routes()})
-        return error(404, "model_not_found", f"model {model!r} is served by no engine here"
-                     + ("" if local_only else " or on a peer")
-                     + (f"; known: {', '.join(known)}" if known else "; no engine is known"))
+    def _peer_down(self, peer: Peer, why: str) -> None:
+        self.relays.peer_down(peer, why)
 
-    async def _local(self, request: web.Request, route: Route, body: bytes) -> web.StreamResponse:
-        name = route.name
-        inf = self.table.in_flight
-        inf[name] = inf.get(name, 0) + 1
-        self.served_local += 1
-        try:
-            resp = await relay(request, self._session, route.target, body=body,
-                               answer_headers={"X-Berth-Machine": self.machine}, src="engine")
-            return resp
-        finally:
-            inf[name] -= 1
+    def listeners(self) -> list[Listener]:
+        return [self.listener] + ([self.comfy.listener] if self.comfy is not None else [])
 
-    async def _forward(self, request: web.Request, peer: Peer, body: bytes) -> web.StreamResponse:
-        self.forwarded += 1
-        headers = self.peers.signed(request.method, request.raw_path, body)
-        return await relay(request, self._session, peer.url, body=body, extra_headers=headers,
-                           abort=peer.gone)
+    def address(self, url: str) -> Address:
+        return routing.address(self._addresses, url)
 
-    # -- reads -------------------------------------------------------------------------------
-    def _all_routes(self) -> list[Route]:
-        out = list(self.table.routes)
-        if self.peers is not None:
-            for p in self.peers.peers:
-                out += p.routes
-        return out
+    # -- the listener's handler ----------------------------------------------------------------
+    def _hand_off(self, req: Request):
+        """The board, and websockets on ComfyUI's routes, go to aiohttp's server whole."""
+        t = req.target
+        if t.startswith(b"/board") and (len(t) == 6 or t[6:7] in b"/?"):
+            return self._handoff
+        if req.conn.parser.should_upgrade() and is_comfy_path(req.path) and \
+                is_websocket(req.headers):
+            return self._handoff
+        return None
 
-    def _machines(self) -> list[dict]:
-        me = {"machine": self.machine, "local": True, "up": True,
-              "berthd": self.table.berthd_up, "switch_costs": self.table.costs}
-        others = [{**p.as_dict(), "local": False} for p in self.peers.peers] if self.peers else []
-        return [me, *others]
+    def _fast(self, req: Request, client: ClientConnection) -> bool:
+        return fast(self, req, client)
 
-    def _entries(self) -> dict[str, dict]:
-        by: dict[str, dict[str, Any]] = {}
-        rows: list[tuple[str, bool, bool, dict, dict]] = []
-        for d in self.table.snapshot():
-            rows.append((self.machine, True, True, d, self.table.costs.get(d["name"]) or {}))
-        if self.peers is not None:
-            for p in self.peers.peers:
-                for r in p.routes:
-                    rows.append((p.machine or p.url, False, p.up, r.as_dict(),
-                                 p.costs.get(r.name) or {}))
-        for machine, local, up, d, costs in rows:
-            e = by.setdefault(d["name"], {"id": d["name"], "object": "model", "created": 0,
-                                          "owned_by": "berth",
-                                          "berth": {"aliases": [], "machines": []}})
-            b = e["berth"]
-            b["aliases"] = sorted(set(b["aliases"]) | set(d.get("aliases") or []))
-            b["machines"].append({"machine": machine, "local": local, "up": up,
-                                  "state": d["state"] if up else "unreachable",
-                                  "queue": d.get("queue", 0), "switch_costs": costs})
-        for e in by.values():
-            ms = e["berth"]["machines"]
-            best = rank([Candidate(m["machine"], m["local"], m["state"], m["queue"],
-                                   m["switch_costs"]) for m in ms if m["up"]])
-            e["berth"]["state"] = best[0].state if best else "unreachable"
-            e["berth"]["machine"] = best[0].machine if best else None
-        return by
+    async def _handle(self, req: Request, client: ClientConnection) -> bool:
+        path = req.path
+        if path in OPENAI_POSTS:
+            if req.method == b"POST":
+                return await routing.openai(self, req, client)
+            return await self._not_allowed(req, client, "POST")
+        if path in self._reads or path.startswith("/v1/models/"):
+            if req.method_str not in _READS:
+                return await self._not_allowed(req, client, "GET")
+            return await self._read(req, client, path)
+        if is_comfy_path(path):
+            return await self._comfy_api(req, client)
+        client.write(error(404, "no_route", f"{req.method_str} {path}: not a route of the "
+                           f"gateway (OpenAI: {', '.join(OPENAI_POSTS)}, /v1/models; ComfyUI's "
+                           "API; /health, /metrics, /board/)", head=req.method == b"HEAD"))
+        return await _rest_read(req)
 
-    async def _models(self, request: web.Request) -> web.Response:
-        by = self._entries()
-        return web.json_response({"object": "list", "data": [by[k] for k in sorted(by)],
-                                  "machines": self._machines()})
+    _reads = frozenset({"/", "/health", "/metrics", "/v1/models", "/berth/v1/gateway",
+                        ENGINES_PATH})
 
-    async def _model(self, request: web.Request) -> web.Response:
-        model = request.match_info["model"]
-        for e in self._entries().values():
-            if e["id"] == model or model in e["berth"]["aliases"]:
-                return web.json_response(e)
-        return error(404, "model_not_found", f"model {model!r} is served by no engine")
+    async def _read(self, req: Request, client: ClientConnection, path: str) -> bool:
+        head = req.method == b"HEAD"
+        if path == ENGINES_PATH:
+            client.write(self._peer_engines(req))
+        elif path == "/":
+            client.write(redirect("/board/"))
+        elif path == "/health":
+            client.write(document(views.health(self), head=head))
+        elif path == "/metrics":
+            client.write(answer(200, views.metrics(self), _CONTENT_METRICS, head=head))
+        elif path == "/v1/models":
+            client.write(document(views.models(self), head=head))
+        elif path == "/berth/v1/gateway":
+            client.write(document(views.status(self), head=head))
+        else:
+            name = path[len("/v1/models/"):]
+            doc = views.model(self, name)
+            client.write(document(doc, head=head) if doc is not None else error(
+                404, "model_not_found", f"model {name!r} is served by no engine", head=head))
+        return await _rest_read(req)
 
-    async def _peer_engines(self, request: web.Request) -> web.Response:
-        checked = await self._check_peer(request, await request.read())
+    def _peer_engines(self, req: Request) -> bytes:
+        checked = routing.check_peer(self, req, EMPTY_DIGEST)
         if checked is None:
             return error(401, "unsigned", "peer calls must be signed")
-        if isinstance(checked, web.Response):
+        if isinstance(checked, bytes):
             return checked
-        return web.json_response({"machine": self.machine, "engines": self.table.snapshot(),
-                                  "switch_costs": self.table.costs})
+        return document({"machine": self.machine, "engines": self.table.snapshot(),
+                         "switch_costs": self.table.costs})
 
-    async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response({
-            "machine": self.machine, "berthd": self.table.berthd_up,
-            "machines": self._machines(), "served_local": self.served_local,
-            "forwarded": self.forwarded, "refused": self.refused,
-            "in_flight": {k: v for k, v in self.table.in_flight.items() if v},
-            "comfyui_port": self.comfy.counters() if self.comfy is not None else None})
+    async def _not_allowed(self, req: Request, client: ClientConnection, allowed: str) -> bool:
+        client.write(error(405, "method_not_allowed", f"{req.method_str} {req.path}: this route "
+                           f"takes {allowed}", headers={"Allow": allowed},
+                           head=req.method == b"HEAD"))
+        return await _rest_read(req)
 
-    # -- ComfyUI's API and the rest ----------------------------------------------------------
-    def _comfy_target(self) -> str | None:
+    # -- ComfyUI's API -----------------------------------------------------------------------
+    def comfy_target(self) -> str | None:
         r = self.table.find(COMFY_ENGINE)
         return r.target if r is not None else None
 
-    def _comfy_ws_target(self) -> str | None:
+    def comfy_ws_target(self) -> str | None:
         """Where ComfyUI's ``/ws`` goes: the entry's own ``url`` when it names one, past a Berth
         front (a front does not pass websocket upgrades, and an idle status socket must never
         count as a request in flight before a park), else where the API goes."""
         e = self.cfg.engines.get(COMFY_ENGINE)
-        return address_url(e.url) if e is not None and e.url else self._comfy_target()
+        return address_url(e.url) if e is not None and e.url else self.comfy_target()
 
-    async def _other(self, request: web.Request) -> web.StreamResponse:
-        allowed = _ALLOWED.get(request.path) or (
-            ("GET",) if request.path.startswith("/v1/models/") else None)
-        if allowed:
-            return error(405, "method_not_allowed", f"{request.method} {request.path}: this "
-                         f"route takes {' or '.join(allowed)}", headers={"Allow": ", ".join(allowed)})
-        if not is_comfy_path(request.path):
-            return error(404, "no_route", f"{request.method} {request.path}: not a route of the "
-                                          f"gateway (OpenAI: {', '.join(OPENAI_POSTS)}, "
-                                          f"/v1/models; ComfyUI's API)")
-        websocket = request.headers.get("Upgrade", "").lower() == "websocket"
-        target = self._comfy_ws_target() if websocket else self._comfy_target()
+    async def comfy_relay(self, req: Request, client: ClientConnection, target: str) -> bool:
+        """Pass one request of ComfyUI's surface to ``target``, its body streamed through."""
+        e = self.cfg.engines.get(COMFY_ENGINE)
+        gap = e.read_timeout if e is not None else None
+        body = await Passing.read(req)
+        t = await attempt(self.pool, self.relays, req, client,
+                          Target(self.machine, self.address(target), gap_s=gap), body)
+        if t.answered:
+            return t.keep
+        client.write(error(502, "engine_unreachable", f"ComfyUI cannot be reached: {t.why}",
+                           head=req.method == b"HEAD"))
+        return body.whole
+
+    async def _comfy_api(self, req: Request, client: ClientConnection) -> bool:
+        target = self.comfy_target()
         if target is None:
-            return error(404, "no_comfyui", "ComfyUI's API: berth.toml has no [engines.comfyui] "
-                                            "with a url or a front address")
+            client.write(error(404, "no_comfyui", "ComfyUI's API: berth.toml has no "
+                               "[engines.comfyui] with a url or a front address",
+                               head=req.method == b"HEAD"))
+            return await _rest_read(req)
+        return await self.comfy_relay(req, client, target)
+
+    async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        target = self.comfy_ws_target()
+        if target is None:
+            return json_error(404, "no_comfyui", "ComfyUI's websocket: berth.toml has no "
+                               "[engines.comfyui] with a url or a front address")
         try:
-            if websocket:
-                return await relay_ws(request, self._session, target)
-            return await relay(request, self._session, target)
+            return await relay_ws(request, self.session, target)
         except Unreachable as e:
-            return error(502, "engine_unreachable", f"ComfyUI cannot be reached: {e}")
-        except aiohttp.ClientError as e:
-            return error(502, "engine_failed", f"ComfyUI failed mid-request: {e!r}")
+            return json_error(502, "engine_unreachable", f"ComfyUI cannot be reached: {e}")
+
+
+async def _rest_read(req: Request) -> bool:
+    """Read what is left of a request answered without its body; False when it cannot be
+    (large or chunked: the connection closes after the answer)."""
+    if req.complete:
+        return True
+    if req.streamed:
+        return False
+    await req.read_all()
+    return True
 
 
 async def _to_board(request: web.Request) -> web.Response:
     raise web.HTTPFound("/board/")
+
+
+def _file_safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100]
 
 
 def _addr(value: str, flag: str) -> tuple[str, int]:

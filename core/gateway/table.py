@@ -5,11 +5,15 @@ aliases (``berth run --engine NAME --alias ID --front ADDR``).
 Source: issue 14 "What to build"; DESIGN.md "Config" and "berth status --json".
 
 Each engine is a :class:`Route`. Its ``state`` is one of :data:`STATES`, read from berthd's
-status (the lease's shares): ``active``, ``parked`` (parking, parked or resuming), ``lent``
-(lending, lent or returning), ``draining`` (draining, released, freed), ``waiting`` (its run waits
-for a lease), ``not running`` (no lease), or ``unknown`` (berthd cannot be reached: the gateway
-fails open and routes to what berth.toml names). Reading the table never wakes anything: it is
-berthd's status, read every ``interval_s``.
+status (the lease's shares): ``active``, ``loading`` (active, but the engine has not answered
+yet: issue 27, a loading engine is not ranked as ready), ``parked`` (parking, parked or
+resuming), ``lent`` (lending, lent or returning), ``draining`` (draining, released, freed),
+``waiting`` (its run waits for a lease), ``not running`` (no lease), or ``unknown`` (berthd
+cannot be reached: the gateway fails open and routes to what berth.toml names). Reading the
+table never wakes anything: it is berthd's status, read every ``interval_s``.
+
+The table remembers every model name (and alias) a lease here has served (``seen``), so that a
+request for an engine that stopped is told so (a 503), not that the name is unknown (a 404).
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ __all__ = ["Route", "LocalTable", "STATES", "lease_state", "address_url"]
 
 log = logging.getLogger("berth.gateway")
 
-STATES = ("active", "lent", "parked", "waiting", "draining", "not running", "unknown")
+STATES = ("active", "lent", "loading", "parked", "waiting", "draining", "not running", "unknown")
+#: The gap limit of an engine with no entry (the entry's ``read_timeout``), seconds.
+DEFAULT_READ_TIMEOUT_S = 30.0
 
 _PARKED = {"parking", "parked", "resuming"}
 _LENT = {"lending", "lent", "returning"}
@@ -36,9 +42,12 @@ _DRAINING = {"draining", "released", "freed"}
 @dataclass
 class Route:
     """One engine on one machine. ``target``: the base URL requests go to (its front, else its
-    own URL), ``None`` when it has none. ``queue``: requests waiting for it on that machine
-    (berthd's waiting entries for the engine, ``waiting``, plus the gateway's requests in flight
-    to it; filled in by :meth:`LocalTable.snapshot`)."""
+    own URL), ``None`` when it has none. ``queue``: requests queued or in flight for it on that
+    machine (berthd's waiting entries for the engine, ``waiting``, plus the larger of the
+    gateway's requests in flight to it and those its front reports, ``busy``; filled in by
+    :meth:`LocalTable.snapshot`). ``loading_s``: how long a ``loading`` engine has loaded,
+    seconds. ``read_timeout_s``: the gap limit of its answers, seconds. ``aliases`` is a list
+    (a string would match model names by substring: refused)."""
 
     name: str
     aliases: list[str] = field(default_factory=list)
@@ -48,6 +57,15 @@ class Route:
     queue: int = 0
     source: str = "config"
     waiting: int = 0
+    busy: int = 0
+    loading_s: float = 0.0
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.aliases, list) or \
+                not all(isinstance(a, str) for a in self.aliases):
+            raise ValueError(f"aliases of {self.name!r}: expected a list of model names, got "
+                             f"{self.aliases!r}")
 
     def serves(self, model: str) -> bool:
         return model == self.name or model in self.aliases
@@ -77,7 +95,8 @@ def address_url(addr: str | None) -> str | None:
 
 
 def lease_state(lease: dict) -> str:
-    """A lease of berthd's status -> one of :data:`STATES` (the least serving share wins)."""
+    """A lease of berthd's status -> one of :data:`STATES` (the least serving share wins; an
+    active lease whose engine has not answered yet, ``"ready": false``, is ``loading``)."""
     sts = {sh["state"] for sh in lease.get("shares", [])}
     if sts & _DRAINING:
         return "draining"
@@ -85,6 +104,8 @@ def lease_state(lease: dict) -> str:
         return "parked"
     if "waiting" in sts or not sts:
         return "waiting"
+    if not lease.get("ready", True):
+        return "loading"
     if sts & _LENT:
         return "lent"
     return "active"
@@ -92,18 +113,23 @@ def lease_state(lease: dict) -> str:
 
 class LocalTable:
     """The routes of this machine, refreshed from berthd every ``interval_s`` seconds (and at
-    once by :meth:`refresh`). ``in_flight`` counts the gateway's own requests per engine."""
+    once by :meth:`refresh`). ``in_flight`` counts the gateway's own requests per engine;
+    ``seen`` every model name and alias a lease here has had."""
 
     def __init__(self, cfg: Config, client: Client, interval_s: float = 0.5):
         self.cfg = cfg
         self.client = client
         self.interval_s = interval_s
-        self.routes: list[Route] = self._from_config()
+        self.routes: list[Route] = []
+        self._by: dict[str, Route] = {}
+        self._set(self._from_config())
         self.costs: dict[str, dict] = {}
         self.berthd_up: bool | None = None
         self.read_at = 0.0
         self.in_flight: dict[str, int] = {}
+        self.seen: set[str] = set()
         self._aliases: dict[str, list[str]] = {}     # lease id -> aliases once seen
+        self._loading_at: dict[str, float] = {}      # lease id -> when first seen loading
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
 
@@ -111,7 +137,15 @@ class LocalTable:
         # An entry with neither front nor url is listed too (issue 14: /v1/models lists every
         # engine, "not running" included); a request for it gets a 503 naming what is missing.
         return [Route(name, [], address_url(e.front) or address_url(e.url), "unknown",
-                      source="config") for name, e in self.cfg.engines.items()]
+                      source="config", read_timeout_s=e.read_timeout)
+                for name, e in self.cfg.engines.items()]
+
+    def _set(self, routes: list[Route]) -> None:
+        by: dict[str, Route] = {}
+        for r in routes:
+            for name in (r.name, *r.aliases):
+                by.setdefault(name, r)
+        self.routes, self._by = routes, by
 
     async def start(self) -> None:
         await self.refresh()
@@ -148,11 +182,11 @@ class LocalTable:
                 # stays; dropping it answered 404 "served by no engine" for a running engine.
                 routes = {r.name: r for r in self._from_config()}
                 routes.update({r.name: r for r in self.routes if r.source == "run" and r.target})
-                self.routes = list(routes.values())
+                self._set(list(routes.values()))
                 self.read_at = time.monotonic()
                 return
             self.berthd_up = True
-            self.routes = self._build(st)
+            self._set(self._build(st))
             self.costs = dict(st.get("switch_costs") or {})
             self.read_at = time.monotonic()
 
@@ -164,35 +198,58 @@ class LocalTable:
         for r in self._from_config():
             r.state = "not running"
             routes[r.name] = r
+        now = time.monotonic()
         live = set()
         for le in st.get("leases", []):
-            name = le["engine"]
             live.add(le["id"])
-            aliases = list(le.get("aliases") or self._aliases.get(le["id"], []))
-            self._aliases[le["id"]] = aliases
-            target = address_url((le.get("capabilities") or {}).get("front"))
-            state = lease_state(le)
-            r = routes.get(name)
-            if r is None or (r.source == "run" and _better(state, r.state)) or r.source == "config":
-                keep_target = r.target if r is not None else None
-                routes[name] = Route(name, aliases, target or keep_target, state, le["id"],
-                                     source="run" if target else (r.source if r else "run"))
+            self._lease_route(le, routes, now)
         self._aliases = {k: v for k, v in self._aliases.items() if k in live}
+        self._loading_at = {k: v for k, v in self._loading_at.items() if k in live}
         for r in routes.values():
             r.waiting = waiting.get(r.name, 0)
         return list(routes.values())
 
+    def _lease_route(self, le: dict, routes: dict[str, Route], now: float) -> None:
+        """Put one lease of berthd's status in ``routes`` (a run's front over an entry's)."""
+        name = le["engine"]
+        got = le.get("aliases")
+        aliases = list(got) if isinstance(got, list) else self._aliases.get(le["id"], [])
+        aliases = [a for a in aliases if isinstance(a, str)]
+        self._aliases[le["id"]] = aliases
+        self.seen.update((name, *aliases))
+        target = address_url((le.get("capabilities") or {}).get("front"))
+        state = lease_state(le)
+        if state == "loading":
+            since = self._loading_at.setdefault(le["id"], now)
+        else:
+            self._loading_at.pop(le["id"], None)
+            since = now
+        r = routes.get(name)
+        if r is None or (r.source == "run" and _better(state, r.state)) or r.source == "config":
+            e = self.cfg.engines.get(name)
+            keep_target = r.target if r is not None else None
+            routes[name] = Route(name, aliases, target or keep_target, state, le["id"],
+                                 source="run" if target else (r.source if r else "run"),
+                                 busy=int(le.get("in_flight") or 0), loading_s=now - since,
+                                 read_timeout_s=e.read_timeout if e is not None
+                                 else DEFAULT_READ_TIMEOUT_S)
+
     def find(self, model: str) -> Route | None:
-        for r in self.routes:
-            if r.serves(model):
-                return r
-        return None
+        return self._by.get(model)
+
+    def knows(self, model: str) -> bool:
+        """Whether ``model`` was ever served here (a lease's name or alias) or has an entry."""
+        return model in self.seen or model in self.cfg.engines
+
+    def queue(self, r: Route) -> int:
+        """Requests queued or in flight for ``r`` now."""
+        return r.waiting + max(self.in_flight.get(r.name, 0), r.busy)
 
     def snapshot(self) -> list[dict]:
         """The routes as dicts, queues up to date (for ``/v1/models`` and peers)."""
         out = []
         for r in self.routes:
-            r.queue = r.waiting + self.in_flight.get(r.name, 0)
+            r.queue = self.queue(r)
             out.append(r.as_dict())
         return out
 

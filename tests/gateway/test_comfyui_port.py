@@ -11,6 +11,7 @@ import aiohttp
 from aiohttp import web
 from berth.client import Client
 from berth.config import parse
+from berth.gateway.comfy import EDGES, TRANSITIONS, PortState
 from berth.gateway.server import Gateway
 
 
@@ -60,9 +61,8 @@ def _comfy_stand_in() -> web.Application:
 async def _scenario(tmp_path) -> None:
     runner = web.AppRunner(_comfy_stand_in())
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    comfy_port = site._server.sockets[0].getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    comfy_port = runner.addresses[0][1]
     cfg = parse({"engines": {"comfyui": {"url": f"http://127.0.0.1:{comfy_port}"}},
                  "network": {"name": "solo"}})
     # berthd is not running: the gateway fails open and routes by berth.toml.
@@ -97,6 +97,7 @@ async def _scenario(tmp_path) -> None:
             # A park's drain with only an idle websocket open: done at once.
             t0 = time.monotonic()
             assert await port.close_and_drain(2.0) is True
+            assert port.state is PortState.CLOSING and port.counters()["state"] == "closing"
             assert time.monotonic() - t0 < 0.5
             assert port.websockets == 1
             # While closing: reads pass, writes are held until the port opens again.
@@ -137,3 +138,11 @@ async def _until(pred, timeout_s: float = 5.0) -> None:
 def test_comfyui_port_passes_websocket_and_prompt_and_an_idle_websocket_never_blocks_a_park(
         tmp_path):
     asyncio.run(_scenario(tmp_path))
+
+
+def test_the_ports_states_are_an_enum_with_a_transition_table():
+    """Issue 23: the port kept its state in bare strings with no table."""
+    assert set(EDGES) == {(PortState.OPEN, PortState.CLOSING), (PortState.CLOSING, PortState.OPEN)}
+    assert all(isinstance(why, str) and why for why in EDGES.values())
+    assert TRANSITIONS[PortState.OPEN] == {PortState.CLOSING}
+    assert TRANSITIONS[PortState.CLOSING] == {PortState.OPEN}

@@ -10,7 +10,8 @@ import aiohttp
 from aiohttp import web
 from berth.client import Client
 from berth.config import parse
-from berth.gateway.server import MAX_BODY_BYTES, Gateway
+from berth.gateway.body import MAX_BODY_BYTES
+from berth.gateway.server import Gateway
 
 from tests.gateway.world import serve as _serve
 
@@ -147,3 +148,32 @@ async def _scenario(tmp_path) -> None:
 
 def test_malformed_requests_get_openai_shaped_4xx_and_comfyui_ws_skips_the_front(tmp_path):
     asyncio.run(_scenario(tmp_path))
+
+
+def test_a_client_that_expects_100_continue_gets_it_at_once(tmp_path):
+    """curl sends ``Expect: 100-continue`` with a body over 1 KiB and waits a second for it."""
+    async def scenario():
+        async def chat(request):
+            return web.json_response({"got": len(await request.read())})
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        engine, port = await _serve(app)
+        gw = Gateway(parse({"engines": {"m": {"url": f"http://127.0.0.1:{port}"}},
+                            "network": {"name": "solo"}}), "127.0.0.1:0",
+                     client=Client(socket=tmp_path / "no-berthd.sock"))
+        await gw.start()
+        try:
+            body = b'{"model": "m", "pad": "' + b"x" * 4000 + b'"}'
+            r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+            w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+                    b"Expect: 100-continue\r\n\r\n" % len(body))
+            async with asyncio.timeout(0.8):       # before curl would send the body anyway
+                assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100")
+            w.write(body)
+            head = await r.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head
+            w.close()
+        finally:
+            await gw.stop()
+            await engine.cleanup()
+    asyncio.run(scenario())

@@ -19,7 +19,7 @@ from tests.gateway.world import serve as _serve
 
 def _gateway(tmp_path, name: str, port: int, engines: dict, peers: list[int] = (),
              retry: str = "5s") -> Gateway:
-    doc = {"engines": engines, "network": {"name": name}}
+    doc = {"engines": engines, "network": {"name": name}, "state_dir": str(tmp_path)}
     if peers:
         doc["network"].update(key=KEY, peers=[f"127.0.0.1:{p}" for p in peers],
                               peer_timeout="0.5s", peer_poll="0.2s", peer_retry=retry)
@@ -105,8 +105,14 @@ async def _hung_peer(tmp_path) -> None:
                               json={"model": "h-model"}) as r:
                 doc = await r.json()
             took = time.monotonic() - t0
-            assert r.status == 503 and doc["src"] == "peer" and doc["reason"] == "peer_down", doc
+            # the peer took the request and never answered: a 504 (issue 27; it was a 503)
+            assert r.status == 504 and doc["src"] == "peer" and doc["reason"] == "peer_timeout", \
+                doc
             assert took < 0.5 + 0.2 + 0.5, took        # timeout + poll interval + slack
+            async with s.post(f"http://127.0.0.1:{pa}/v1/chat/completions",
+                              json={"model": "h-model"}) as r:     # known down now: skipped
+                doc = await r.json()
+                assert r.status == 503 and doc["reason"] == "peer_down", doc
             async with s.post(f"http://127.0.0.1:{pa}/v1/chat/completions",
                               json={"model": "mine"}) as r:
                 assert r.status == 200

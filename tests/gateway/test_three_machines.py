@@ -69,13 +69,16 @@ def test_three_gateways(machine):
     body = json.dumps({"model": "c-only", "max_tokens": 2,
                        "messages": [{"role": "user", "content": "hi"}]}).encode()
     for headers, reason in (
-            (sign("w" * 32, "A", "POST", path, body), "bad_signature"),
-            (sign(KEY, "A", "POST", path, body, now=time.time() - 120), "stale"),
-            (sign(KEY, "A", "POST", path, b"{}"), "bad_signature"),      # body changed
+            (sign("w" * 32, "A", "POST", path, body, to="C"), "bad_signature"),
+            (sign(KEY, "A", "POST", path, body, to="C", now=time.time() - 120), "stale"),
+            (sign(KEY, "A", "POST", path, b"{}", to="C"), "bad_signature"),      # body changed
+            # signed for B, sent to C (issue 26: a call could be sent to another peer)
+            (sign(KEY, "A", "POST", path, body, to="B"), "wrong_peer"),
+            (sign(KEY, "A", "POST", path, body), "wrong_peer"),       # for no machine
             ({"X-Berth-Peer": "A"}, "unsigned")):
         code, doc, _ = http(c.port, "POST", path, raw=body, headers=headers)
         assert code == 401 and doc["reason"] == reason and doc["src"] == "berth", doc
-    good = sign(KEY, "A", "POST", path, body)
+    good = sign(KEY, "A", "POST", path, body, to="C")
     assert http(c.port, "POST", path, raw=body, headers=good)[0] == 200
     code, doc, _ = http(c.port, "POST", path, raw=body, headers=good)     # the same call again
     assert code == 401 and doc["reason"] == "replayed", doc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from berth.daemon.costs import SwitchCosts
 from berth.gateway.choose import Candidate, rank
@@ -43,31 +45,64 @@ def test_ranking_awake_then_parked_then_not_running_then_cost_queue_and_local():
     assert [x.machine for x in rank([c("b", "draining"), c("c", "not running")])] == ["c", "b"]
 
 
+def _d(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
 def test_signatures_refuse_a_wrong_key_a_changed_call_a_stale_one_and_a_replay():
     now = [1000.0]
-    v = Verifier("s" * 32, window_s=30.0, clock=lambda: now[0])
-    h = sign("s" * 32, "A", "POST", "/v1/chat/completions", b"{}", now=1000.0)
-    assert v.verify("POST", "/v1/chat/completions", b"{}", h) == "A"
+    v = Verifier("s" * 32, window_s=30.0, me="B", clock=lambda: now[0])
+    h = sign("s" * 32, "A", "POST", "/v1/chat/completions", b"{}", to="B", now=1000.0)
+    assert v.verify("POST", "/v1/chat/completions", _d(b"{}"), h) == "A"
     with pytest.raises(Refused) as e:
-        v.verify("POST", "/v1/chat/completions", b"{}", h)
+        v.verify("POST", "/v1/chat/completions", _d(b"{}"), h)
     assert e.value.reason == "replayed"
     for args, reason in (((b"{}", "x" * 32), "bad_signature"), ((b"[]", "s" * 32), "bad_signature")):
         body, key = args
-        h = sign(key, "A", "POST", "/v1/chat/completions", b"{}", now=1000.0)
+        h = sign(key, "A", "POST", "/v1/chat/completions", b"{}", to="B", now=1000.0)
         with pytest.raises(Refused) as e:
-            v.verify("POST", "/v1/chat/completions", body, h)
+            v.verify("POST", "/v1/chat/completions", _d(body), h)
         assert e.value.reason == reason
-    h = sign("s" * 32, "A", "GET", "/x", now=960.0)
+    h = sign("s" * 32, "A", "GET", "/x", to="B", now=960.0)
     with pytest.raises(Refused) as e:
-        v.verify("GET", "/x", b"", h)
+        v.verify("GET", "/x", _d(b""), h)
     assert e.value.reason == "stale"
-    h = sign("s" * 32, "A", "GET", "/x", now=1000.0)
+    h = sign("s" * 32, "A", "GET", "/x", to="B", now=1000.0)
     with pytest.raises(Refused) as e:
-        v.verify("GET", "/y", b"", h)            # another path
+        v.verify("GET", "/y", _d(b""), h)            # another path
     assert e.value.reason == "bad_signature"
     with pytest.raises(Refused) as e:
-        v.verify("GET", "/x", b"", {})
+        v.verify("GET", "/x", _d(b""), {})
     assert e.value.reason == "unsigned"
+
+
+def test_a_signature_names_its_destination_and_a_replay_is_refused_after_a_restart(tmp_path):
+    """Issue 26: a signed call could be sent to another peer with the same key, and replayed
+    after the receiver restarted (its memory of nonces was gone)."""
+    now = [1000.0]
+    log = tmp_path / "nonces"
+    b = Verifier("s" * 32, window_s=30.0, me="B", log_path=log, clock=lambda: now[0])
+    call = sign("s" * 32, "A", "POST", "/v1/completions", b"{}", to="B", now=1000.0)
+    assert b.verify("POST", "/v1/completions", _d(b"{}"), call) == "A"
+    c = Verifier("s" * 32, window_s=30.0, me="C", clock=lambda: now[0])
+    fresh = sign("s" * 32, "A", "POST", "/v1/completions", b"{}", to="B", now=1000.0)
+    with pytest.raises(Refused) as e:
+        c.verify("POST", "/v1/completions", _d(b"{}"), fresh)     # B's call, sent to C
+    assert e.value.reason == "wrong_peer"
+    # Only the engines list may be asked before the sender knows the name.
+    first = sign("s" * 32, "A", "GET", "/berth/v1/peer/engines", now=1000.0)
+    assert c.verify("GET", "/berth/v1/peer/engines", _d(b""), first) == "A"
+    with pytest.raises(Refused) as e:
+        c.verify("POST", "/v1/completions", _d(b"{}"),
+                 sign("s" * 32, "A", "POST", "/v1/completions", b"{}", now=1000.0))
+    assert e.value.reason == "wrong_peer"
+    b.close()
+    now[0] = 1005.0             # B restarts within the window: the call is still refused
+    b2 = Verifier("s" * 32, window_s=30.0, me="B", log_path=log, clock=lambda: now[0])
+    with pytest.raises(Refused) as e:
+        b2.verify("POST", "/v1/completions", _d(b"{}"), call)
+    assert e.value.reason == "replayed"
+    b2.close()
 
 
 def test_states_and_addresses():
@@ -140,3 +175,28 @@ def test_runs_keep_their_routes_while_berthd_is_down(tmp_path):
     assert t.berthd_up is False
     assert t.find("llama") is not None and t.find("llama").target == "http://127.0.0.1:17102"
     assert t.find("cfg").target == "http://127.0.0.1:9"
+
+
+def test_ranking_by_expected_time_to_first_byte():
+    """Issue 27: ready idle < ready busy (by queue) < parked (restore) < loading (remaining
+    load) < cold (cold start), the peer's round trip added; loading was ranked as ready."""
+    def c(m, state, local=False, queue=0, rtt=0.0, loading=0.0, **costs):
+        return Candidate(m, local, state, queue, costs, rtt_s=rtt, loading_s=loading)
+    order = rank([c("cold", "not running", cold_start_s=5.0),
+                  c("loading", "loading", cold_start_s=20.0, loading=16.0),
+                  c("parked", "parked", restore_s=2.0),
+                  c("busy", "active", queue=3, rtt=0.001),
+                  c("busier", "active", queue=5, local=True),
+                  c("idle", "active", rtt=0.05)])
+    assert [x.machine for x in order] == ["idle", "busy", "busier", "parked", "loading", "cold"]
+    assert [x.category for x in order] == ["ready_idle", "ready_busy", "ready_busy", "parked",
+                                           "loading", "cold"]
+    assert order[4].expected_s == 4.0 and order[0].expected_s == 0.05
+    # Within a category, the round trip counts: a near parked machine before a far one.
+    near, far = c("near", "parked", rtt=0.01, restore_s=1.0), c("far", "parked", rtt=0.5,
+                                                                restore_s=1.0)
+    assert [x.machine for x in rank([far, near])] == ["near", "far"]
+    # Loading here, ready on a peer: the peer.
+    here = c("here", "loading", local=True, loading=1.0)
+    assert rank([here, c("peer", "active", rtt=0.2)])[0].machine == "peer"
+    assert set(here.as_dict()) == {"category", "expected_s", "queue", "rtt_s", "loading_s"}

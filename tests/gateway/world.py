@@ -20,9 +20,8 @@ async def serve(app) -> tuple:
     from aiohttp import web
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, site._server.sockets[0].getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, runner.addresses[0][1]
 
 
 def free_port() -> int:
@@ -82,13 +81,14 @@ class Machine:
         self.gw: subprocess.Popen | None = None
 
     def run(self, engine: str, *args: str, weights: str = "1GiB", park: bool = False,
-            aliases: tuple[str, ...] = ()) -> int:
-        front = free_port()
+            aliases: tuple[str, ...] = (), load_s: float = 0.1, front: int | None = None) -> int:
+        front = front or free_port()
         extra = ["--park", "hook", "--adapter", "protocol"] if park else []
         for a in aliases:
             extra += ["--alias", a]
         self.runs[engine] = berth_run(self.d, engine, "--front", f"127.0.0.1:{front}",
                                       "--size", "4GiB", *extra, *args, weights=weights,
+                                      load_s=load_s,
                                       extra_engine=("--model", engine,
                                                     *(("--protocol",) if park else ())))
         self.fronts[engine] = front
@@ -104,7 +104,8 @@ class Machine:
         log = open(self.tmp / "gateway.log", "ab")
         self.gw = subprocess.Popen([BERTH, "gateway", "--listen", f"127.0.0.1:{self.port}",
                                     "--config", str(self.config), *args],
-                                   env=self.d.env, stdout=log, stderr=subprocess.STDOUT)
+                                   env={**self.d.env, "PYTHONUNBUFFERED": "1"}, stdout=log,
+                                   stderr=subprocess.STDOUT)
         wait_for(self._gw_up, 20, f"gateway {self.name} to answer")
         return self
 
