@@ -44,6 +44,7 @@ class RunOptions:
     lend_max: str | None = None
     bound: str | None = None
     health: str = "/health"
+    front_health: bool = False
     checkpoint_path: str | None = None
     stop_grace_s: float = 1.0
     term_grace_s: float = 4.0
@@ -163,7 +164,8 @@ def _cmd_run(args) -> int:
             cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
             front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
             adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
-            health=args.health, checkpoint_path=args.checkpoint_path,
+            health=args.health, front_health=args.front_health,
+            checkpoint_path=args.checkpoint_path,
             wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
             max_in_flight=args.max_in_flight,
             stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
@@ -209,6 +211,11 @@ def register(sub) -> None:
                         "use, which is about nothing for an engine that preallocates its KV cache)")
     p.add_argument("--bound", choices=[b.value for b in Bound])
     p.add_argument("--health", default="/health", help="the engine's health path, or 'none'")
+    p.add_argument("--front-health", action="store_true",
+                   help="the front answers the --health path 200 itself while it holds requests "
+                        "(lease wait, engine start, park): llama-swap's health check then passes "
+                        "at its first poll and requests wait in the front (berth llama-swap wrap "
+                        "writes it)")
     p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: on PATH, or "
                                              "$BERTH_CUDA_CHECKPOINT)")
     p.add_argument("--wait-limit", help="longest a request is held (default: berthd's "

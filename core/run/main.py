@@ -92,6 +92,8 @@ class EngineRun:
                                is_write=lambda m, p: is_write(pm, self.o.engine, m, p),
                                max_in_flight=self.o.max_in_flight,
                                on_unwanted=self.lease.on_unwanted)
+            if self.o.front_health and self.o.health != "none":
+                self.front.ready_path = self.o.health
             try:
                 await self.front.start()
             except OSError as e:
