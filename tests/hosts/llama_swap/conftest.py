@@ -12,6 +12,8 @@ import berth_hosts.llama_swap
 import pytest
 import yaml
 
+from tests.real.fixtures import real_swap, real_tools  # noqa: F401  (the real-program fixtures)
+
 EXAMPLES = sorted((Path(berth_hosts.llama_swap.__file__).parent / "examples").glob("*.yaml"))
 
 
