@@ -125,6 +125,7 @@ class Answer:
     comments: list[tuple[float, str]] = field(default_factory=list)
     first_s: float = 0.0
     total_s: float = 0.0
+    sent_at: float = 0.0        # time.monotonic() when it was sent
 
     def json(self):
         return json.loads(self.body)
@@ -354,12 +355,13 @@ class Swap:
 
     def chat(self, model: str, *, stream: bool = False, max_tokens: int = 8,
              headers: dict | None = None, timeout: float = 120.0, extra: dict | None = None,
-             on_comment=None) -> Answer:
+             on_comment=None, on_event=None) -> Answer:
         """A chat completion through llama-swap. A stream is read event by event;
-        ``on_comment(answer)`` is called after each comment line (``: keep-alive``)."""
+        ``on_comment(answer)`` is called after each comment line (``: keep-alive``),
+        ``on_event(answer)`` after each ``data:`` event."""
         body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": max_tokens, "stream": stream, **(extra or {})}
-        return post_chat(self.port, body, headers, timeout, on_comment)
+        return post_chat(self.port, body, headers, timeout, on_comment, on_event)
 
     def running(self) -> dict[str, str]:
         """llama-swap's ``/running``: model -> state."""
@@ -392,7 +394,7 @@ class Swap:
 
 
 def post_chat(port: int, body: dict, headers: dict | None, timeout: float,
-              on_comment=None) -> Answer:
+              on_comment=None, on_event=None) -> Answer:
     """POST ``body`` to ``/v1/chat/completions`` on ``port``; see :meth:`Swap.chat`."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     t0 = time.monotonic()
@@ -400,7 +402,7 @@ def post_chat(port: int, body: dict, headers: dict | None, timeout: float,
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
                      headers={"Content-Type": "application/json", **(headers or {})})
         r = conn.getresponse()
-        ans = Answer(r.status, first_s=time.monotonic() - t0)
+        ans = Answer(r.status, first_s=time.monotonic() - t0, sent_at=t0)
         if "text/event-stream" not in (r.getheader("Content-Type") or ""):
             ans.body = r.read()
         else:
@@ -415,6 +417,8 @@ def post_chat(port: int, body: dict, headers: dict | None, timeout: float,
                         on_comment(ans)
                 elif text.startswith("data:"):
                     ans.events.append((at, text[5:].strip()))
+                    if on_event is not None:
+                        on_event(ans)
         ans.total_s = time.monotonic() - t0
         return ans
     finally:

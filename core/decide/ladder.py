@@ -289,8 +289,9 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
                                     quiet_s=quiet(lender), jobs=lender.in_flight)
             rung = max(rung, Rung.LEND, key=RUNGS.index)
             continue
-        # (4) park, then (5) drain: greedily, in victim order.
-        for allow_drain in (False, True):
+        # (4) park, then (5) drain: greedily, in victim order; last, drain every victim, for
+        # a card where the parks would leave residuals the waiter needs too.
+        for allow_drain, park_ok in ((False, True), (True, True), (True, False)):
             trial: dict[str, Step] = {}
             # Victims already chosen for an earlier card may span this one too.
             got = sum(st.frees_bytes.get(p, 0) for st in steps.values())
@@ -303,12 +304,16 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
                 action = None
                 whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
                 why = ""
-                if le.caps.can_park() and whole and not preempts(le) and (
+                if park_ok and le.caps.can_park() and whole and not preempts(le) and (
                         ram is None or _ram_cost(le, policy) <= ram):
                     action = Action.PARK
                 elif allow_drain:
                     action = Action.DRAIN
-                    if le.caps.can_park() and whole:
+                    if le.caps.can_park() and whole and not park_ok:
+                        why = (f"no park: it would leave "
+                               f"{format_size(expected_residual(le, p, policy))} on the card, "
+                               f"and the waiter needs that room too")
+                    elif le.caps.can_park() and whole:
                         why = (f"no park: it would put {format_size(_ram_cost(le, policy))} in "
                                f"host RAM and the RAM budget has {format_size(max(0, ram or 0))} "
                                f"left")
