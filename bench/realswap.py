@@ -220,7 +220,8 @@ class Swap:
         words = self._server(m)
         if m.run:
             words = [str(BIN / "berth"), "run", "--engine", m.id, "--front",
-                     "127.0.0.1:${PORT}", "--front-health", *m.run, "--", *words]
+                     "127.0.0.1:${PORT}", "--front-health", "--keep-front", *m.run, "--",
+                     *words]
         return " ".join(words)
 
     def write(self) -> None:

@@ -45,6 +45,7 @@ class RunOptions:
     bound: str | None = None
     health: str = "/health"
     front_health: bool = False
+    keep_front: bool = False
     checkpoint_path: str | None = None
     stop_grace_s: float = 1.0
     term_grace_s: float = 4.0
@@ -164,7 +165,7 @@ def _cmd_run(args) -> int:
             cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
             front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
             adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
-            health=args.health, front_health=args.front_health,
+            health=args.health, front_health=args.front_health, keep_front=args.keep_front,
             checkpoint_path=args.checkpoint_path,
             wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
             max_in_flight=args.max_in_flight,
@@ -216,6 +217,11 @@ def register(sub) -> None:
                         "(lease wait, engine start, park): llama-swap's health check then passes "
                         "at its first poll and requests wait in the front (berth llama-swap wrap "
                         "writes it)")
+    p.add_argument("--keep-front", action="store_true",
+                   help="after berthd drains the engine, the run and its front stay: writes are "
+                        "held and the next one starts the engine again under a new lease "
+                        "(llama-swap keeps the model ready, so no request reaches a run that is "
+                        "exiting; berth llama-swap wrap writes it)")
     p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: on PATH, or "
                                              "$BERTH_CUDA_CHECKPOINT)")
     p.add_argument("--wait-limit", help="longest a request is held (default: berthd's "

@@ -22,6 +22,13 @@ stage A1; reference/llama-swap.md ("Consequences for a cmd wrapper").
    grace, SIGTERM the engine's group, then SIGKILL, wait for the driver to confirm the memory
    free, release the lease, exit with the engine's code. The defaults fit llama-swap's
    ``unloadTimeout`` of 10 s (1 s + 4 s + 3 s + a little).
+6. A drain runs the same stop sequence and exits, unless ``--keep-front``: then the run and its
+   front stay, the front asleep (writes held, reads answered by it), and the next write starts
+   again from step 1 under a new lease. llama-swap sees a model whose process exits as stopped
+   only some time after the exit, and routes requests to it meanwhile (a 502 from a closed
+   front); a run that stays leaves it nothing to notice (issue 30). With ``--front-health`` the
+   front answers llama-swap's health check itself while it holds writes, so llama-swap hands a
+   request over at its first poll and the front holds it (keep-alive bytes for a stream).
 
 The engine never outlives the run: the child gets a parent-death SIGKILL, and a watchdog in its
 own session kills the engine's whole group when the run dies by any path, SIGKILL included.
@@ -41,7 +48,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 from berth.decide.model import Op
-from berth.front import Front
+from berth.front import Front, FrontState
 from berth.run.actions import Actions
 from berth.run.engine import EngineProcess, NoEngine
 from berth.run.lease import LeaseClient
@@ -68,11 +75,13 @@ class EngineRun:
         self.engine = EngineProcess(opts)
         self.front: Front | None = None
         self.actions: Actions | None = None
+        self.signalled = False                      # a stop signal came (not a drain)
+        self._again: asyncio.Event | None = None    # set: a write came for a drained engine
 
     async def main(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop_event.set)
+            loop.add_signal_handler(sig, self._signalled)
         self.engine.http = aiohttp.ClientSession()
         try:
             return await self._main()
@@ -82,16 +91,21 @@ class EngineRun:
             if self.front is not None:
                 await self.front.stop()
 
+    def _signalled(self) -> None:
+        self.signalled = True
+        self.stop_event.set()
+
     async def _main(self) -> int:
         pm = make_plugin_manager()
         if self.o.front:
             host, _, port = self.o.front.rpartition(":")
+            # through self.lease, which --keep-front replaces after each drain
             self.front = Front(host or "127.0.0.1", int(port), name=self.o.engine,
                                wait_limit_s=self.lease.limit("wait_limit_s"),
-                               on_wake=self.lease.on_wake, on_activity=self.lease.on_activity,
+                               on_wake=self._on_wake, on_activity=lambda: self.lease.on_activity(),
                                is_write=lambda m, p: is_write(pm, self.o.engine, m, p),
                                max_in_flight=self.o.max_in_flight,
-                               on_unwanted=self.lease.on_unwanted)
+                               on_unwanted=lambda: self.lease.on_unwanted())
             if self.o.front_health and self.o.health != "none":
                 self.front.ready_path = self.o.health
             try:
@@ -100,9 +114,58 @@ class EngineRun:
                 log.error("cannot listen on the front %s: %s", self.o.front, e.strerror or e)
                 self.front = None
                 return 2
-        self.lease.front = self.front
-        self.lease.waits.front = self.front
-        self.actions = Actions(self.o, pm, self.lease, self.engine, self.front, self.stop_event)
+        while True:
+            self.lease.front = self.front
+            self.lease.waits.front = self.front
+            self.actions = Actions(self.o, pm, self.lease, self.engine, self.front,
+                                   self.stop_event)
+            code = await self._round()
+            if not self._keeps():
+                return code
+            if not await self._drained():
+                return 0
+            await self.lease.close()
+            self.lease = LeaseClient(self.o, self.stop_event)
+
+    def _keeps(self) -> bool:
+        """``--keep-front`` and berthd drained the engine (no stop signal): the run and its
+        front stay. Only a front that served is kept (it closed for the drain; one drained
+        while its engine was still starting stops as before)."""
+        return bool(self.o.keep_front and self.front is not None and self.actions is not None
+                    and self.actions.drained and not self.signalled
+                    and self.front.state in (FrontState.CLOSING, FrontState.ASLEEP,
+                                             FrontState.WAKING))
+
+    async def _on_wake(self) -> None:
+        """The front holds a write while asleep: after a drain (``--keep-front``) the run starts
+        the engine again; otherwise berthd is asked to wake the parked lease."""
+        if self._again is not None:
+            self._again.set()
+            return
+        await self.lease.on_wake()
+
+    async def _drained(self) -> bool:
+        """``--keep-front`` after a drain: the front sleeps, holding writes; True when one
+        arrives (the run starts the engine again), False on a stop signal."""
+        self._again = again = asyncio.Event()
+        self.stop_event.clear()
+        if self.signalled:
+            return False
+        if self.front.state is FrontState.ASLEEP and self.front.holding:
+            again.set()                 # parked, then drained, with writes held: go on
+        self.front.sleep()
+        log.info("%s drained; its front stays and holds writes (--keep-front)", self.o.engine)
+        stop = asyncio.create_task(self.stop_event.wait())
+        wanted = asyncio.create_task(again.wait())
+        await asyncio.wait({stop, wanted}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        wanted.cancel()
+        self._again = None
+        return again.is_set() and not self.signalled
+
+    async def _round(self) -> int:
+        """One lease: ask, start the engine, serve, and end by the engine's exit or a stop
+        (signal or drain). Returns the exit code."""
         granted = await self.lease.acquire()
         if granted is None:
             return 143 if self.stop_event.is_set() else 1
@@ -165,7 +228,8 @@ class EngineRun:
             grace = max(self.o.stop_grace_s, self.actions.drain_quiet_s or 0.0)
             with contextlib.suppress(Exception):
                 await self.front.close_and_drain(grace, why=f"the engine stops ({why})")
-            self.front.stopped(f"engine stopped: {why}")
+            if not self._keeps():
+                self.front.stopped(f"engine stopped: {why}")
         code = await self.engine.kill()
         await self.lease.report(Op.DRAIN, True, why, warn=False)
         await self.lease.release(why)

@@ -21,7 +21,7 @@ For every model, in order:
    expanded as llama-swap does), which would now give the engine the front's port:
    ``{port}`` is put in place only in the command line.
 4. The ``cmd`` becomes ``<berth> run --engine <engine> --front 127.0.0.1:${PORT} --front-health
-   [--upstream URL] [--health PATH] [--park checkpoint --checkpoint-path PATH]
+   --keep-front [--upstream URL] [--health PATH] [--park checkpoint --checkpoint-path PATH]
    [--size SIZE[@CARD]]… -- <the engine's command>``, ``<berth>`` the absolute path of the
    running ``berth`` and ``--park checkpoint`` there when cuda-checkpoint is found
    (:mod:`.defaults`);
@@ -85,9 +85,9 @@ class WrapOptions:
     ``checkpoint`` or ``none``. ``sizes``: model ID -> ``--size`` values (from
     :func:`sizes_from`), or ``None`` to leave sizes to berth.toml. ``berth``: the ``berth``
     executable llama-swap runs (it runs no shell, so this must be on its PATH or absolute;
-    ``None``: the absolute path of the running one). ``front_health``: ``--front-health`` on
-    every run line; ``ignore_reads``: the read paths in ``upstream.ignorePaths``
-    (:mod:`.defaults`)."""
+    ``None``: the absolute path of the running one). ``front_health``: ``--front-health`` and
+    ``--keep-front`` on every run line; ``ignore_reads``: the read paths in
+    ``upstream.ignorePaths`` (:mod:`.defaults`)."""
 
     park: str = "auto"
     sizes: dict[str, list[str]] | None = None
@@ -369,7 +369,7 @@ def _wrap_model(m: _Model, inline: set[str], opts: WrapOptions, report: Report) 
     container = _container(engine_argv)
     words = [opts.berth, "run", "--engine", m.engine, "--front", f"{FRONT_HOST}:{PORT}"]
     if opts.front_health:
-        words.append("--front-health")
+        words += ["--front-health", "--keep-front"]
     if upstream:
         words += ["--upstream", upstream]
     # berth run polls the engine itself, at the path llama-swap's check reaches it by.

@@ -49,7 +49,7 @@ def llama_swap_argv(doc: dict, model_id: str) -> list[str]:
 
 
 #: ``berth run`` flags that take no value.
-RUN_SWITCHES = ("--front-health",)
+RUN_SWITCHES = ("--front-health", "--keep-front")
 
 
 def split_run(argv: list[str]) -> tuple[list[str], dict[str, list[str]], list[str]]:

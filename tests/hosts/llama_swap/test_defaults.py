@@ -89,11 +89,11 @@ def test_park_checkpoint_asked_for_but_not_found_is_warned_about(no_tools):
     assert any("was not found" in w and "refuses to start" in w for w in report.warnings)
 
 
-def test_every_run_line_has_front_health():
+def test_every_run_line_has_front_health_and_keep_front():
     out, _ = wrap_text(CONFIG, "c.yaml", WrapOptions())
     for mid in ("a", "b"):
         _, opts, _ = split_run(llama_swap_argv(load_yaml(out), mid))
-        assert "--front-health" in opts
+        assert "--front-health" in opts and "--keep-front" in opts
 
 
 def test_read_paths_are_ignored_and_llama_swaps_default_pattern_is_kept():

@@ -120,28 +120,49 @@ def test_a_long_stream_is_protected_and_the_next_model_waits_for_it(real_swap):
     assert swap.sim_card()["oom_events"] == 0
 
 
+READS = ("/health", "/v1/models", "/props", "/metrics", "/slots", "/v1/health")
+
+
 def test_reads_never_start_or_wake_anything(real_swap):
     swap = real_swap([Model("tiny-a", None, size="2GiB", child_size="1536MiB", run=ROUTER),
-                      Model("tiny-b", "tiny-b.gguf", size="2GiB")]).start()
-    assert swap.chat("tiny-b").status == 200
-    assert swap.chat("tiny-a").status == 200        # tiny-b drained: its process is gone
-    wait_until(lambda: "tiny-b" not in swap.running(), 30, "llama-swap to see tiny-b stopped")
-    before = sorted(p.pid for p in swap.processes())
-    for path in ("/health", "/v1/models", "/props", "/metrics", "/slots", "/v1/health"):
-        status, body = swap.request("GET", f"/upstream/tiny-b{path}")
-        assert status == 409, (path, status, body)  # upstream.ignorePaths: nothing starts
+                      Model("tiny-b", "tiny-b.gguf", size="2GiB"),
+                      Model("tiny-c", "tiny-a.gguf", size="512MiB")]).start()
+    # a model llama-swap has not started: upstream.ignorePaths answers 409, nothing starts
+    for path in READS:
+        status, body = swap.request("GET", f"/upstream/tiny-c{path}")
+        assert status == 409, (path, status, body)
     assert swap.request("GET", "/v1/models")[0] == 200
-    assert "tiny-b" not in swap.running()
+    assert "tiny-c" not in swap.running() and swap.leases() == {}
+    # a drained model (its run and front stay): the front answers, nothing starts
+    assert swap.chat("tiny-b").status == 200
+    assert swap.chat("tiny-a").status == 200        # tiny-b drained for it
+    wait_until(lambda: swap.leases() == {"tiny-a": "active"}, 30, "tiny-b drained")
+    servers_then = sorted(p.pid for p in swap.processes("llama-server"))
+    for path in READS:
+        status, _ = swap.request("GET", f"/upstream/tiny-b{path}")
+        assert status == (200 if path == "/health" else 503), (path, status)
     assert swap.leases() == {"tiny-a": "active"}
-    # a parked model: its front answers the read itself and it stays parked
+    assert sorted(p.pid for p in swap.processes("llama-server")) == servers_then
+    # a parked model: its front answers, it stays parked
     assert swap.chat("tiny-b").status == 200
     assert swap.leases() == {"tiny-a": "parked", "tiny-b": "active"}
-    for path in ("/health", "/v1/models", "/props"):
+    for path in READS:
         status, _ = swap.request("GET", f"/upstream/tiny-a{path}")
-        assert status in (200, 503), (path, status)
+        assert status == (200 if path == "/health" else 503), (path, status)
     assert swap.leases() == {"tiny-a": "parked", "tiny-b": "active"}
     assert swap.berth_status()["counters"]["wakes"] == 0
-    assert sorted(p.pid for p in swap.processes()) != before    # (tiny-b started by its chat)
+    assert "tiny-c" not in swap.running()
+
+
+def test_a_drained_model_stays_ready_in_llama_swap_and_a_write_starts_it_again(real_swap):
+    swap = real_swap(two()).start()
+    for i in range(6):                              # back to back: no 502 while one exits
+        ans = swap.chat("tiny-a" if i % 2 == 0 else "tiny-b")
+        assert ans.status == 200, (i, ans.body)
+    assert swap.running() == {"tiny-a": "ready", "tiny-b": "ready"}
+    assert swap.leases() == {"tiny-b": "active"}
+    assert len(servers(swap)) == 1 and swap.berth_status()["counters"]["drains"] >= 5
+    assert swap.sim_card()["oom_events"] == 0
 
 
 def test_ttl_unload_api_and_sigterm_leave_no_process_and_no_lease(real_swap):
