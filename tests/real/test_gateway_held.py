@@ -62,7 +62,7 @@ def test_keep_alive_bytes_reach_a_client_of_the_gateway(real_tools, tmp_path):
         wait_until(lambda: _gateway_knows(gw_port), 30, "the gateway to list tiny-b")
         body = {"model": "tiny-b", "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": 8, "stream": True}
-        ans = post_chat(gw_port, body, {"X-Berth-Deadline": "120"}, 120, on_comment)
+        ans = post_chat(gw_port, body, {"X-Berth-Deadline": "120"}, 30, on_comment)
         assert ans.status == 200 and released.is_set(), ans
         ticks = [t for t, _ in ans.comments]
         gaps = [y - x for x, y in zip([0.0, *ticks], ticks, strict=False)]

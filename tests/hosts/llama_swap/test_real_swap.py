@@ -25,6 +25,12 @@ def two(**kw) -> list[Model]:
     return [Model("tiny-a", "tiny-a.gguf", **kw), Model("tiny-b", "tiny-b.gguf", **kw)]
 
 
+def ok(ans):
+    """The answer, asserted 200 (its body in the message otherwise)."""
+    assert ans.status == 200, (ans.status, ans.body[:500])
+    return ans
+
+
 def servers(swap) -> list:
     return swap.processes("llama-server")
 
@@ -67,7 +73,7 @@ def test_router_mode_parks_by_unload_and_wakes_by_load_through_llama_swap(real_s
     # 2 GiB each: the router's own 512 MiB stays as the residual, and B fits beside it
     swap = real_swap([Model("tiny-a", None, size="2GiB", child_size="1536MiB", run=ROUTER),
                       Model("tiny-b", "tiny-b.gguf", size="2GiB")]).start()
-    assert swap.chat("tiny-a").status == 200
+    ok(swap.chat("tiny-a"))
     router = swap.processes("llama-server")
     assert len(router) == 2                         # the router and tiny-a's child
     b = swap.chat("tiny-b")
@@ -86,7 +92,7 @@ def test_a_single_model_server_asked_to_park_by_hook_is_drained_instead(real_swa
     # 2 GiB each: the ladder expects the park to make room, tries it, and falls back
     swap = real_swap([Model("tiny-a", "tiny-a.gguf", size="2GiB", run=ROUTER),
                       Model("tiny-b", "tiny-b.gguf", size="2GiB")]).start()
-    assert swap.chat("tiny-a").status == 200
+    ok(swap.chat("tiny-a"))
     b = swap.chat("tiny-b")
     assert b.status == 200, b.body                  # no error reaches the client
     wait_until(lambda: swap.leases() == {"tiny-b": "active"}, 30, "tiny-a drained")
@@ -134,8 +140,8 @@ def test_reads_never_start_or_wake_anything(real_swap):
     assert swap.request("GET", "/v1/models")[0] == 200
     assert "tiny-c" not in swap.running() and swap.leases() == {}
     # a drained model (its run and front stay): the front answers, nothing starts
-    assert swap.chat("tiny-b").status == 200
-    assert swap.chat("tiny-a").status == 200        # tiny-b drained for it
+    ok(swap.chat("tiny-b"))
+    ok(swap.chat("tiny-a"))        # tiny-b drained for it
     wait_until(lambda: swap.leases() == {"tiny-a": "active"}, 30, "tiny-b drained")
     servers_then = sorted(p.pid for p in swap.processes("llama-server"))
     for path in READS:
@@ -144,7 +150,7 @@ def test_reads_never_start_or_wake_anything(real_swap):
     assert swap.leases() == {"tiny-a": "active"}
     assert sorted(p.pid for p in swap.processes("llama-server")) == servers_then
     # a parked model: its front answers, it stays parked
-    assert swap.chat("tiny-b").status == 200
+    ok(swap.chat("tiny-b"))
     assert swap.leases() == {"tiny-a": "parked", "tiny-b": "active"}
     for path in READS:
         status, _ = swap.request("GET", f"/upstream/tiny-a{path}")
@@ -168,13 +174,14 @@ def test_a_drained_model_stays_ready_in_llama_swap_and_a_write_starts_it_again(r
 def test_ttl_unload_api_and_sigterm_leave_no_process_and_no_lease(real_swap):
     swap = real_swap([Model("tiny-a", "tiny-a.gguf", ttl=1), Model("tiny-b", "tiny-b.gguf",
                                                                    size="512MiB")]).start()
-    assert swap.chat("tiny-a").status == 200
+    ok(swap.chat("tiny-a"))
     wait_until(lambda: "tiny-a" not in swap.running(), 60, "llama-swap's TTL to unload tiny-a")
     wait_until(lambda: not others(swap) and swap.leases() == {}, 30, "nothing left after TTL")
-    assert swap.chat("tiny-b").status == 200
+    ok(swap.chat("tiny-b"))
     assert swap.unload("tiny-b") == 200
     wait_until(lambda: not others(swap) and swap.leases() == {}, 30, "nothing left after unload")
-    assert swap.chat("tiny-a").status == 200 and swap.chat("tiny-b").status == 200
+    ok(swap.chat("tiny-a"))
+    ok(swap.chat("tiny-b"))
     assert swap.stop() == 0
     wait_until(lambda: not others(swap) and swap.leases() == {}, 30,
                "nothing left after llama-swap's SIGTERM")
@@ -183,7 +190,7 @@ def test_ttl_unload_api_and_sigterm_leave_no_process_and_no_lease(real_swap):
 
 def test_a_streaming_chat_held_for_a_cold_start_gets_keep_alive_bytes(real_swap):
     swap = real_swap(two()).start()
-    assert swap.chat("tiny-a").status == 200
+    ok(swap.chat("tiny-a"))
     assert berth(swap, "hold", "tiny-a").returncode == 0      # tiny-b must wait for the card
     released = threading.Event()
 
@@ -191,9 +198,10 @@ def test_a_streaming_chat_held_for_a_cold_start_gets_keep_alive_bytes(real_swap)
         if len(ans.comments) >= 3 and not released.is_set():   # held past 5 s
             released.set()
             assert berth(swap, "release-hold", "tiny-a").returncode == 0
+    # a read timeout of 30 s between bytes: a hold that sends nothing fails here, not at 120 s
     b = swap.chat("tiny-b", stream=True, headers={"X-Berth-Deadline": "120",
                                                    "X-Berth-Loading-State": "true"},
-                  on_comment=on_comment)
+                  on_comment=on_comment, timeout=30)
     assert b.status == 200 and released.is_set()
     ticks = [t for t, _ in b.comments]
     gaps = [y - x for x, y in zip([0.0, *ticks], ticks, strict=False)]
@@ -208,10 +216,10 @@ def test_with_cuda_checkpoint_found_wraps_defaults_park_the_real_engines(real_sw
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     swap = real_swap(two()).start()
     assert "park: by checkpoint" in swap.wrap_stderr
-    assert swap.chat("tiny-a").status == 200
-    assert swap.chat("tiny-b").status == 200
+    ok(swap.chat("tiny-a"))
+    ok(swap.chat("tiny-b"))
     assert swap.leases() == {"tiny-a": "parked", "tiny-b": "active"}
-    assert swap.chat("tiny-a").status == 200        # restored, not started again
+    ok(swap.chat("tiny-a"))        # restored, not started again
     assert swap.leases() == {"tiny-a": "active", "tiny-b": "parked"}
     assert len(swap.processes("llama-server")) == 2
     assert swap.sim_card()["oom_events"] == 0
