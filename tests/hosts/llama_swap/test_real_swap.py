@@ -172,16 +172,23 @@ def test_a_drained_model_stays_ready_in_llama_swap_and_a_write_starts_it_again(r
 
 
 def test_ttl_unload_api_and_sigterm_leave_no_process_and_no_lease(real_swap):
-    swap = real_swap([Model("tiny-a", "tiny-a.gguf", ttl=1), Model("tiny-b", "tiny-b.gguf",
-                                                                   size="512MiB")]).start()
+    swap = real_swap([Model("tiny-a", "tiny-a.gguf", ttl=1),
+                      Model("tiny-b", "tiny-b.gguf", size="512MiB"),
+                      Model("tiny-c", "tiny-b.gguf")]).start()
     ok(swap.chat("tiny-a"))
     wait_until(lambda: "tiny-a" not in swap.running(), 60, "llama-swap's TTL to unload tiny-a")
     wait_until(lambda: not others(swap) and swap.leases() == {}, 30, "nothing left after TTL")
     ok(swap.chat("tiny-b"))
     assert swap.unload("tiny-b") == 200
     wait_until(lambda: not others(swap) and swap.leases() == {}, 30, "nothing left after unload")
+    # a drained run (its front kept) ends by TTL too
     ok(swap.chat("tiny-a"))
+    ok(swap.chat("tiny-c"))                         # tiny-a drained for it; its run stays
+    wait_until(lambda: "tiny-a" not in swap.running(), 60, "the TTL to end tiny-a's kept run")
+    assert swap.leases() == {"tiny-c": "active"}
     ok(swap.chat("tiny-b"))
+    ok(swap.chat("tiny-a"))                         # tiny-c drained; its run stays, no TTL
+    assert set(swap.running()) == {"tiny-a", "tiny-b", "tiny-c"}
     assert swap.stop() == 0
     wait_until(lambda: not others(swap) and swap.leases() == {}, 30,
                "nothing left after llama-swap's SIGTERM")
