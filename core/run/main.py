@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Coroutine
 from berth import paths
 from berth.config.errors import ConfigError
 from berth.decide.model import Op
-from berth.front import Front
+from berth.front import Front, FrontState
 from berth.front.rules import default_is_write
 
 if TYPE_CHECKING:                   # loaded once the front listens (EngineRun._load)
@@ -89,6 +89,9 @@ class EngineRun:
         self.engine: EngineProcess | None = None
         self.actions: Actions | None = None
         self._is_write = default_is_write        # the plugins' rule once they are loaded
+        self._pm = None                          # the plugin manager, once loaded
+        self.signalled = False                   # a stop signal came (not a drain)
+        self._again: asyncio.Event | None = None  # set: a write came for a drained engine
 
     async def main(self) -> int:
         """Start, serve until the engine exits or a stop signal (SIGTERM, SIGINT) or a drain,
@@ -97,7 +100,7 @@ class EngineRun:
         async with contextlib.AsyncExitStack() as stack:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self.stop_event.set)
+                loop.add_signal_handler(sig, self._signalled)
                 stack.callback(loop.remove_signal_handler, sig)
             if self.o.front and not await self._listen(stack):
                 return 2
@@ -110,6 +113,10 @@ class EngineRun:
                 return 2
             return await self._serve(stack)
 
+    def _signalled(self) -> None:
+        self.signalled = True
+        self.stop_event.set()
+
     async def _listen(self, stack: contextlib.AsyncExitStack) -> bool:
         """The front listens on ``--front``, state ``starting`` (reads 503, writes held). The
         lease's callbacks reach it through this run: the lease client loads only after."""
@@ -119,6 +126,8 @@ class EngineRun:
                       on_wake=self._on_wake, on_activity=self._on_activity,
                       is_write=lambda method, path: self._is_write(method, path),
                       max_in_flight=self.o.max_in_flight, on_unwanted=self._on_unwanted)
+        if self.o.front_health and self.o.health != "none":
+            front.ready_path = self.o.health     # llama-swap hands a held request over at once
         try:
             await front.start()
         except OSError as e:
@@ -133,28 +142,44 @@ class EngineRun:
         from the config), the engine and its HTTP session, the actions. Raises
         :class:`ConfigError`."""
         import aiohttp
-        from berth.run.actions import Actions
         from berth.run.engine import EngineProcess
-        from berth.run.lease import LeaseClient
 
         from berth_plugins.manager import is_write, make_plugin_manager
         paths.client_socket()       # the config loads, or the run ends here (not fail-open)
-        pm = make_plugin_manager()
-        lease = LeaseClient(self.o, self.stop_event)
-        stack.push_async_callback(lease.close)
+        self._pm = pm = make_plugin_manager()
+        stack.push_async_callback(self._close_lease)
+        self._new_lease()
         self.engine = EngineProcess(self.o)
         self.engine.http = aiohttp.ClientSession()
         stack.push_async_callback(self.engine.http.close)
-        lease.front = lease.waits.front = self.front
-        if self.front is not None:
-            self.front.wait_limit_s = lease.limit("wait_limit_s")
-        self.lease = lease
         self._is_write = lambda method, path: is_write(pm, self.o.engine, method, path)
-        self.actions = Actions(self.o, pm, lease, self.engine, self.front, self.stop_event)
+        self._wire()
+
+    def _new_lease(self) -> None:
+        from berth.run.lease import LeaseClient
+        self.lease = LeaseClient(self.o, self.stop_event)
+        self.lease.front = self.lease.waits.front = self.front
+        if self.front is not None:
+            self.front.wait_limit_s = self.lease.limit("wait_limit_s")
+
+    def _wire(self) -> None:
+        """The actions over this round's lease (``--keep-front`` replaces it after a drain)."""
+        from berth.run.actions import Actions
+        self.actions = Actions(self.o, self._pm, self.lease, self.engine, self.front,
+                               self.stop_event)
+
+    async def _close_lease(self) -> None:
+        if self.lease is not None:
+            await self.lease.close()
 
     # The front's callbacks: a wake, activity and an unwanted wake need a lease, which exists
     # by then (the front is open, or asleep after a park, only once the run holds one).
     async def _on_wake(self) -> None:
+        """The front holds a write while asleep: after a drain (``--keep-front``) the run starts
+        the engine again; otherwise berthd is asked to wake the parked lease."""
+        if self._again is not None:
+            self._again.set()
+            return
         await self.lease.on_wake()
 
     def _on_activity(self) -> None:
@@ -166,7 +191,47 @@ class EngineRun:
             self.lease.on_unwanted()
 
     async def _serve(self, stack: contextlib.AsyncExitStack) -> int:
-        """Ask for the lease, start the engine on the granted cards, serve until the end."""
+        """Serve lease after lease: one round, and with ``--keep-front`` after a drain, the
+        next when a write arrives (a stop signal ends it)."""
+        while True:
+            code = await self._round()
+            if not self._keeps():
+                return code
+            if not await self._drained():
+                return 0
+            await self.lease.close()
+            self._new_lease()
+            self._wire()
+
+    def _keeps(self) -> bool:
+        """``--keep-front`` and berthd drained the engine (no stop signal): the run and its
+        front stay. Only a front that served is kept (it closed for the drain; one drained
+        while its engine was still starting stops as before)."""
+        return bool(self.o.keep_front and self.front is not None and self.actions is not None
+                    and self.actions.drained and not self.signalled
+                    and self.front.state in (FrontState.CLOSING, FrontState.ASLEEP,
+                                             FrontState.WAKING))
+
+    async def _drained(self) -> bool:
+        """``--keep-front`` after a drain: the front sleeps, holding writes; True when one
+        arrives (the run starts the engine again), False on a stop signal."""
+        self._again = again = asyncio.Event()
+        self.stop_event.clear()
+        if self.signalled:
+            return False
+        if self.front.state is FrontState.ASLEEP and self.front.holding:
+            again.set()                 # parked, then drained, with writes held: go on
+        self.front.sleep()
+        log.info("%s drained; its front stays and holds writes (--keep-front)", self.o.engine)
+        async with contextlib.AsyncExitStack() as tasks:
+            ends = {_task(tasks, self.stop_event.wait()), _task(tasks, again.wait())}
+            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        self._again = None
+        return again.is_set() and not self.signalled
+
+    async def _round(self) -> int:
+        """One lease: ask, start the engine on the granted cards, serve, and end by the
+        engine's exit or a stop (signal or drain). Returns the exit code."""
         from berth.run.engine import NoEngine
         if await self.lease.acquire() is None:
             return 143 if self.stop_event.is_set() else 1
@@ -178,8 +243,14 @@ class EngineRun:
                 self.front.stopped("the engine could not be started")
             await self.lease.release("the engine could not be started")
             return e.code
-        stack.push_async_callback(self.engine.let_watchdog_go)
-        stack.push_async_exit(self._stop_after_error)
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(self.engine.let_watchdog_go)
+            stack.push_async_exit(self._stop_after_error)
+            return await self._engine_runs(ident)
+
+    async def _engine_runs(self, ident) -> int:
+        """The engine ``ident`` (PID, start time) started: serve until it exits or is told to
+        stop. Returns its exit code."""
         await self.lease.attach(ident)
         if self.front is not None and self.engine.url:
             self.front.set_upstream(self.engine.url)
@@ -238,7 +309,8 @@ class EngineRun:
             grace = max(self.o.stop_grace_s, self.actions.drain_quiet_s or 0.0)
             with contextlib.suppress(Exception):
                 await self.front.close_and_drain(grace, why=f"the engine stops ({why})")
-            self.front.stopped(f"engine stopped: {why}")
+            if not self._keeps():
+                self.front.stopped(f"engine stopped: {why}")
         code = await self.engine.kill()
         await self.lease.report(Op.DRAIN, True, why, warn=False)
         await self.lease.release(why)

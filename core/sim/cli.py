@@ -7,9 +7,11 @@ Source: issue 3; DESIGN.md "Commands" (``berth sim …``)::
     berth sim cards [--json] [--dir D]
     berth sim engine --port P --weights SIZE [...]      (see berth.sim.engine)
     berth sim comfyui --port P --models DIR [...]       (see berth.sim.comfyui)
+    berth sim charge --size SIZE [--per-child SIZE] -- CMD…   (see berth.sim.charge)
 
 The stand-in ``cuda-checkpoint`` is its own command, ``berth-sim-cuda-checkpoint``, so that it can
-be put on ``PATH`` under the real name.
+be put on ``PATH`` under the real name; ``charge`` is also ``berth-sim-charge``, which starts
+without the ``berth`` command's own start-up (it runs before every engine start it wraps).
 """
 
 from __future__ import annotations
@@ -156,6 +158,12 @@ def arguments(sim: argparse.ArgumentParser) -> None:
     p = sub.add_parser("engine", help="a stub OpenAI-style engine on a simulated card")
     engine_arguments(p)
     p.set_defaults(func=_engine)
+
+    from berth.sim import charge
+    p = sub.add_parser("charge", help="run a real engine whose memory shows on the simulated "
+                                      "cards while it lives (its children's too)")
+    charge.arguments(p)
+    p.set_defaults(func=charge.run)
 
     from berth.sim import comfyui
     p = sub.add_parser("comfyui", help="a ComfyUI stand-in that loads custom nodes and runs "

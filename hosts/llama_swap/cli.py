@@ -1,6 +1,6 @@
 """``berth llama-swap …``: the llama-swap host's subcommands.
 
-    berth llama-swap wrap CONFIG.yaml [--park checkpoint|none] [--size-from berth.toml]
+    berth llama-swap wrap CONFIG.yaml [--park auto|checkpoint|none] [--size-from berth.toml]
                                       [-o OUT] [--berth PATH] [--checkpoint-path PATH]
                                       [--health-check-timeout SECONDS]
 
@@ -90,23 +90,26 @@ def arguments(p) -> None:
     w = lsub.add_parser(
         "wrap", help="print a llama-swap config whose models run under berth run",
         description="Print a llama-swap config in which every model's cmd runs under "
-                    "`berth run --engine <model id> --front 127.0.0.1:${PORT} -- <engine>`, "
-                    "the engine's ${PORT} becomes {port}, groups let models stay loaded "
-                    "together (Berth decides who parks), and healthCheckTimeout and "
-                    "unloadTimeout fit a lease wait and berth run's stop sequence. See "
+                    "`berth run --engine <model id> --front 127.0.0.1:${PORT} --front-health "
+                    "-- <engine>`, the engine's ${PORT} becomes {port}, groups let models stay "
+                    "loaded together (Berth decides who parks), healthCheckTimeout and "
+                    "unloadTimeout fit a lease wait and berth run's stop sequence, and reads of "
+                    "a model that is not running start nothing (upstream.ignorePaths). See "
                     "hosts/llama_swap/README.md.")
     w.add_argument("config", metavar="CONFIG.yaml", help="the llama-swap config ('-': stdin)")
-    w.add_argument("--park", choices=("checkpoint", "none"), default="none",
-                   help="checkpoint: add --park checkpoint to every berth run line (needs "
-                        "cuda-checkpoint; not for container cmds); default none (drain)")
+    w.add_argument("--park", choices=("auto", "checkpoint", "none"), default="auto",
+                   help="auto (default): --park checkpoint on every berth run line when "
+                        "cuda-checkpoint is found (--checkpoint-path, $BERTH_CUDA_CHECKPOINT, "
+                        "PATH), else none; checkpoint: always (not for container cmds); "
+                        "none: models drain to make room")
     w.add_argument("--size-from", metavar="berth.toml",
                    help="put each model's size from its [engines.\"<engine>\"] entry on its "
                         "berth run line, and warn for models with no entry (optional: berthd "
                         "reads the entries at lease time anyway)")
     w.add_argument("-o", "--output", metavar="OUT", help="write here instead of stdout")
-    w.add_argument("--berth", default="berth", metavar="PATH",
-                   help="the berth executable llama-swap runs (no shell: on its PATH, or "
-                        "absolute); default berth")
+    w.add_argument("--berth", metavar="PATH",
+                   help="the berth executable llama-swap runs (it runs no shell: absolute, or "
+                        "on its PATH); default: the absolute path of this berth")
     w.add_argument("--checkpoint-path", metavar="PATH",
                    help="cuda-checkpoint for --park checkpoint (passed to berth run)")
     w.add_argument("--health-check-timeout", type=int, default=MIN_HEALTH_CHECK_TIMEOUT_S,

@@ -20,8 +20,11 @@ For every model, in order:
    not agree or the engine is on another host. Also refused: ``${PORT}`` in ``env`` (macros
    expanded as llama-swap does), which would now give the engine the front's port:
    ``{port}`` is put in place only in the command line.
-4. The ``cmd`` becomes ``berth run --engine <engine> --front 127.0.0.1:${PORT} [--upstream
-   URL] [--health PATH] [--park checkpoint] [--size SIZE[@CARD]]… -- <the engine's command>``;
+4. The ``cmd`` becomes ``<berth> run --engine <engine> --front 127.0.0.1:${PORT} --front-health
+   --keep-front [--upstream URL] [--health PATH] [--park checkpoint --checkpoint-path PATH]
+   [--size SIZE[@CARD]]… -- <the engine's command>``, ``<berth>`` the absolute path of the
+   running ``berth`` and ``--park checkpoint`` there when cuda-checkpoint is found
+   (:mod:`.defaults`);
    ``--health`` mirrors ``checkEndpoint`` under the proxy's path (``none`` too). A block ``cmd`` stays a block, its
    comment lines and backslash continuations kept. The result is split again and must give
    exactly ``berth run …`` followed by the engine's old argv. ``<engine>`` is the model ID, or,
@@ -32,9 +35,9 @@ For every model, in order:
    exits, and ``berth run`` sees its engine exit, releases the lease and exits. ``${PID}`` in it
    now names ``berth run``.
 
-Then for the whole config: groups (:mod:`.groups`), and ``healthCheckTimeout`` raised to cover
+Then for the whole config: groups (:mod:`.groups`), ``healthCheckTimeout`` raised to cover
 the wait for a lease and ``unloadTimeout`` to cover ``berth run``'s stop sequence
-(:mod:`.timeouts`).
+(:mod:`.timeouts`), and the read paths in ``upstream.ignorePaths`` (:mod:`.defaults`).
 """
 
 from __future__ import annotations
@@ -44,11 +47,11 @@ import os
 import re
 import shlex
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from . import command, yamlio
+from . import command, defaults, yamlio
 from .command import PORT
 from .groups import GroupError, regroup
 from .proxy import FRONT_HOST, ProxyError, address, front
@@ -78,15 +81,21 @@ class WrapError(ValueError):
 
 @dataclass
 class WrapOptions:
-    """``park``: ``checkpoint`` or ``none``. ``sizes``: model ID -> ``--size`` values (from
+    """``park``: ``auto`` (checkpoint when cuda-checkpoint is found, else drain),
+    ``checkpoint`` or ``none``. ``sizes``: model ID -> ``--size`` values (from
     :func:`sizes_from`), or ``None`` to leave sizes to berth.toml. ``berth``: the ``berth``
-    executable llama-swap runs (it runs no shell, so this must be on its PATH or absolute)."""
+    executable llama-swap runs (it runs no shell, so this must be on its PATH or absolute;
+    ``None``: the absolute path of the running one). ``front_health``: ``--front-health`` and
+    ``--keep-front`` on every run line; ``ignore_reads``: the read paths in
+    ``upstream.ignorePaths`` (:mod:`.defaults`)."""
 
-    park: str = "none"
+    park: str = "auto"
     sizes: dict[str, list[str]] | None = None
-    berth: str = "berth"
+    berth: str | None = None
     checkpoint_path: str | None = None
     min_health_check_timeout_s: int = MIN_HEALTH_CHECK_TIMEOUT_S
+    front_health: bool = True
+    ignore_reads: bool = True
 
 
 @dataclass
@@ -359,6 +368,8 @@ def _wrap_model(m: _Model, inline: set[str], opts: WrapOptions, report: Report) 
     env_style = _env_style(m, env)
     container = _container(engine_argv)
     words = [opts.berth, "run", "--engine", m.engine, "--front", f"{FRONT_HOST}:{PORT}"]
+    if opts.front_health:
+        words += ["--front-health", "--keep-front"]
     if upstream:
         words += ["--upstream", upstream]
     # berth run polls the engine itself, at the path llama-swap's check reaches it by.
@@ -471,12 +482,20 @@ def _check_env(m: _Model, report: Report) -> None:
                         f"${{PORT}}, which wrap turns into --port {{port}}) and drop it from env")
 
 
+def _resolve(opts: WrapOptions, report: Report) -> WrapOptions:
+    """The options with the defaults of :mod:`.defaults` filled in."""
+    try:
+        park, berth, tool = defaults.resolve(opts.park, opts.berth, opts.checkpoint_path,
+                                             report.notes, report.warnings)
+    except ValueError as e:
+        raise WrapError(str(e)) from None
+    return replace(opts, park=park, berth=berth, checkpoint_path=tool)
+
+
 def wrap_config(doc, opts: WrapOptions | None = None) -> Report:
     """Wrap a parsed llama-swap config in place. Raises :class:`WrapError`."""
-    opts = opts or WrapOptions()
-    if opts.park not in ("checkpoint", "none"):
-        raise WrapError(f"--park: expected checkpoint or none, got {opts.park!r}")
     report = Report()
+    opts = _resolve(opts or WrapOptions(), report)
     models = _models(doc)
     _engine_names(models, report)
     for m in models.values():
@@ -509,7 +528,9 @@ def wrap_config(doc, opts: WrapOptions | None = None) -> Report:
     try:
         report.warnings += fit_timeouts(doc, [(m.id, m.conf, m.scope) for m in models.values()],
                                         opts.min_health_check_timeout_s)
-    except SettingError as e:
+        if opts.ignore_reads:
+            report.notes += defaults.ignore_reads(doc)
+    except (SettingError, ValueError) as e:
         raise WrapError(str(e)) from None
     return report
 

@@ -1,6 +1,7 @@
 """Helpers for the llama-swap host tests: the example configs, and an independent reading of a
 ``cmd`` the way llama-swap (``0bdb372``) reads it, split with Python's :func:`shlex.split`."""
 
+import os
 import re
 import shlex
 import subprocess
@@ -10,6 +11,8 @@ from pathlib import Path
 import berth_hosts.llama_swap
 import pytest
 import yaml
+
+from tests.real.fixtures import real_swap, real_tools  # noqa: F401  (the real-program fixtures)
 
 EXAMPLES = sorted((Path(berth_hosts.llama_swap.__file__).parent / "examples").glob("*.yaml"))
 
@@ -45,15 +48,23 @@ def llama_swap_argv(doc: dict, model_id: str) -> list[str]:
     return shlex.split("\n".join(lines))
 
 
+#: ``berth run`` flags that take no value.
+RUN_SWITCHES = ("--front-health", "--keep-front")
+
+
 def split_run(argv: list[str]) -> tuple[list[str], dict[str, list[str]], list[str]]:
-    """``berth run`` argv -> (the first six words, its options, the engine's argv)."""
+    """``berth run`` argv -> (the first six words, its options, the engine's argv); a switch
+    (:data:`RUN_SWITCHES`) maps to ``[""]``; the first word is the executable's base name."""
     end = argv.index("--")
     opts: dict[str, list[str]] = {}
-    words = argv[6:end]
+    words = [w for w in argv[6:end] if w not in RUN_SWITCHES]
+    for w in argv[6:end]:
+        if w in RUN_SWITCHES:
+            opts[w] = [""]
     for flag, value in zip(words[::2], words[1::2], strict=False):
         opts.setdefault(flag, []).append(value)
     assert len(words) % 2 == 0, words
-    return argv[:6], opts, argv[end + 1:]
+    return [os.path.basename(argv[0]), *argv[1:6]], opts, argv[end + 1:]
 
 
 @pytest.fixture(params=EXAMPLES, ids=[p.stem for p in EXAMPLES])

@@ -2,6 +2,7 @@
 README's berth.toml entries (they must be entries berthd accepts)."""
 
 import re
+import sys
 import tomllib
 from pathlib import Path
 
@@ -19,7 +20,9 @@ def test_wrap_prints_the_config_and_reports_on_stderr(capsys):
     assert main(["llama-swap", "wrap", str(path)]) == 0
     out, err = capsys.readouterr()
     doc = load_yaml(out)
-    assert llama_swap_argv(doc, "nomic-embed")[:2] == ["berth", "run"]
+    # llama-swap runs no shell: the berth written is this one, by its absolute path (issue 30)
+    berth = str(Path(sys.executable).parent.absolute() / "berth")
+    assert llama_swap_argv(doc, "nomic-embed")[:2] == [berth, "run"]
     assert "warning: healthCheckTimeout: 120 s raised to 300 s" in err
     assert "wrapped 3 model(s)" in err
 

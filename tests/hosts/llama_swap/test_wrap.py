@@ -396,8 +396,8 @@ def test_a_model_id_with_a_slash_is_the_engine_name_as_it_is():
         """)
     head, _, _ = split_run(llama_swap_argv(after, "Qwen/Qwen2.5-7B"))
     assert head[3] == "Qwen/Qwen2.5-7B"
-    assert after["models"]["Qwen/Qwen2.5-7B"]["cmd"].startswith(
-        "berth run --engine Qwen/Qwen2.5-7B --front")                  # not quoted
+    assert after["models"]["Qwen/Qwen2.5-7B"]["cmd"].split(" ", 1)[1].startswith(
+        "run --engine Qwen/Qwen2.5-7B --front")                        # not quoted
     assert report.engines == {} and not [w for w in report.warnings if "engine name" in w]
 
 
