@@ -123,7 +123,7 @@ class Front(FastPath):
         except TimeoutError:
             pass
         self.listener.close_clients()
-        await server.wait_closed()
+        await self.listener.wait_closed(server)
         self._pool.close()
 
     @property

@@ -30,6 +30,7 @@ after its limit; nothing per request is scheduled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
 import time
@@ -156,6 +157,7 @@ class Listener:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._swept: asyncio.Task[None] | None = None     # cancelled by close, not yet awaited
         self.lingering = 0       # refused connections still reading what the client sends
         self.accepted = self.refused = self.evicted = 0
         self.head_timeouts = self.idle_timeouts = self.handed_off = 0
@@ -180,10 +182,20 @@ class Listener:
         server, self._server = self._server, None
         if self._sweeper is not None:
             self._sweeper.cancel()
-            self._sweeper = None
+            self._swept, self._sweeper = self._sweeper, None
         if server is not None:
             server.close()
         return server
+
+    async def wait_closed(self, server: asyncio.Server | None) -> None:
+        """Wait for ``server`` (what :meth:`close` returned) and the limit checks to end, so
+        no task of the listener outlives its owner's stop."""
+        swept, self._swept = self._swept, None
+        if swept is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await swept
+        if server is not None:
+            await server.wait_closed()
 
     def close_clients(self) -> None:
         """Close every client connection (cancelling its task)."""

@@ -165,8 +165,7 @@ class Gateway:
         if busy:
             await asyncio.wait(busy, timeout=2.0)
         listener.close_clients()
-        if server is not None:
-            await server.wait_closed()
+        await listener.wait_closed(server)
         self.pool.close()
 
     async def _handoff_app(self, stack: contextlib.AsyncExitStack) -> web.Application:
