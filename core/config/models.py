@@ -190,7 +190,7 @@ class EngineConfig(_Strict):
         if self.park == "checkpoint":
             raise ValueError("park = 'checkpoint' is refused on an engine entry: every run of the "
                              "entry would share one front. Put it on a `berth run --front ADDR "
-                             "--park checkpoint` line (seed 002 'Capabilities')")
+                             "--park checkpoint` line")
         if (self.park or self.lend) and not self.front:
             raise ValueError("park and lend need a front (rule 3: Berth parks an engine only when "
                              "every request passes through a Berth front); set front = ...")

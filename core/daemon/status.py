@@ -12,6 +12,7 @@ from berth.decide.admission import WaitKind
 from berth.decide.ledger import RESIDUAL_SLACK_BYTES, counted_bytes
 from berth.decide.measures import reserve_fraction, suggested_reserve
 from berth.decide.model import Lease, Share, ShareState
+from berth.decide.units import format_size
 from berth.process import ProcessId, alive
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ def _orphans(broker: "Broker", lease: Lease) -> dict:
         advice = "stop them: Berth does not signal processes it did not start (rule 6)"
     return {"orphans": found,
             "note": f"main process {lease.pid} is gone but {len(found)} process(es) it "
-                    f"started still hold {held} bytes (pids "
+                    f"started still hold {format_size(held)} (pids "
                     f"{', '.join(str(o['pid']) for o in found)}); {advice}"}
 
 
@@ -114,8 +115,8 @@ def _running_unleased(lease: Lease, kind: str) -> dict:
         return {}
     held = sum(sh.used_bytes or 0 for sh in lease.shares.values())
     return {"pid": lease.pid, "running": True, "held_bytes": held,
-            "note": f"over budget: pid {lease.pid} already runs and holds {held} bytes without a "
-                    f"grant; they count as stowaways until room is made"}
+            "note": f"over budget: pid {lease.pid} already runs and holds {format_size(held)} "
+                    f"without a grant; they count as stowaways until room is made"}
 
 
 def _stowaways(broker: "Broker", pci: str) -> list[dict]:
