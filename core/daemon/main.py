@@ -227,24 +227,32 @@ def _cmd_daemon(args) -> int:
 
 
 def _cmd_config_check(args) -> int:
+    """``berth config check [PATH]``: the file named, else the one berthd would read
+    (:func:`berth.paths.find_config`); with none there, what the defaults mean."""
     try:
-        cfg = load(args.path)       # the file named, not the one berthd would find
+        path = args.path or paths.find_config()
+        cfg = load(path) if path is not None else Config()
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
+    name = str(path) if path is not None else str(paths.config_path())
     try:
         load_plugins(cfg)
     except StartRefused as e:
-        print(str(ConfigError(args.path, e.problems)) if e.problems else f"{args.path}: {e}",
+        print(str(ConfigError(name, e.problems)) if e.problems else f"{name}: {e}",
               file=sys.stderr)
         return e.code
-    print(f"{args.path}: valid\n{summary(cfg)}")
+    if path is None:
+        print(f"{name}: no such file; berthd runs on the defaults\n{summary(cfg)}")
+    else:
+        print(f"{name}: valid\n{summary(cfg)}")
     return 0
 
 
 def daemon_arguments(p) -> None:
     """Fill ``berth daemon``'s parser (:data:`berth.cli.COMMANDS`)."""
-    p.add_argument("--config", help="berth.toml (default $BERTH_CONFIG or the usual place)")
+    p.add_argument("--config", metavar="PATH",
+                   help=f"berth.toml (default: {paths.CONFIG_PLACES}; none there: the defaults)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=_cmd_daemon)
 
@@ -253,5 +261,8 @@ def config_arguments(c) -> None:
     """Fill ``berth config``'s parser (:data:`berth.cli.COMMANDS`)."""
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     chk = csub.add_parser("check", help="validate a config and explain what it means")
-    chk.add_argument("path")
+    chk.description = (f"Validate a berth.toml and say what it means. Without PATH: the one "
+                       f"berthd reads ({paths.CONFIG_PLACES}; here {paths.config_path()}).")
+    chk.add_argument("path", nargs="?", metavar="PATH",
+                     help=f"the file (default: the one berthd reads: {paths.CONFIG_PLACES})")
     chk.set_defaults(func=_cmd_config_check)
