@@ -302,3 +302,26 @@ def test_the_stream_survives_a_berthd_restart(world, browser):
         page.wait_for_selector("#cards .seg.share[data-engine='after-restart']", timeout=20000)
     finally:
         page.context.close()
+
+
+def test_metrics_on_the_board_listener_need_no_key(world):
+    """Issue 29: a scraper reads ``/metrics`` on the board's port with no key (the board has
+    one here), and gets berthd's figures, the same as the control socket's; the key stays for
+    actions."""
+    import subprocess
+    curl = shutil.which("curl")
+    assert curl, "curl is missing (apt-get install curl)"
+    p = subprocess.run([curl, "-sS", "-o", "-", "-w", "\\n%{http_code}", world.url + "metrics"],
+                       capture_output=True, text=True, timeout=30)
+    body, _, code = p.stdout.rpartition("\n")
+    assert code == "200", (code, body[:500], p.stderr)
+    assert 'berth_card_total_bytes{card="gpu0",pci="0000:01:00.0"}' in body, body[:2000]
+    assert 'berth_wait_seconds_count{kind="grant"}' in body
+    _, via_socket = world.d.call("GET", "/metrics")
+    names = {ln.split("{")[0].split()[0] for ln in via_socket["raw"].splitlines()
+             if ln and not ln.startswith("#")}
+    assert names == {ln.split("{")[0].split()[0] for ln in body.splitlines()
+                     if ln and not ln.startswith("#")}
+    code, _, out = world.http("POST", "operator/park", {"target": "beta"},
+                              headers={"X-Berth-Board": "1"})
+    assert code == 403, out
