@@ -197,7 +197,7 @@ class EngineConfig(_Strict):
                              "every request passes through a Berth front); set front = ...")
         if self.park == "hook" and not self.adapter:
             raise ValueError("park = 'hook' needs an adapter (protocol, vllm, sglang, llamacpp, "
-                             "comfyui)")
+                             "ollama, comfyui)")
         return self
 
 
