@@ -172,3 +172,64 @@ def test_the_stand_in_refuses_what_it_cannot_load(kit):
     assert code == 500 and "30.0GiB" in ans["error"], ans
     assert kit.store.snapshot().cards[0].oom_events == 1
     assert json.loads(json.dumps(ol.call("GET", "/api/ps")[1])) == {"models": []}
+
+
+def test_berthd_parks_and_wakes_ollama_and_grants_the_waiter_only_after_the_driver_read(
+        tmp_path):
+    """The acceptance line: ``berth run --park hook --adapter ollama`` around the stand-in (as
+    around ``ollama serve``); a waiter that needs its room gets it only once a driver read shows
+    the unloaded model's memory gone (the stand-in frees it 2 s after it answered the unload),
+    and a request at the front afterwards wakes it and loads the model again."""
+    from tests.berthd import BERTH, Berthd, berth_run, sim_config, stop_proc
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    front = free_port()
+    runs = [subprocess.Popen(
+        [BERTH, "run", "--engine", "ollama", "--front", f"127.0.0.1:{front}", "--size",
+         "10GiB", "--park", "hook", "--adapter", "ollama", "--health", "/api/version", "--",
+         "env", "OLLAMA_HOST=127.0.0.1:{port}", BERTH, "sim", "ollama",
+         "--model", "qwen3:8b=8GiB", "--unload-delay", "2"],
+        env=d.env, stdout=open(tmp_path / "run-ollama.log", "wb"), stderr=subprocess.STDOUT,
+        start_new_session=True)]
+    url = f"http://127.0.0.1:{front}"
+    chat = {"model": "qwen3:8b", "stream": False,
+            "messages": [{"role": "user", "content": "hello"}]}
+    try:
+        wait_for(lambda: (d.lease_of("ollama") or {}).get("ready"), 30, "ollama serving")
+        code, ans = http("POST", url + "/api/chat", chat, timeout_s=30)
+        assert code == 200 and ans["message"]["content"], ans
+        pid = d.lease_of("ollama")["pid"]
+        from berth.sim.cards import SimCards
+        sim = SimCards(tmp_path / "sim")
+
+        def held() -> int:
+            return sim.snapshot().cards[0].processes.get(pid) or 0
+        assert held() == 8 * GiB
+        runs.append(berth_run(d, "B", "--size", "16GiB", weights="12GiB"))
+        early: list[str] = []
+
+        def b_active():
+            b = d.lease_of("B")
+            granted = b is not None and b["shares"][0]["state"] == "active"
+            if granted and held():
+                early.append(f"B granted beside ollama's {held()} bytes")
+            return early or granted
+        wait_for(b_active, 60, "B granted once ollama's memory left the card")
+        assert not early, early
+        assert d.state_of("ollama") == "parked"
+        seen = [(e["kind"], e.get("engine")) for e in d.timeline()]
+        assert seen.index(("parked", "ollama")) < seen.index(("grant", "B")), seen
+        log = (tmp_path / "run-ollama.log").read_text()
+        assert "instruction park" in log, log
+        # The wake: B goes; a request at ollama's front wakes it, and Ollama loads the model.
+        stop_proc(runs.pop())
+        wait_for(lambda: d.lease_of("B") is None, 30, "B's lease gone")
+        code, ans = http("POST", url + "/api/chat", chat, timeout_s=60)
+        assert code == 200 and ans["message"]["content"], ans
+        assert d.state_of("ollama") == "active" and held() == 8 * GiB
+        kinds = [(e["kind"], e.get("engine")) for e in d.timeline()]
+        assert ("resume", "ollama") in kinds or ("wake", "ollama") in kinds, kinds
+        assert d.sim_oom() == 0
+    finally:
+        for p in runs:
+            stop_proc(p)
+        d.stop()
