@@ -6,8 +6,8 @@ Source: issue 3; DESIGN.md "Commands" (``berth sim …``)::
                    [--checkpoint-bps N] [--replace] [--dir D]
     berth sim cards [--json] [--dir D]
     berth sim engine --port P --weights SIZE [...]      (see berth.sim.engine)
-    berth sim comfyui --port P --models DIR [...]       (see berth.sim.comfyui)
     berth sim ollama --model NAME=SIZE [...]            (see berth.sim.ollama)
+    berth sim comfyui --port P --models DIR [...]       (see berth.sim.comfyui)
 
 The stand-in ``cuda-checkpoint`` is its own command, ``berth-sim-cuda-checkpoint``, so that it can
 be put on ``PATH`` under the real name.
