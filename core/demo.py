@@ -47,7 +47,7 @@ state_dir = "{tmp}/state"
 kind = "sim"
 sim_dir = "{tmp}/sim"
 free_delay = "0.5s"             # a dead process's memory frees after this, as drivers do
-checkpoint_rate = "{rate}"      # the stand-in cuda-checkpoint's speed (the demo: 7 GB/s, seed 002)
+checkpoint_rate = "{rate}"      # the stand-in cuda-checkpoint's speed (the demo: 7 GB/s, a measured rate)
 host_ram = "24GiB"              # the simulated host: ram_budget "auto" takes 80 % of it
 
 [[driver.cards]]

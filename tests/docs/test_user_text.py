@@ -223,3 +223,30 @@ def test_a_berthd_scene(scene, tmp_path):
         assert text.strip(), f"{name} said nothing"
     found = [p for name, text in texts.items() for p in problems(name, text)]
     assert not found, "\n".join(found)
+
+
+def _string_constants(path: Path) -> list[tuple[int, str]]:
+    """Every string literal of a module but its docstrings (messages, log lines, help, the
+    parts of f-strings), with its line."""
+    import ast
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_no_message_in_the_code_carries_design_words():
+    """Every message the code can say, said or not by the paths above: string literals of
+    core/, berth_plugins/ and hosts/ (comments and docstrings are where the design is cited)."""
+    found, seen = [], 0
+    for top in ("core", "berth_plugins", "hosts"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for line, text in _string_constants(path):
+                seen += 1
+                found += [f"{path.relative_to(ROOT)}:{line}: {p.split(': ', 1)[1]}"
+                          for p in problems("", text) if "jargon" in p]
+    assert seen > 1000, seen
+    assert not found, "\n".join(found)
