@@ -52,7 +52,7 @@ class ActionContext:
 
     - ``engine``: the engine's name (berth.toml entry or ``--engine``).
     - ``mechanism``: which plugin acts: ``"checkpoint"`` for park = checkpoint; for park =
-      hook, the adapter (``"protocol"``, ``"vllm"``, ``"sglang"``, ``"llamacpp"``,
+      hook, the adapter (``"protocol"``, ``"vllm"``, ``"sglang"``, ``"llamacpp"``, ``"ollama"``,
       ``"comfyui"``); for a drain, ``"process"`` (berth run stops its own process group) or a
       host (``"supervisor"``).
     - ``engine_url``: the engine's own base URL (``http://127.0.0.1:PORT``), never its front.

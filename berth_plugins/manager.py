@@ -55,7 +55,8 @@ __all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "ACTION_HOOKS", "DECISION_HOOKS", "P
 #: A host's plugin (the supervisord host's) comes through the entry-point group like a third
 #: party's: berth_plugins imports no host.
 BUILTINS = ("berth_plugins.builtin_front", "berth_plugins.checkpoint", "berth_plugins.protocol",
-            "berth_plugins.vllm", "berth_plugins.sglang", "berth_plugins.llamacpp")
+            "berth_plugins.vllm", "berth_plugins.sglang", "berth_plugins.llamacpp",
+            "berth_plugins.ollama")
 
 #: Third-party plugins register under this entry-point group.
 ENTRY_POINT_GROUP = "berth"

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Awaitable
 
+from berth.decide.units import format_size
+
 from ._http import Engine
 from .hookspecs import ActionContext, MechanismError, hookimpl
 
@@ -61,7 +63,7 @@ async def _per_card(ctx: ActionContext, op: str) -> None:
             if not isinstance(n_bytes, int) or isinstance(n_bytes, bool) or n_bytes <= 0:
                 raise eng.fail(f"{op}: bytes on {pci} must be a positive integer, got {n_bytes!r}")
             await eng.expect_ok("POST", f"{_PREFIX}/{op}", {"card": pci, "bytes": n_bytes},
-                                what=f"{op} {n_bytes} bytes on {pci}")
+                                what=f"{op} {format_size(n_bytes)} on {pci}")
 
 
 async def _quiet(ctx: ActionContext) -> bool:

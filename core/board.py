@@ -3,13 +3,16 @@ release-hold``. Source: issue 4 "The board", "Operator commands"."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import json
-import os
+import signal
 import sys
+import time
 
 from berth.client import ApiError, BerthdUnavailable, Client, ConfigUnusable
-from berth.decide.units import format_size
+from berth.decide.units import format_duration, format_size
 
 __all__ = ["status_arguments", "operator_arguments", "render"]
 
@@ -36,6 +39,7 @@ def render(st: dict) -> str:
     already runs is marked over budget), leases with a problem to fix (``!``: processes left
     holding memory after their main process went), the counters."""
     lines = []
+    until = {le["id"]: _until(le) for le in st["leases"]}
     for c in st["cards"]:
         lines.append(f"{c['name']} {c['pci']}  [{_bar(c)}]  {format_size(c['total_bytes'])} total, "
                      f"budget {format_size(c['budget_bytes'])}, driver free "
@@ -53,7 +57,7 @@ def render(st: dict) -> str:
             marks = (" held" if sh.get("held") else "") + (
                 f" ! {format_size(sh['over_bytes'])} over its lease" if sh.get("over_bytes") else "")
             lines.append(f"    {sh['engine']:<20} {sh['state']:<10} {format_size(sh['counted_bytes'])}"
-                         f"  ({sh['lease']}){marks}")
+                         f"  ({sh['lease']}){marks}{until.get(sh['lease'], '')}")
     if st["waiting"]:
         lines.append("waiting:")
         for w in st["waiting"]:
@@ -84,14 +88,65 @@ def render(st: dict) -> str:
     return "\n".join(lines)
 
 
+def _until(le: dict) -> str:
+    """`` · turn until 14:03:05 (8.00s) · keep_warm until 14:07:30 (4.5m)``: when the holder's
+    protections end (``berth.daemon.status.protection``); the turn only while it serves."""
+    out = ""
+    for key, label in (("turn", "turn"), ("keep_warm", "keep_warm")):
+        left, at = le.get(f"{key}_left_s"), le.get(f"{key}_until")
+        if left is None or at is None or (key == "turn" and le.get("idle")):
+            continue
+        out += (f" · {label} until {time.strftime('%H:%M:%S', time.localtime(at))} "
+                f"({format_duration(left)})")
+    return out
+
+
 async def _status(args) -> int:
-    async with Client() as c:
-        st = await c.status()
-    try:
+    if args.watch is None:
+        async with Client() as c:
+            st = await c.status()
         print(json.dumps(st, indent=2) if args.json else render(st), flush=True)
-    except BrokenPipeError:          # `berth status | head`: the reader had enough
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return await _watch(args)
+
+
+async def _watch(args) -> int:
+    """Print the board every ``args.watch`` seconds until SIGINT or SIGTERM (exit 0): on a
+    terminal in place of the last one, else one after the other (JSON: a document a line).
+    berthd gone meanwhile is said in place of the board, and the watch goes on."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    tty = sys.stdout.isatty() and not args.json
+    async with Client() as c:
+        while not stop.is_set():
+            try:
+                st = await c.status()
+                text = json.dumps(st) if args.json else render(st)
+            except BerthdUnavailable as e:
+                text = f"berth: {e} (watching: every {args.watch:g}s)"
+            stamp = time.strftime("%H:%M:%S")
+            if tty:
+                text = f"\x1b[H\x1b[2J{stamp}  every {args.watch:g}s (Ctrl-C to stop)\n{text}"
+            elif not args.json:
+                text = f"--- {stamp}\n{text}"
+            print(text, flush=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.watch)
     return 0
+
+
+def _seconds(text: str) -> float:
+    """``--watch``'s SECONDS: more than 0, at most an hour."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds between 0 and 3600, like 2 or "
+                                         f"0.5, got {text!r}")
+    return v
 
 
 async def _operator(args) -> int:
@@ -121,6 +176,8 @@ def _run(coro_fn):
 def status_arguments(p) -> None:
     """Fill ``berth status``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.add_argument("--json", action="store_true", help="machine-readable (DESIGN.md keys)")
+    p.add_argument("--watch", nargs="?", const=2.0, type=_seconds, metavar="SECONDS",
+                   help="print the board again every SECONDS (default 2) until Ctrl-C")
     p.set_defaults(func=_run(_status))
 
 

@@ -29,6 +29,11 @@ class Command(NamedTuple):
     builds: str
 
 
+#: Where every process finds berth.toml, in words (:mod:`berth.paths` computes it and keeps the
+#: same words; importing it here would cost ``berth --help`` a module).
+CONFIG_PLACES = ("$BERTH_CONFIG, else /etc/berth/berth.toml as root, else "
+                 "$XDG_CONFIG_HOME/berth/berth.toml (~/.config/berth/berth.toml)")
+
 #: Every subcommand, in the order ``berth --help`` lists them.
 COMMANDS = (
     Command("daemon", "run berthd, the broker for every card of this machine",
@@ -74,7 +79,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """``berth``'s parser. Every subcommand of :data:`COMMANDS` is listed; only the one
     ``argv`` names (none when ``argv`` is ``None``) is filled, importing its module."""
     parser = argparse.ArgumentParser(
-        prog="berth", description="Berth: a GPU-memory broker for local inference engines.")
+        prog="berth", description="Berth: a GPU-memory broker for local inference engines.",
+        epilog=f"Every command reads the config berthd reads: {CONFIG_PLACES}; "
+               f"`berth config check` with no path checks it.")
     from berth import __version__
     parser.add_argument("--version", action="version", version=f"berth {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -47,7 +47,7 @@ state_dir = "{tmp}/state"
 kind = "sim"
 sim_dir = "{tmp}/sim"
 free_delay = "0.5s"             # a dead process's memory frees after this, as drivers do
-checkpoint_rate = "{rate}"      # the stand-in cuda-checkpoint's speed (the demo: 7 GB/s, seed 002)
+checkpoint_rate = "{rate}"      # the stand-in cuda-checkpoint's speed (the demo: 7 GB/s, a measured rate)
 host_ram = "24GiB"              # the simulated host: ram_budget "auto" takes 80 % of it
 
 [[driver.cards]]
@@ -94,8 +94,9 @@ def _port() -> int:
 
 
 class Demo:
-    def __init__(self, tmp: Path, out=sys.stdout):
+    def __init__(self, tmp: Path, out=sys.stdout, stay: bool = False):
         self.tmp = tmp
+        self.stay = stay
         self.out = out
         self.t0 = time.monotonic()
         self.procs: list[subprocess.Popen] = []
@@ -105,7 +106,8 @@ class Demo:
                     "BERTH_SOCKET": str(tmp / "state" / "berthd.sock"),
                     "BERTH_SIM_DIR": str(tmp / "sim"), "BERTH_CONFIG": str(tmp / "berth.toml"),
                     "PYTHONUNBUFFERED": "1"}
-        self.ports = {"A": _port(), "comfyui": _port()}
+        self.ports = {"A": _port(), "comfyui": _port(), "board": _port()}
+        self.board_url = f"http://127.0.0.1:{self.ports['board']}/"
 
     def say(self, text: str) -> None:
         self.events.append((time.monotonic() - self.t0, text))
@@ -117,12 +119,15 @@ class Demo:
         return p
 
     async def run(self) -> int:
-        (self.tmp / "berth.toml").write_text(CONFIG.format(tmp=self.tmp, rate="7GB"))
+        board = f'\n[board]\nlisten = "127.0.0.1:{self.ports["board"]}"\n'
+        (self.tmp / "berth.toml").write_text(CONFIG.format(tmp=self.tmp, rate="7GB") + board)
         berth = str(self.bin / "berth")
         self._spawn([berth, "daemon"], "berthd.log")
         self.client = Client(self.env["BERTH_SOCKET"])
         await self._until(self._berthd_up, 20, "berthd to start")
         self.say("berthd up: gpu0, 12.0GiB simulated, 1.0GiB reserve; host RAM 24.0GiB")
+        self.out.write(f"The board, live while the demo runs: {self.board_url}\n")
+        self.out.flush()
         self._spawn([berth, "run", "--engine", "A", "--front", f"127.0.0.1:{self.ports['A']}",
                      "--size", "6GiB", "--park", "checkpoint", "--checkpoint-path",
                      str(self.bin / "berth-sim-cuda-checkpoint"), "--",
@@ -148,7 +153,20 @@ class Demo:
         await self.client.close()
         self._print(timeline, st, oom)
         drained = st["counters"]["drains"] + st["counters"]["fallbacks_to_drain"]
+        if self.stay:
+            await self._stay()
         return 0 if ok and oom == 0 and drained == 0 else 1
+
+    async def _stay(self) -> None:
+        """``--stay``: berthd, both engines and the board stay up until SIGINT or SIGTERM."""
+        self.out.write(f"\nberthd, the engines and the board stay up: {self.board_url} "
+                       f"(Ctrl-C to stop)\n")
+        self.out.flush()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
 
     def _models(self) -> Path:
         models = self.tmp / "models"
@@ -293,9 +311,9 @@ class Demo:
                 p.wait(5)
 
 
-def run_demo(keep: bool = False) -> int:
+def run_demo(keep: bool = False, stay: bool = False) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="berth-demo-"))
-    demo = Demo(tmp)
+    demo = Demo(tmp, stay=stay)
     try:
         return asyncio.run(demo.run())
     except RuntimeError as e:
@@ -312,4 +330,6 @@ def run_demo(keep: bool = False) -> int:
 def arguments(p) -> None:
     """Fill ``berth demo``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.add_argument("--keep", action="store_true", help="keep the temporary directory and logs")
-    p.set_defaults(func=lambda a: run_demo(a.keep))
+    p.add_argument("--stay", action="store_true",
+                   help="after the demo, keep berthd, the engines and the board up until Ctrl-C")
+    p.set_defaults(func=lambda a: run_demo(a.keep, a.stay))

@@ -24,7 +24,8 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["state_dir", "socket_path", "sim_dir", "config_path", "find_config", "client_socket",
+__all__ = ["state_dir", "socket_path", "sim_dir", "config_path", "find_config", "CONFIG_PLACES",
+           "client_socket",
            "client_sim_dir", "prepare_state_dir", "open_lock", "check_socket", "write_atomic",
            "UnsafePath"]
 
@@ -175,6 +176,12 @@ def config_path() -> Path:
         return Path("/etc/berth/berth.toml")
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(xdg) / "berth" / "berth.toml"
+
+
+#: Where berth.toml is looked for, in words, for help pages (:func:`config_path` computes it;
+#: ``berth --help`` keeps the same words in ``berth.cli.CONFIG_PLACES``).
+CONFIG_PLACES = ("$BERTH_CONFIG, else /etc/berth/berth.toml as root, else "
+                 "$XDG_CONFIG_HOME/berth/berth.toml (~/.config/berth/berth.toml)")
 
 
 def find_config(path: str | os.PathLike | None = None) -> Path | None:

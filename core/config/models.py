@@ -39,6 +39,7 @@ from .values import (
     Rate,
     ReadInterval,
     Size,
+    SocketMode,
     TcpAddress,
     Total,
     Whole,
@@ -190,13 +191,13 @@ class EngineConfig(_Strict):
         if self.park == "checkpoint":
             raise ValueError("park = 'checkpoint' is refused on an engine entry: every run of the "
                              "entry would share one front. Put it on a `berth run --front ADDR "
-                             "--park checkpoint` line (seed 002 'Capabilities')")
+                             "--park checkpoint` line")
         if (self.park or self.lend) and not self.front:
             raise ValueError("park and lend need a front (rule 3: Berth parks an engine only when "
                              "every request passes through a Berth front); set front = ...")
         if self.park == "hook" and not self.adapter:
             raise ValueError("park = 'hook' needs an adapter (protocol, vllm, sglang, llamacpp, "
-                             "comfyui)")
+                             "ollama, comfyui)")
         return self
 
 
@@ -205,6 +206,11 @@ class ApiConfig(_Strict):
     and an optional TCP listener (``HOST:PORT``), which requires a key."""
 
     socket: str | None = None
+    #: The socket's group and mode: members of ``socket_group`` may connect (lease, report,
+    #: read the status) when the mode lets the group read and write; berthd refuses to start
+    #: when the group does not exist (issue 29). Operators are ``operator_group``'s.
+    socket_group: str | None = Field(None, min_length=1, max_length=64)
+    socket_mode: SocketMode = 0o660
     tcp: TcpAddress = None
     key: str | None = None
     #: Members of this Unix group are operators (park, wake, drain, hold; any priority), as are
@@ -219,6 +225,10 @@ class ApiConfig(_Strict):
             return self
         if self.tcp and not self.key:
             raise ValueError("api.tcp needs api.key: the TCP control API is never open without one")
+        if self.socket_group and self.socket_mode & 0o060 != 0o060:
+            raise ValueError(f"api.socket_mode {oct(self.socket_mode)} does not let "
+                             f"api.socket_group {self.socket_group!r} read and write the socket, "
+                             f"so its members could not connect; use 0o660")
         return self
 
 

@@ -186,3 +186,24 @@ def _listen(v: Any) -> str | None:
 Listen = Annotated[str | None, BeforeValidator(_listen)]
 
 
+
+
+def _socket_mode(v: Any) -> int:
+    """``[api] socket_mode``: a file mode, as TOML's octal integer (``0o660``) or a string of
+    octal digits (``"0660"``); the owner (berthd) keeps read and write."""
+    mode, said = None, repr(v)
+    if isinstance(v, int) and not isinstance(v, bool):
+        mode, said = v, oct(v)
+    elif isinstance(v, str) and v.strip():
+        text = v.strip().lower().removeprefix("0o")
+        if text and all(c in "01234567" for c in text):
+            mode = int(text, 8)
+    if mode is None or not 0 <= mode <= 0o777:
+        raise ValueError(f"expected a file mode like 0o660 or \"0660\", got {said}")
+    if mode & 0o600 != 0o600:
+        raise ValueError(f"{oct(mode)} takes read and write from the socket's owner (berthd); "
+                         f"expected a mode like 0o660, got {said}")
+    return mode
+
+
+SocketMode = Annotated[int, BeforeValidator(_socket_mode)]

@@ -83,6 +83,7 @@ from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
 from berth.decide.model import Capabilities, Lease, ParkMechanism
 from berth.decide.placement import Ask, PlacementError
+from berth.decide.units import format_size
 from berth.driver.base import DriverError
 from berth.process import ProcessId, identify
 
@@ -164,7 +165,7 @@ async def request_lease(request: web.Request) -> web.Response:
         return error(503, f"cannot read the cards to adopt pid {lease.pid}: {e}", "unavailable")
     if adopted is not None:
         log.info("lease %s adopts pid %s (%s), which holds %s", lease.id, adopted.pid, why,
-                 ", ".join(f"{p}={s.used_bytes}" for p, s in lease.shares.items()))
+                 ", ".join(f"{p}={format_size(s.used_bytes)}" for p, s in lease.shares.items()))
     if body.aliases:
         request.app[ALIASES][lease.id] = list(body.aliases)
     state = "waiting" if lease.is_waiting() else "active"

@@ -13,7 +13,9 @@ reverse and a failed start leaves nothing behind (and says why in one line):
 4. hold ``<state dir>/berthd.lock`` (one berthd per state directory) - exit 4;
 5. open the driver (NVML, or the simulated cards declared in the config) - exit 3;
 6. start the broker: restore the state file, re-attach live leases, measure baselines;
-7. serve the control API on the Unix socket (mode 0660) - exit 4 if it cannot be bound;
+7. serve the control API on the Unix socket (``[api] socket_mode``, default 0660, and
+   ``[api] socket_group``: a group that does not exist, or one berthd's user may not give the
+   socket to, stops the start at step 2 with exit 2) - exit 4 if it cannot be bound;
 8. serve the web board on ``[board] listen`` (default ``127.0.0.1:7088``; a port already taken
    is logged and berthd runs on without the board).
 
@@ -91,12 +93,51 @@ def load_plugins(cfg: Config):
     return pm
 
 
+def socket_gid(cfg: Config) -> int | None:
+    """The group id of ``[api] socket_group`` (``None`` when unset). Raises
+    :class:`StartRefused` (code 2), one line naming the group, when no such group exists or
+    berthd's user (not root) is not in it: chown would refuse to give it the socket."""
+    import grp
+    name = cfg.api.socket_group
+    if not name:
+        return None
+    try:
+        gid = grp.getgrnam(name).gr_gid
+    except KeyError:
+        raise StartRefused(f"[api] socket_group {name!r}: no such group; create it "
+                           f"(groupadd {name}) or leave socket_group out", 2) from None
+    if os.geteuid() != 0 and gid not in (os.getegid(), *os.getgroups()):
+        raise StartRefused(f"[api] socket_group {name!r}: berthd's user is not a member, so it "
+                           f"cannot give the socket to that group (usermod -aG {name} USER, "
+                           f"then log in again), or run berthd as root", 2)
+    return gid
+
+
+def _socket_access(sock: Path, mode: int, gid: int | None, group: str | None) -> None:
+    """Give the control socket its mode and group, and say when the group cannot reach it: a
+    directory on the way that the group may not search (the state directory is berthd's
+    choice of mode; /run/berth as berthd makes it is searchable)."""
+    if gid is not None:
+        os.chown(sock, -1, gid)
+    os.chmod(sock, mode)
+    if gid is None:
+        return
+    for d in sock.parents:
+        st = d.stat()
+        if not st.st_mode & 0o001 and not (st.st_gid == gid and st.st_mode & 0o010):
+            log.warning("[api] socket_group %r cannot reach %s: %s (mode %04o) is closed to "
+                        "it; chgrp %s %s and chmod g+x, or move [api] socket", group, sock, d,
+                        st.st_mode & 0o7777, group, d)
+            break
+
+
 async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
     """Acquire berthd's parts in order on ``stack`` (see the module docstring); the broker."""
     # berthd's own parts load only when it runs (`berth config check` needs none of them).
     from berth.daemon.api import serve
     from berth.daemon.broker import Broker
     pm = load_plugins(cfg)
+    gid = socket_gid(cfg)
     sock = paths.socket_path(cfg)
     if _answers(sock):
         raise StartRefused(f"another berthd answers on {sock}; stop it first, or give this one "
@@ -129,6 +170,7 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
     except OSError as e:
         raise StartRefused(f"the control API cannot listen: {e}", 4) from None
     stack.push_async_callback(runner.cleanup)
+    _socket_access(sock, cfg.api.socket_mode, gid, cfg.api.socket_group)
     stack.callback(broker.begin_shutdown)         # long polls end before the API closes
     await hub.start()
     if cfg.board.listen:                          # the web board (issue 15); a busy port is logged
@@ -227,24 +269,33 @@ def _cmd_daemon(args) -> int:
 
 
 def _cmd_config_check(args) -> int:
+    """``berth config check [PATH]``: the file named, else the one berthd would read
+    (:func:`berth.paths.find_config`); with none there, what the defaults mean."""
     try:
-        cfg = load(args.path)       # the file named, not the one berthd would find
+        path = args.path or paths.find_config()
+        cfg = load(path) if path is not None else Config()
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
+    name = str(path) if path is not None else str(paths.config_path())
     try:
         load_plugins(cfg)
+        socket_gid(cfg)
     except StartRefused as e:
-        print(str(ConfigError(args.path, e.problems)) if e.problems else f"{args.path}: {e}",
+        print(str(ConfigError(name, e.problems)) if e.problems else f"{name}: {e}",
               file=sys.stderr)
         return e.code
-    print(f"{args.path}: valid\n{summary(cfg)}")
+    if path is None:
+        print(f"{name}: no such file; berthd runs on the defaults\n{summary(cfg)}")
+    else:
+        print(f"{name}: valid\n{summary(cfg)}")
     return 0
 
 
 def daemon_arguments(p) -> None:
     """Fill ``berth daemon``'s parser (:data:`berth.cli.COMMANDS`)."""
-    p.add_argument("--config", help="berth.toml (default $BERTH_CONFIG or the usual place)")
+    p.add_argument("--config", metavar="PATH",
+                   help=f"berth.toml (default: {paths.CONFIG_PLACES}; none there: the defaults)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=_cmd_daemon)
 
@@ -253,5 +304,8 @@ def config_arguments(c) -> None:
     """Fill ``berth config``'s parser (:data:`berth.cli.COMMANDS`)."""
     csub = c.add_subparsers(dest="config_command", metavar="ACTION", required=True)
     chk = csub.add_parser("check", help="validate a config and explain what it means")
-    chk.add_argument("path")
+    chk.description = (f"Validate a berth.toml and say what it means. Without PATH: the one "
+                       f"berthd reads ({paths.CONFIG_PLACES}; here {paths.config_path()}).")
+    chk.add_argument("path", nargs="?", metavar="PATH",
+                     help=f"the file (default: the one berthd reads: {paths.CONFIG_PLACES})")
     chk.set_defaults(func=_cmd_config_check)

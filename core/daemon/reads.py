@@ -14,6 +14,7 @@ import logging
 from berth.decide.effects import CardRead, Effect, Note, ReadCards, Until, Watch
 from berth.decide.ledger import Ledger
 from berth.decide.model import LIVE_STATES, Lease
+from berth.decide.units import format_size
 from berth.driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost
 from berth.process import ProcessId, alive, tree_pids
 
@@ -179,6 +180,6 @@ class Reads:
             card = self.ledger.cards[pci]
             card.baseline_bytes = max(0, card.baseline_bytes - n)
             base -= mine
-            fx.append(Note(lease.id, "baseline", f"{lease.engine}: {n} bytes of pid "
+            fx.append(Note(lease.id, "baseline", f"{lease.engine}: {format_size(n)} of pid "
                            f"{lease.pid} leave {card.name}'s baseline (measured before its lease)"))
         return fx

@@ -6,18 +6,20 @@ changes nothing, so the API may call it outside the single writer.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
-from berth.decide.admission import WaitKind
+from berth.decide.admission import Policy, WaitKind
 from berth.decide.ledger import RESIDUAL_SLACK_BYTES, counted_bytes
 from berth.decide.measures import reserve_fraction, suggested_reserve
 from berth.decide.model import Lease, Share, ShareState
+from berth.decide.units import format_size
 from berth.process import ProcessId, alive
 
 if TYPE_CHECKING:
     from berth.daemon.broker import Broker
 
-__all__ = ["board"]
+__all__ = ["board", "protection"]
 
 S = ShareState
 
@@ -44,9 +46,10 @@ def board(broker: "Broker") -> dict:
                       "reserve_below_suggested": sugg[pci]["below"], "shares": shares,
                       "stowaways": _stowaways(broker, pci)})
     leases = []
-    now = broker.clock()
+    now, wall = broker.clock(), time.time()
+    policy = broker.sched.policy
     for le in led.leases.values():
-        extra = _orphans(broker, le)
+        extra = {**_orphans(broker, le), **protection(le, policy, now, wall)}
         leases.append({**extra,
             "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
             "priority": le.priority, "bound": le.bound.value, "held": le.held,
@@ -78,6 +81,37 @@ def board(broker: "Broker") -> dict:
             "uptime_s": round(now - broker.started_at, 1)}
 
 
+def protection(lease: Lease, policy: Policy, now: float, wall: float) -> dict:
+    """When an active holder's protections end, as ``berth.decide.ladder.displaceable`` (3)
+    and (4) apply them (a test holds the two together), like ``ollama ps``'s "until":
+
+    - ``turn_left_s`` / ``turn_until``: its minimum turn (at least what its last switch cost),
+      counted from when it could serve; it keeps the card against equal and lower priorities
+      while it serves (``idle``: nothing in flight, so the turn protects nothing);
+    - ``keep_warm_left_s`` / ``keep_warm_until``: ``keep_warm`` after its last request; its
+      priority keeps the card against lower priorities that long once idle (while it serves,
+      always).
+
+    Seconds from ``now`` (the broker's clock) and the same instant as seconds since the epoch
+    (``wall`` is ``time.time()`` at ``now``); ``None`` once over, or for a holder with no
+    active share. ``held``, an operator hold, protects until it is released."""
+    active = any(sh.state is S.ACTIVE for sh in lease.shares.values())
+    out: dict = {"idle": lease.idle(), "turn_left_s": None, "turn_until": None,
+                 "keep_warm_left_s": None, "keep_warm_until": None}
+    if not active:
+        return out
+    granted = lease.granted_at or 0.0
+    ready = lease.ready_at if lease.ready_at is not None and lease.ready_at >= granted \
+        else granted + policy.wake_limit_s
+    ends = {"turn": max(ready, lease.resumed_at) + max(policy.min_turn_s, lease.switch_cost_s),
+            "keep_warm": lease.last_used_at + lease.keep_warm_s}
+    for name, end in ends.items():
+        if end > now:
+            out[f"{name}_left_s"] = round(end - now, 3)
+            out[f"{name}_until"] = round(wall + (end - now), 3)
+    return out
+
+
 def _orphans(broker: "Broker", lease: Lease) -> dict:
     """Board fields for a lease whose main process is gone while processes it started still
     hold memory on its cards (issue 7; reference/hosts.md "Orphans"): ``orphans`` lists
@@ -103,7 +137,7 @@ def _orphans(broker: "Broker", lease: Lease) -> dict:
         advice = "stop them: Berth does not signal processes it did not start (rule 6)"
     return {"orphans": found,
             "note": f"main process {lease.pid} is gone but {len(found)} process(es) it "
-                    f"started still hold {held} bytes (pids "
+                    f"started still hold {format_size(held)} (pids "
                     f"{', '.join(str(o['pid']) for o in found)}); {advice}"}
 
 
@@ -114,8 +148,8 @@ def _running_unleased(lease: Lease, kind: str) -> dict:
         return {}
     held = sum(sh.used_bytes or 0 for sh in lease.shares.values())
     return {"pid": lease.pid, "running": True, "held_bytes": held,
-            "note": f"over budget: pid {lease.pid} already runs and holds {held} bytes without a "
-                    f"grant; they count as stowaways until room is made"}
+            "note": f"over budget: pid {lease.pid} already runs and holds {format_size(held)} "
+                    f"without a grant; they count as stowaways until room is made"}
 
 
 def _stowaways(broker: "Broker", pci: str) -> list[dict]:

@@ -297,10 +297,9 @@ class _Pass:
         if never:                                                                # (1)
             c = led.cards[never[0]]
             n = need[never[0]]
-            self.res.never.append((w, f"needs {format_size(n)} ({n} bytes) on {c.name} "
-                                      f"({c.pci}), more than its capacity of "
-                                      f"{format_size(c.capacity_bytes)} ({c.capacity_bytes} "
-                                      f"bytes: total − reserve − baseline − claims)"))
+            self.res.never.append((w, f"needs {format_size(n)} on {c.name} ({c.pci}), more "
+                                      f"than its capacity of {format_size(c.capacity_bytes)} "
+                                      f"(total − reserve − baseline − claims)"))
             self.queue.remove(w.lease_id)
             return
         fits = all(v is Fit.FITS for v in verdicts.values())

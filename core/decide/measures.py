@@ -5,7 +5,11 @@
 - the reserve as a fraction of the cards (paying throughput for a guarantee);
 - a suggested minimum reserve: the growth between two driver reads plus the largest single step
   seen (seed 000 "The watermark": it "must exceed Bc plus the largest single allocation a step
-  can demand"), flagged when the configured reserve is below it.
+  can demand"), flagged when the configured reserve is below it. Growth here is what no
+  admission counted: a share counts its whole reservation, so a load or a KV cache growing
+  inside it (or after an extension) takes nothing from the reserve; only use past the
+  reservation does. A holder's steps are forgotten with it, and the suggestion never passes
+  what the card could hold with no reserve at all.
 
 Pure: times are arguments.
 """
@@ -42,16 +46,17 @@ class Counters:
 
 @dataclass
 class GrowthMeter:
-    """Growth of each holder's use between driver reads, in bytes and bytes per second.
+    """Growth of each holder's uncounted use (bytes past its reservation) between driver
+    reads, in bytes and bytes per second, keyed ``(lease id, PCI)``.
 
     ``rate_bps`` is an exponentially weighted mean of positive growth rates (weight ``alpha``);
-    ``max_step_bytes`` the largest growth seen between two consecutive reads, per card.
+    ``max_step_bytes`` the largest growth seen between two consecutive reads.
     """
 
     alpha: float = 0.3
     last: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
     rate_bps: dict[tuple[str, str], float] = field(default_factory=dict)
-    max_step_bytes: dict[str, int] = field(default_factory=dict)
+    max_step_bytes: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def record(self, lease_id: str, pci: str, used_bytes: int, now: float) -> None:
         key = (lease_id, pci)
@@ -61,7 +66,7 @@ class GrowthMeter:
             return
         step = used_bytes - prev[0]
         if step > 0:
-            self.max_step_bytes[pci] = max(self.max_step_bytes.get(pci, 0), step)
+            self.max_step_bytes[key] = max(self.max_step_bytes.get(key, 0), step)
         rate = max(0.0, step / (now - prev[1]))
         old = self.rate_bps.get(key)
         self.rate_bps[key] = rate if old is None else self.alpha * rate + (1 - self.alpha) * old
@@ -72,9 +77,9 @@ class GrowthMeter:
         self.last.pop((lease_id, pci), None)
 
     def forget(self, lease_id: str) -> None:
-        for key in [k for k in self.last if k[0] == lease_id]:
-            self.last.pop(key, None)
-            self.rate_bps.pop(key, None)
+        for table in (self.last, self.rate_bps, self.max_step_bytes):
+            for key in [k for k in table if k[0] == lease_id]:
+                del table[key]
 
 
 def reserve_fraction(ledger: Ledger) -> float:
@@ -84,15 +89,19 @@ def reserve_fraction(ledger: Ledger) -> float:
 
 
 def suggested_reserve(ledger: Ledger, meter: GrowthMeter, read_interval_s: float) -> dict[str, dict]:
-    """Per card: ``{"suggested_bytes", "reserve_bytes", "below"}``.
+    """Per card: ``{"suggested_bytes", "reserve_bytes", "below"}`` (bytes).
 
     suggested = Σ over holders on the card of (growth rate × read interval) + the largest single
-    step seen on the card. ``below`` is true when the configured reserve is smaller.
+    step of a holder on the card, at most what the card holds less its baseline and claims.
+    ``below`` is true when the configured reserve is smaller.
     """
     out: dict[str, dict] = {}
     for pci, card in ledger.cards.items():
         growth = sum(r for (lid, p), r in meter.rate_bps.items() if p == pci and lid in ledger.leases)
-        suggested = int(growth * read_interval_s) + meter.max_step_bytes.get(pci, 0)
+        step = max((n for (lid, p), n in meter.max_step_bytes.items()
+                    if p == pci and lid in ledger.leases), default=0)
+        bound = max(0, card.total_bytes - card.baseline_bytes - card.claim_bytes)
+        suggested = min(bound, int(growth * read_interval_s) + step)
         out[pci] = {"suggested_bytes": suggested, "reserve_bytes": card.reserve_bytes,
                     "below": card.reserve_bytes < suggested}
     return out

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from .ledger import Ledger
 from .model import Share
+from .units import format_size
 
 __all__ = ["Ask", "PlacementError", "place", "shares_for"]
 
@@ -84,7 +85,7 @@ def _unnamed(ledger: Ledger, i: int, ask: Ask, held: dict[str, int | None]) -> s
     fits = [p for p, c in ledger.cards.items()                                   # (3)
             if ask.size_bytes is None or ask.size_bytes <= c.capacity_bytes]
     if not fits:
-        raise PlacementError(f"shares.{i}.size", f"{ask.size_bytes} bytes is larger than "
+        raise PlacementError(f"shares.{i}.size", f"{format_size(ask.size_bytes)} is larger than "
                                                  f"every card's capacity")
     return max(fits, key=lambda p: (ledger.available(p), ledger.cards[p].capacity_bytes))
 

@@ -40,11 +40,12 @@ def observe(st: State, reads: dict[str, CardRead], now: float) -> list[Effect]:
             if lease is None or pci not in lease.shares:
                 continue
             sh = led.update(lid, pci, used_bytes=used)
-            # Growth is what a serving engine adds; its load or restore is not growth.
+            # Growth is what a serving engine adds past its reservation (admission counted the
+            # rest); its load or restore is not growth.
             serving = sh.state is S.ACTIVE and lease.ready_at is not None and \
                 now - max(sh.since, lease.ready_at) > st.policy.read_interval_s
             if used is not None and serving:
-                st.growth.record(lid, pci, used, now)
+                st.growth.record(lid, pci, max(0, used - sh.reserved_bytes), now)
             else:
                 st.growth.reset(lid, pci)
             fx += after_use(st, lease, sh, now)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import os
 import secrets
 import time
 from pathlib import Path
@@ -109,10 +108,9 @@ class NonceLog:
         return seen
 
     def _write_all(self, seen: dict[str, float]) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="ascii") as f:
-            f.writelines(f"{t:.3f} {n}\n" for n, t in seen.items())
-        os.replace(tmp, self.path)
+        from berth.paths import write_atomic
+        write_atomic(self.path, "".join(f"{t:.3f} {n}\n" for n, t in seen.items())
+                     .encode("ascii"))
 
     def add(self, nonce: str, t: float, live: dict[str, float]) -> None:
         self._f.write(f"{t:.3f} {nonce}\n")

@@ -211,7 +211,8 @@ def arguments(p) -> None:
                    help="memory per card, e.g. 14GiB@gpu0 or card (repeat for several cards)")
     p.add_argument("--priority", type=int)
     p.add_argument("--park", choices=[m.value for m in ParkMechanism])
-    p.add_argument("--adapter", help="the hook's adapter: protocol, vllm, sglang, llamacpp")
+    p.add_argument("--adapter",
+                   help="the hook's adapter: protocol, vllm, sglang, llamacpp, ollama")
     p.add_argument("--lend", action="store_true", help="the engine can lend memory (protocol)")
     p.add_argument("--lend-max", metavar="SIZE",
                    help="the most it may lend on one card (default: its share less its measured "

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 from berth.client import ApiError, BerthdUnavailable, Client
 from berth.decide.instruction import Instruction, read_poll
 from berth.decide.model import Op
+from berth.decide.units import format_size
 from berth.front import Front
 from berth.process import ProcessId
 from berth.run.engine import EngineProcess
@@ -173,7 +174,8 @@ class LeaseClient:
             self._policy_to_front()
             self.leased = True
             log.info("lease %s granted: %s (%s)", self.lease_id,
-                     ", ".join(f"{c['name']}={c['bytes']}" for c in self.cards), g.get("rung"))
+                     ", ".join(f"{c['name']}={format_size(c['bytes'])}" for c in self.cards),
+                     g.get("rung"))
             return g
         with contextlib.suppress(BerthdUnavailable, ApiError):
             await self.client.release(self.lease_id, 0, "stopped while waiting")

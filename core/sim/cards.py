@@ -41,6 +41,7 @@ from typing import Any
 
 from berth import paths
 from berth.decide.model import normalize_pci
+from berth.decide.units import format_size
 
 from . import store
 from .store import _VERSION, SimError
@@ -333,7 +334,7 @@ class SimCards:
                 else:
                     if p is None and sign < 0:
                         raise SimError(f"pid {pid} holds no simulated memory on {card['pci']}, "
-                                       f"cannot free {nbytes} bytes")
+                                       f"cannot free {format_size(nbytes)}")
                     if p is None:
                         p = st.data["procs"][key] = {
                             "pid": pid, "start_time": start, "state": RUNNING, "stuck": False,
@@ -342,8 +343,8 @@ class SimCards:
                     held = p["card"].get(card["pci"], 0)
                     if sign < 0:
                         if nbytes > held:
-                            raise SimError(f"nbytes: pid {pid} holds {held} bytes on "
-                                           f"{card['pci']}, cannot free {nbytes}")
+                            raise SimError(f"nbytes: pid {pid} holds {format_size(held)} on "
+                                           f"{card['pci']}, cannot free {format_size(nbytes)}")
                     else:
                         free_bytes = self._free(st.data, i)
                         if nbytes > free_bytes:
@@ -457,4 +458,5 @@ class SimCards:
 
 
 def _describe(cards: list[dict]) -> str:
-    return ", ".join(f"{c['name']}={c['total_bytes']}B@{c['pci']}" for c in cards) or "none"
+    return ", ".join(f"{c['name']}={format_size(c['total_bytes'])}@{c['pci']}"
+                     for c in cards) or "none"

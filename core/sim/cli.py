@@ -6,6 +6,7 @@ Source: issue 3; DESIGN.md "Commands" (``berth sim …``)::
                    [--checkpoint-bps N] [--replace] [--dir D]
     berth sim cards [--json] [--dir D]
     berth sim engine --port P --weights SIZE [...]      (see berth.sim.engine)
+    berth sim ollama --model NAME=SIZE [...]            (see berth.sim.ollama)
     berth sim comfyui --port P --models DIR [...]       (see berth.sim.comfyui)
     berth sim charge --size SIZE [--per-child SIZE] -- CMD…   (see berth.sim.charge)
 
@@ -130,9 +131,19 @@ def _engine(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _ollama_arguments(p: argparse.ArgumentParser) -> None:
+    from berth.sim.ollama import arguments  # aiohttp is loaded only for the stand-ins
+    arguments(p)
+
+
+def _ollama(args: argparse.Namespace) -> int:
+    from berth.sim.ollama import run
+    return run(args)
+
+
 def arguments(sim: argparse.ArgumentParser) -> None:
-    """Fill ``berth sim``'s parser with its ``init``, ``cards``, ``engine`` and ``comfyui``
-    subcommands (:data:`berth.cli.COMMANDS`)."""
+    """Fill ``berth sim``'s parser with its ``init``, ``cards``, ``engine``, ``comfyui`` and
+    ``ollama`` subcommands (:data:`berth.cli.COMMANDS`)."""
     sim.description = __doc__.split("\n\n")[0]
     sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND", required=True)
 
@@ -170,3 +181,8 @@ def arguments(sim: argparse.ArgumentParser) -> None:
                                        "prompts on a simulated card")
     comfyui.arguments(p)
     p.set_defaults(func=comfyui.run)
+
+    p = sub.add_parser("ollama", help="an Ollama stand-in (ollama serve's API) whose loaded "
+                                      "models hold memory on a simulated card")
+    _ollama_arguments(p)
+    p.set_defaults(func=_ollama)

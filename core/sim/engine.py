@@ -42,7 +42,7 @@ from typing import AsyncIterator
 
 from aiohttp import web
 from berth.decide.model import normalize_pci
-from berth.decide.units import parse_duration, parse_size
+from berth.decide.units import format_size, parse_duration, parse_size
 from berth.sim.cards import RUNNING, SimBusy, SimCards, SimError, SimOOM
 
 __all__ = ["run", "StubEngine", "make_app"]
@@ -158,7 +158,7 @@ class StubEngine:
             if self.parked:
                 return self.state()
             if self.lent_bytes:
-                raise _Reject(409, f"cannot park while {self.lent_bytes} bytes are lent on "
+                raise _Reject(409, f"cannot park while {format_size(self.lent_bytes)} are lent on "
                                    f"{', '.join(p for p, n in self.lent.items() if n)}; return "
                                    "them first", "conflict_error")
             if self.in_flight:
@@ -197,8 +197,9 @@ class StubEngine:
                 raise _Reject(409, "cannot lend while parked", "conflict_error")
             spare = self.kv_alloc[pci] - self.kv_used_bytes
             if nbytes > spare:
-                raise _Reject(409, f"cannot lend {nbytes} bytes on {pci}: only {spare} "
-                                   "bytes of the KV cache are unused", "conflict_error")
+                raise _Reject(409, f"cannot lend {format_size(nbytes)} on {pci}: only "
+                                   f"{format_size(spare)} of the KV cache are unused",
+                              "conflict_error")
             if self.lend_noop:
                 return self.state()
             await self._card(nbytes, -1, pci)
@@ -211,8 +212,8 @@ class StubEngine:
         async with self._mem:
             self._check_card(pci)
             if nbytes > self.lent[pci]:
-                raise _Reject(400, f"bytes: {nbytes} is more than the {self.lent[pci]} bytes "
-                                   f"lent on {pci}")
+                raise _Reject(400, f"bytes: {format_size(nbytes)} is more than the "
+                                   f"{format_size(self.lent[pci])} lent on {pci}")
             try:
                 await self._card(nbytes, +1, pci)
             except SimOOM as e:

@@ -50,7 +50,7 @@ EDGES: dict[tuple[GateState, GateState], str] = {
     (G.STARTING, G.OPEN): "the lease was granted",
     **{(s, G.STARTING): "the lease ended; the new one waits for room"
        for s in (G.OPEN, G.CLOSING, G.ASLEEP, G.WAKING)},
-    (G.OPEN, G.CLOSING): "a park or drain begins: the queue goes idle first (seed 002 Fronts)",
+    (G.OPEN, G.CLOSING): "a park or drain begins: the queue goes idle first (rule 3)",
     (G.CLOSING, G.ASLEEP): "the queue went idle and the worker unloaded the models",
     (G.CLOSING, G.OPEN): "the park was called off (the queue stayed busy) or a wake came first",
     (G.ASLEEP, G.WAKING): "a prompt arrived: berthd is asked for the wake",

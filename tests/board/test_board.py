@@ -302,3 +302,82 @@ def test_the_stream_survives_a_berthd_restart(world, browser):
         page.wait_for_selector("#cards .seg.share[data-engine='after-restart']", timeout=20000)
     finally:
         page.context.close()
+
+
+def test_metrics_on_the_board_listener_need_no_key(world):
+    """Issue 29: a scraper reads ``/metrics`` on the board's port with no key (the board has
+    one here), and gets berthd's figures, the same as the control socket's; the key stays for
+    actions."""
+    import subprocess
+    curl = shutil.which("curl")
+    assert curl, "curl is missing (apt-get install curl)"
+    p = subprocess.run([curl, "-sS", "-o", "-", "-w", "\\n%{http_code}", world.url + "metrics"],
+                       capture_output=True, text=True, timeout=30)
+    body, _, code = p.stdout.rpartition("\n")
+    assert code == "200", (code, body[:500], p.stderr)
+    assert 'berth_card_total_bytes{card="gpu0",pci="0000:01:00.0"}' in body, body[:2000]
+    assert 'berth_wait_seconds_count{kind="grant"}' in body
+    _, via_socket = world.d.call("GET", "/metrics")
+    names = {ln.split("{")[0].split()[0] for ln in via_socket["raw"].splitlines()
+             if ln and not ln.startswith("#")}
+    assert names == {ln.split("{")[0].split()[0] for ln in body.splitlines()
+                     if ln and not ln.startswith("#")}
+    code, _, out = world.http("POST", "operator/park", {"target": "beta"},
+                              headers={"X-Berth-Board": "1"})
+    assert code == 403, out
+
+
+#: The board's parts, each a box of its own at any width.
+PARTS = ("header", "#cards-section", "#waiting-section", "#leases-section", "#chart-section",
+         "#events-section", "footer")
+
+
+def _extents(page) -> dict[str, dict]:
+    """Each part's box, grown to hold every box inside it (a table wider than its column
+    reaches into the next one)."""
+    return page.evaluate("""parts => Object.fromEntries(parts.map(sel => {
+        const root = document.querySelector(sel);
+        let r = root.getBoundingClientRect();
+        let box = {l: r.left, t: r.top, r: r.right, b: r.bottom};
+        for (const e of root.querySelectorAll('*')) {
+            const q = e.getBoundingClientRect();
+            if (!q.width || !q.height) continue;
+            box = {l: Math.min(box.l, q.left), t: Math.min(box.t, q.top),
+                   r: Math.max(box.r, q.right), b: Math.max(box.b, q.bottom)};
+        }
+        return [sel, box];
+    }))""", list(PARTS))
+
+
+def test_on_a_phone_the_board_is_one_column_with_no_overlap(world, browser, tmp_path):
+    """Issue 29: at 390 px (a phone) the two columns overlapped. Now the parts stack, none
+    overlaps another, and nothing is wider than the screen but inside its own scroller."""
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=2,
+                              is_mobile=True, has_touch=True)
+    page = ctx.new_page()
+    try:
+        page.goto(world.url)
+        page.wait_for_selector("#conn.up")
+        page.wait_for_selector("#cards .card .seg.share")
+        page.wait_for_selector("#leases tbody tr")
+        page.wait_for_function("() => document.querySelectorAll('#charts svg').length >= 3")
+        box = _extents(page)
+        width = page.evaluate("() => document.documentElement.clientWidth")
+        assert width <= 390
+        overlaps = [(a, b) for i, a in enumerate(PARTS) for b in PARTS[i + 1:]
+                    if box[a]["l"] < box[b]["r"] - 0.5 and box[b]["l"] < box[a]["r"] - 0.5
+                    and box[a]["t"] < box[b]["b"] - 0.5 and box[b]["t"] < box[a]["b"] - 0.5]
+        assert not overlaps, (overlaps, box)
+        wide = {p: b for p, b in box.items() if b["l"] < -0.5 or b["r"] > width + 0.5}
+        assert not wide, (wide, width)
+        page_wide = page.evaluate("() => document.documentElement.scrollWidth")
+        assert page_wide <= width, page_wide
+        tops = [box[p]["t"] for p in PARTS]
+        assert tops == sorted(tops), box                  # one column, top to bottom
+        shot = tmp_path / "board-390.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        OUT.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, OUT / "board-390.png")
+    finally:
+        ctx.close()

@@ -53,6 +53,9 @@ def board(d: Berthd) -> str:
     st_.pop("uptime_s")
     for w in st_["waiting"]:
         w.pop("waited_s")
+    for le in st_["leases"]:            # the clock's: seconds left, and the same as wall time
+        for k in ("turn_left_s", "turn_until", "keep_warm_left_s", "keep_warm_until"):
+            le.pop(k)
     return json.dumps(st_, sort_keys=True)
 
 

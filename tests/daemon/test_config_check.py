@@ -40,3 +40,39 @@ def test_a_simulated_card_needs_no_pci(tmp_path):
         assert d.status()["cards"][0]["pci"] == "0000:01:00.0"
     finally:
         d.stop()
+
+
+def test_config_check_without_a_path_checks_the_file_berthd_reads(tmp_path):
+    """Main: ``berth config check`` needed a path, so the place berthd reads could not be
+    checked as it is found, and ``--help`` said "the usual place" without naming it."""
+    import os
+
+    from berth import paths
+    env = {k: v for k, v in os.environ.items() if k not in ("BERTH_CONFIG", "XDG_CONFIG_HOME")}
+    cfg = sim_config(tmp_path, [("gpu0", "24GiB")])
+    named = subprocess.run([BERTH, "config", "check"], capture_output=True, text=True,
+                           timeout=30, env={**env, "BERTH_CONFIG": str(cfg)})
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.startswith(f"{cfg}: valid") and "gpu0" in named.stdout, named.stdout
+    cfg.write_text(cfg.read_text().replace('total = "24GiB"', 'total = "lots"'))
+    bad = subprocess.run([BERTH, "config", "check"], capture_output=True, text=True,
+                         timeout=30, env={**env, "BERTH_CONFIG": str(cfg)})
+    assert bad.returncode == 2 and "lots" in bad.stderr, bad.stderr
+    gone = subprocess.run([BERTH, "config", "check"], capture_output=True, text=True,
+                          timeout=30, env={**env, "BERTH_CONFIG": str(tmp_path / "nope.toml")})
+    assert gone.returncode == 2 and "no such file (named by BERTH_CONFIG)" in gone.stderr
+    # Nothing named: the default place, which the answer names (present or not).
+    default = subprocess.run([BERTH, "config", "check"], capture_output=True, text=True,
+                             timeout=30, env=env, cwd=tmp_path)
+    place = str(paths.config_path())
+    assert default.stdout.startswith(place) or place in default.stderr, default
+    if not os.path.exists(place):
+        assert default.returncode == 0 and "berthd runs on the defaults" in default.stdout
+    for args in (["daemon", "--help"], ["config", "check", "--help"], ["--help"]):
+        page = subprocess.run([BERTH, *args], capture_output=True, text=True, timeout=30,
+                              env=env).stdout
+        flat = " ".join(page.split())
+        assert "/etc/berth/berth.toml" in flat and "~/.config/berth/berth.toml" in flat, page
+        assert "usual place" not in flat
+    from berth.cli import CONFIG_PLACES
+    assert CONFIG_PLACES == paths.CONFIG_PLACES

@@ -42,7 +42,7 @@ RECORDING_PLUGIN = """
 def test_builtins_register_cleanly():
     pm = make_plugin_manager(load_entry_points=False)
     assert [name for name, _ in pm.list_name_plugin()] == list(BUILTINS)
-    assert mechanisms(pm) == {"checkpoint", "protocol", "vllm", "sglang", "llamacpp"}
+    assert mechanisms(pm) == {"checkpoint", "protocol", "vllm", "sglang", "llamacpp", "ollama"}
     specs = {n for n in dir(hookspecs) if n.startswith("berth_")}
     assert specs == set(ACTION_HOOKS) | set(DECISION_HOOKS)
 
@@ -134,7 +134,7 @@ def test_block_by_name(dists):
     dists.add("berth-typo2", {"typo2": "typo2_mod"}, {"typo2_mod": "def berth_prak(ctx): pass\n"})
     pm = make_plugin_manager(block=["typo2", "vllm", "berth_plugins.sglang"])
     assert not pm.has_plugin("typo2")
-    assert mechanisms(pm) == {"checkpoint", "protocol", "llamacpp", "supervisor"}
+    assert mechanisms(pm) == {"checkpoint", "protocol", "llamacpp", "ollama", "supervisor"}
     with pytest.raises(ValueError, match="block: no plugin named 'vlm'"):
         make_plugin_manager(block=["vlm", "typo2"])
 

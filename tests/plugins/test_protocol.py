@@ -50,8 +50,8 @@ def test_park_wake_lend_return_round_trips_move_the_card_bytes(kit, pm):
 
 def test_refusals_quote_the_engine(kit, pm):
     eng = kit.start("--protocol", "--lend", "--kv-pool", "1GiB", weights="1GiB")
-    with pytest.raises(MechanismError, match=r"answered 409: cannot lend 2147483648 bytes.*only "
-                                             "1073741824 bytes of the KV cache are unused"):
+    with pytest.raises(MechanismError, match=r"answered 409: cannot lend 2.0GiB.*only "
+                                             "1.0GiB of the KV cache are unused"):
         act(pm, "berth_lend", eng, bytes={PCI: 2 * GiB})
     with pytest.raises(MechanismError, match="lend needs ctx.bytes"):
         act(pm, "berth_lend", eng)

@@ -12,7 +12,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -59,9 +61,29 @@ def test_berth_demo_exits_0_within_120s_parks_and_wakes_both_ways_with_no_oom(is
     the other and wakes again; the image prompts ask for room before they load. On the default
     policy in a 24 GiB host (issue 12 case 3): every switch a park, none a drain; both fronts
     (``berth run``'s and the node's) report their jobs, so an idle holder yields at once."""
-    rc, out, elapsed = _run([BERTH, "demo"], isolated, 150)
+    t0 = time.monotonic()
+    p = subprocess.Popen([BERTH, "demo"], env=isolated, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    timer = threading.Timer(150, lambda: os.killpg(p.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        # The board's address comes first, while the demo runs, and the board answers there.
+        first = p.stdout.readline()
+        m = re.match(r"The board, live while the demo runs: (http://127\.0\.0\.1:\d+/)$",
+                     first.strip())
+        assert m, first + p.stdout.read()
+        with urllib.request.urlopen(m.group(1), timeout=10) as r:
+            assert r.status == 200 and b"Berth board" in r.read()
+        out = first + p.stdout.read()
+        rc = p.wait(30)
+    finally:
+        timer.cancel()
+    elapsed = time.monotonic() - t0
     assert rc == 0, out
     assert elapsed < 120
+    # The suggested reserve: both engines stay inside their leases (ComfyUI asks for more
+    # before it loads), so nothing suggests more than the configured 1 GiB.
+    assert "suggested reserve" not in out, out
     assert re.search(r"berthd park\s+A parks by checkpoint \(room for comfyui[^)]*\)", out), out
     assert re.search(r"berthd park\s+comfyui parks by hook \(room for A\)", out), out
     for engine in ("A", "comfyui"):

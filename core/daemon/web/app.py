@@ -8,6 +8,8 @@ the page's URLs are relative so either works):
 ``GET  /``                the page (``index.html``)
 ``GET  /static/{name}``   ``board.js``, ``board.css``
 ``GET  /state``           ``{"operator", "who", "board", "history"}`` once (JSON)
+``GET  /metrics``         berthd's figures as Prometheus text (the control API's), read-only:
+                          no key, for a scraper (issue 29); the key is for actions only
 ``GET  /events``          server-sent events: ``hello`` (operator flag and the hour of history),
                           then ``board`` at each change; ``retry: 1000`` so a page reconnects
                           within a second of berthd coming back
@@ -112,6 +114,16 @@ async def state(request: web.Request) -> web.Response:
     return web.json_response({**_hello(request), "board": hub.snapshot})
 
 
+async def metrics(request: web.Request) -> web.Response:
+    hub = request.app[HUB]
+    try:
+        body = await hub.source.metrics(hub.waits)
+    except (OSError, ValueError) as e:        # the gateway's board: berthd is not answering
+        raise web.HTTPServiceUnavailable(reason=f"berthd's metrics cannot be read: {e}") from None
+    return web.Response(body=body, content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus": "0.0.4", "Cache-Control": "no-store"})
+
+
 async def events(request: web.Request) -> web.StreamResponse:
     hub = request.app[HUB]
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
@@ -214,6 +226,7 @@ def board_app(hub: Hub, key: str | None = None) -> web.Application:
     r.add_get("/static/{name}", static)
     r.add_get("/state", state)
     r.add_get("/events", events)
+    r.add_get("/metrics", metrics)
     r.add_post("/login", login)
     r.add_post("/logout", logout)
     r.add_post("/operator/{op}", operator)

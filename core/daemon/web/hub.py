@@ -41,11 +41,13 @@ class Source(Protocol):
     """Where a hub reads berthd. ``status()`` is ``berth status --json``'s dict; ``timeline``
     returns entries with ``seq > after`` (waiting up to ``timeout_s``); ``operator`` carries out
     an operator action and returns the API's answer (raises ``KeyError`` for an unknown target,
-    ``ValueError`` for a refused one)."""
+    ``ValueError`` for a refused one); ``metrics`` is berthd's Prometheus text (bytes), its
+    wait-time histogram from ``waits``."""
 
     async def status(self) -> dict: ...
     async def timeline(self, after: int, timeout_s: float) -> list[dict]: ...
     async def operator(self, op: str, target: str) -> dict: ...
+    async def metrics(self, waits: "WaitTimes") -> bytes: ...
 
 
 class BrokerSource:
@@ -53,6 +55,7 @@ class BrokerSource:
 
     def __init__(self, broker):
         self.broker = broker
+        self._registry = None
 
     async def status(self) -> dict:
         st = self.broker.status()
@@ -70,6 +73,14 @@ class BrokerSource:
         fx = await b.submit(lambda now: b.sched.operator(op, lease.id, now))
         return {"lease": lease.id, "engine": lease.engine, "op": op,
                 "notes": [e.text for e in fx if hasattr(e, "text")]}
+
+    async def metrics(self, waits: "WaitTimes") -> bytes:
+        """The figures the control API's ``/metrics`` gives (the same collectors)."""
+        from berth.daemon.api_metrics import registry  # berthd's parts load in berthd only
+        from prometheus_client import generate_latest
+        if self._registry is None:
+            self._registry = registry(self.broker, waits)
+        return generate_latest(self._registry)
 
 
 class SocketSource:
@@ -105,6 +116,13 @@ class SocketSource:
 
     async def operator(self, op: str, target: str) -> dict:
         return await self._json("POST", f"/v1/operator/{op}", json={"target": target})
+
+    async def metrics(self, waits: "WaitTimes") -> bytes:
+        """berthd's own ``/metrics`` (its wait times, not this process's ``waits``)."""
+        async with self._s().get("http://berthd/metrics") as r:
+            if r.status >= 400:
+                raise ValueError(f"berthd's /metrics answered HTTP {r.status}")
+            return await r.read()
 
     async def close(self) -> None:
         if self._session is not None:

@@ -157,6 +157,16 @@
       root.appendChild(li);
     }
   }
+  // When a holder's protections end (berthd's status: turn_until, keep_warm_until, seconds
+  // since the epoch): its minimum turn while it serves, its keep_warm after its last request.
+  function until(le) {
+    const at = t => new Date(t * 1000).toLocaleTimeString();
+    const parts = [];
+    if (le.held) parts.push("held");
+    if (le.turn_until && !le.idle) parts.push("turn " + at(le.turn_until));
+    if (le.keep_warm_until) parts.push("keep_warm " + at(le.keep_warm_until));
+    return parts.join(" · ");
+  }
   function opButton(op, target) {
     const b = el("button", "op", op);
     b.type = "button";
@@ -179,11 +189,12 @@
         s.appendChild(el("span", "pill " + stateClass(sh.state), sh.state));
         tr.appendChild(s);
         tr.appendChild(el("td", null, size(sh.used_bytes !== null ? sh.used_bytes : sh.reserved_bytes)));
-        tr.appendChild(el("td", null, le.pid === null ? "" : le.pid));
+        tr.appendChild(el("td", "wide", le.pid === null ? "" : le.pid));
         const c = costs[le.engine];
-        tr.appendChild(el("td", null, c ? ["park", "restore", "cold_start"]
+        tr.appendChild(el("td", "wide", c ? ["park", "restore", "cold_start"]
           .filter(k => c[k + "_s"] !== null && c[k + "_s"] !== undefined)
           .map(k => k.replace("_", " ") + " " + secs(c[k + "_s"])).join(", ") : ""));
+        tr.appendChild(el("td", "until", until(le)));
         const ops = el("td", "ops");
         if (operator) {
           for (const op of ["park", "wake", "drain", le.held ? "release-hold" : "hold"]) {
@@ -266,7 +277,7 @@
     const counters = keys.map((k, i) => ({ name: k.replace(/_/g, " "), colour: PALETTE[i],
       points: pts.map(h => [h.wall, (h.counters || {})[k] || 0]) }));
     const maxC = Math.max(1, ...counters.flatMap(c => c.points.map(p => p[1])));
-    root.appendChild(chart("seed 000 counters (refused while free; preemptions by kind)", counters, maxC, t0, t1, v => String(Math.round(v)), false));
+    root.appendChild(chart("counters: refused while memory was free; parks, drains, fallbacks, lends", counters, maxC, t0, t1, v => String(Math.round(v)), false));
     const rf = [{ name: "reserve fraction", colour: "#5f6368",
       points: pts.map(h => [h.wall, (h.counters || {}).reserve_fraction || 0]) }];
     root.appendChild(chart("reserve fraction", rf, Math.max(0.01, ...rf[0].points.map(p => p[1])), t0, t1, v => v.toFixed(3), false));

@@ -1,0 +1,152 @@
+"""Watching berthd: ``berth status --watch [SECONDS]``, and when each holder's protection ends
+(its minimum turn, its ``keep_warm``), as ``ollama ps`` says "until" (issue 29)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+from berth.daemon.status import protection
+from berth.decide.admission import Policy
+from berth.decide.ladder import displaceable
+from berth.decide.model import Lease, Share, ShareState
+
+from tests.berthd import BERTH, Berthd, berth_run, sim_config, stop_proc, wait_for
+
+GiB = 1 << 30
+PCI = "0000:01:00.0"
+
+
+def _holder(priority: int = 0, in_flight: int = 1) -> Lease:
+    le = Lease("h", "holder", {PCI: Share(PCI, 4 * GiB, state=ShareState.ACTIVE)},
+               priority=priority, granted_at=100.0, ready_at=110.0, last_used_at=150.0,
+               keep_warm_s=120.0, switch_cost_s=3.0, jobs_reported=True, in_flight=in_flight)
+    return le
+
+
+@pytest.mark.parametrize("min_turn_s", [30.0, 1.0])
+def test_the_turn_ends_where_the_ladder_stops_keeping_it(min_turn_s):
+    """A busy holder against an equal-priority waiter: protected until ``turn_until``, not
+    after (the turn is at least the holder's switch cost, 3 s)."""
+    policy = Policy(min_turn_s=min_turn_s, juggle_window_s=0)
+    h, w = _holder(), Lease("w", "waiter", {PCI: Share(PCI, GiB)})
+    now = 111.0
+    p = protection(h, policy, now, wall=1_000.0)
+    end = now + p["turn_left_s"]
+    assert end == pytest.approx(110.0 + max(min_turn_s, 3.0))
+    assert p["turn_until"] == pytest.approx(1_000.0 + p["turn_left_s"])
+    assert "minimum turn" in (displaceable(h, w, policy, end - 0.01) or "")
+    assert displaceable(h, w, policy, end + 0.01) is None
+    assert protection(h, policy, end + 0.01, 0.0)["turn_until"] is None
+
+
+def test_keep_warm_ends_where_the_ladder_stops_keeping_an_idle_higher_priority():
+    policy = Policy(min_turn_s=0, juggle_window_s=0)
+    h, w = _holder(priority=5, in_flight=0), Lease("w", "waiter", {PCI: Share(PCI, GiB)})
+    p = protection(h, policy, 160.0, wall=0.0)
+    assert p["idle"] and p["keep_warm_left_s"] == pytest.approx(110.0)
+    end = 160.0 + p["keep_warm_left_s"]
+    assert "higher priority" in (displaceable(h, w, policy, end - 0.01) or "")
+    assert displaceable(h, w, policy, end + 0.01) is None
+    assert protection(h, policy, end + 0.01, 0.0)["keep_warm_until"] is None
+
+
+def test_a_parked_holder_has_no_protection():
+    h = _holder()
+    h.shares[PCI].state = ShareState.PARKED
+    p = protection(h, Policy(), 111.0, 0.0)
+    assert p["turn_until"] is None and p["keep_warm_until"] is None
+
+
+@pytest.fixture
+def serving(tmp_path):
+    cfg = sim_config(tmp_path, [("gpu0", "24GiB")], policy={"min_turn": "300s"})
+    d = Berthd(tmp_path, cfg).start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = berth_run(d, "llm", "--size", "4GiB", "--front", f"127.0.0.1:{port}")
+    try:
+        wait_for(lambda: (d.lease_of("llm") or {}).get("ready"), 30, "llm serving")
+        yield d
+    finally:
+        stop_proc(run)
+        d.stop()
+
+
+def test_status_json_says_when_the_turn_and_keep_warm_end(serving):
+    d = serving
+    # A holder is idle once its front has reported no requests (not before its first report).
+    wait_for(lambda: d.lease_of("llm")["idle"], 30, "llm's front to report it idle")
+    t0 = time.time()
+    le = d.lease_of("llm")
+    assert 250 < le["turn_left_s"] <= 300, le
+    assert 250 < le["keep_warm_left_s"] <= 300, le         # keep_warm's default: 5 minutes
+    assert abs(le["turn_until"] - (t0 + le["turn_left_s"])) < 30, (t0, le)
+    out = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
+                         timeout=30).stdout
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("llm"))
+    assert "keep_warm until" in line, out
+    assert le["idle"] and "turn until" not in line, out      # idle: the turn protects nothing
+    # Serving a request: the turn keeps the card, and says until when.
+    front = d.lease_of("llm")["capabilities"]["front"] or ""
+    host, port = front.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("POST", "/v1/chat/completions", json.dumps({
+            "model": "stub", "stream": True, "max_tokens": 20000,
+            "messages": [{"role": "user", "content": "a long answer"}]}),
+            {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        wait_for(lambda: not d.lease_of("llm")["idle"], 30, "llm busy")
+        out = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
+                             timeout=30).stdout
+    finally:
+        conn.close()
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("llm"))
+    assert "turn until" in line and "keep_warm until" in line, (out, d.lease_of("llm"))
+
+
+def test_status_watch_prints_at_least_twice(serving):
+    d = serving
+    p = subprocess.Popen([BERTH, "status", "--watch", "0.2"], env=d.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    seen: list[str] = []
+    try:
+        def twice():
+            seen.append(p.stdout.readline())
+            return sum("since start:" in s for s in seen) >= 2
+        wait_for(twice, 30, "two boards from berth status --watch", every_s=0)
+        os.killpg(p.pid, signal.SIGINT)                  # Ctrl-C ends the watch
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+    assert p.returncode == 0 and "Traceback" not in err, (p.returncode, err)
+    assert sum("llm" in s for s in seen) >= 2
+    # As JSON: one document a line.
+    p = subprocess.Popen([BERTH, "status", "--watch", "0.2", "--json"], env=d.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        docs = [json.loads(p.stdout.readline()) for _ in range(2)]
+    finally:
+        os.killpg(p.pid, signal.SIGINT)
+        p.communicate(timeout=20)
+    assert all(doc["leases"][0]["engine"] == "llm" for doc in docs)
+
+
+def test_watch_takes_seconds_and_says_what_is_wrong(serving):
+    for bad in ("0", "-1", "soon"):
+        r = subprocess.run([BERTH, "status", "--watch", bad], env=serving.env,
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and "--watch" in r.stderr and bad in r.stderr, r.stderr
