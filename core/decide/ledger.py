@@ -230,11 +230,14 @@ class Ledger:
         """:meth:`capacity` − Σ counted, in bytes (may be < 0)."""
         return self.capacity(pci) - self._counted[pci]
 
-    def available(self, pci: str, for_lease: str | None = None) -> int:
+    def available(self, pci: str, for_lease: str | None = None,
+                  outranked: frozenset[str] = frozenset()) -> int:
         """Bytes that may be granted on ``pci`` to ``for_lease`` now.
 
         ``min(budget, driver free − reserve) − earmarks of other waiters + own``. Before the
-        first driver read nothing is free (rule 1). May be negative.
+        first driver read nothing is free (rule 1). May be negative. ``outranked``: waiters
+        ``for_lease`` ranks before (priority, then age), whose earmarks do not hold against it:
+        room goes to the best waiter when it appears, not to the one it was made for (issue 24).
 
         ``own`` is what ``for_lease`` already holds on the card while it waits: a host plugin
         adopts a process that its host started before Berth granted anything (supervisord's
@@ -248,6 +251,9 @@ class Ledger:
         room = min(self.budget(pci), c.free_bytes - c.reserve_bytes)
         held = self._earmarked[pci]
         own = 0
+        for lid in outranked:
+            if lid != for_lease:
+                held -= self.earmarks.get(lid, {}).get(pci, 0)
         if for_lease is not None:
             held -= self.earmarks.get(for_lease, {}).get(pci, 0)
             lease = self.leases.get(for_lease)
@@ -255,6 +261,16 @@ class Ledger:
             if sh is not None and sh.state is S.WAITING and lease.pid is not None:
                 own = max(0, sh.used_bytes or 0)
         return room - held + own
+
+    def unexplained(self, pci: str) -> int:
+        """Bytes the last driver read shows used on ``pci`` that neither the baseline, the
+        stowaways nor any share's count explains (``0`` before the first read): memory a
+        process left behind that the driver has not freed yet (issue 24)."""
+        c = self.cards[pci]
+        if c.free_bytes is None:
+            return 0
+        return (c.total_bytes - c.baseline_bytes - c.stowaway_bytes - self._counted[pci]
+                - c.free_bytes)
 
     def parked_in_ram_bytes(self, excluding: str | None = None) -> int:
         """Host bytes held by parked or parking shares (their size less the residual), those of
