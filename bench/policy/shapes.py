@@ -67,7 +67,8 @@ def ping_pong() -> Workload:
 def fresh_engine() -> Workload:
     """Two models asked together under llama-swap, no park; each client then goes on."""
     until_s, pause_s = 60.0, 1.0
-    clients = [ClientSpec(e, 0.0, until_s, pause_s, CHAT_S) for e in ("A", "B")]
+    # B asks 0.3 s after A: together for llama-swap (inside one health poll), in one order.
+    clients = [ClientSpec(e, t, until_s, pause_s, CHAT_S) for e, t in (("A", 0.0), ("B", 0.3))]
     return _wl("f-fresh-engine", "Two 14 GiB models without a park asked together under "
                "llama-swap (its health poll: 0.25 s, then every 1 s); each client then sends a "
                "chat 1 s after each answer until 60 s (issue 24).", until_s, [
@@ -88,14 +89,14 @@ def priority() -> Workload:
 def client_leaves() -> Workload:
     """A serves a long job past its turn; B's client asks (B is parked) and leaves while A's
     park waits for a job that came after B asked."""
-    asks, leaves = 82.0, 18.0
-    reqs = [(0.0, "A", CHAT_S, 0, 0.0), (22.0, "B", CHAT_S, 0, 0.0), (50.0, "A", 35.0, 0, 0.0),
-            (asks, "B", CHAT_S, 0, 0.0, "chat", leaves), (85.0, "A", 30.0, 0, 0.0)]
-    clients = [ClientSpec("A", 50.0, 130.0, 1.0, CHAT_S)]
-    return _wl("h-client-leaves", "A, then B load (A parks for B); from 50 s A serves a 35 s "
-               "job and a client's chats (1 s pauses) until 130 s; at 82 s B's client asks for "
-               "B and leaves 18 s later, while A's park waits for a 30 s job that came at 85 s "
-               "(issue 24).", 145.0, [_engine("A"), _engine("B")], reqs, clients,
+    asks, leaves = 95.0, 25.0
+    reqs = [(0.0, "A", CHAT_S, 0, 0.0), (30.0, "B", CHAT_S, 0, 0.0), (70.0, "A", 35.0, 0, 0.0),
+            (asks, "B", CHAT_S, 0, 0.0, "chat", leaves), (100.0, "A", 30.0, 0, 0.0)]
+    clients = [ClientSpec("A", 70.0, 140.0, 1.0, CHAT_S)]
+    return _wl("h-client-leaves", "A, then B load (A parks for B); from 70 s A serves a 35 s "
+               "job and a client's chats (1 s pauses) until 140 s; at 95 s B's client asks for "
+               "B and leaves 25 s later, while A's park waits for a 30 s job that came at 100 s "
+               "(issue 24).", 160.0, [_engine("A"), _engine("B")], reqs, clients,
                {"b_asks_s": asks, "b_leaves_after_s": leaves})
 
 

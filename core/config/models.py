@@ -94,6 +94,9 @@ class DriverConfig(_Strict):
         return data
     sim_dir: str | None = None
     free_delay: Duration = 0.5
+    #: sim only: false drops a process that exited from the card's process list at once,
+    #: while its memory frees ``free_delay`` later (real drivers do; issue 24)
+    list_exited: StrictBool = True
     checkpoint_rate: Rate = 7_000_000_000
     proc_root: str = "/proc"
     host_ram: Size | None = None

@@ -280,7 +280,8 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
             causes = card_causes(ledger, p, waiter.id, gap, refusals.get(p, []))
             return NoPlan(w.lease_id, f"{ledger.cards[p].name}: short {format_size(gap)}; "
                           + "; ".join(c.text for c in causes),
-                          lasting=all(c.lasting for c in causes))
+                          lasting=all(c.lasting for c in causes)
+                          or _beyond_reach(ledger, p, w.need[p], refusals.get(p, [])))
         for st in chosen:                                                        # (4), (5)
             steps[st.lease_id] = st
             rung = max(rung, _RUNG_OF[st.action], key=RUNGS.index)
@@ -331,6 +332,15 @@ def _candidates(ledger: Ledger, w: Waiter, waiter: Lease, cards: list[str], poli
                                    -counted_bytes(le.shares[p])))
         cands[p] = found
     return cands, refusals
+
+
+def _beyond_reach(ledger: Ledger, p: str, need: int,
+                  refusals: list[tuple[Lease, str, bool]]) -> bool:
+    """Would ``need`` bytes stay out of reach on card ``p`` even if everything that can change
+    did (every other holder gone, every release done)? Then the holders that stay for good
+    (lasting refusals) decide alone, whatever else a wait names (issue 24)."""
+    fixed = sum(counted_bytes(le.shares[p]) for le, _why, lasting in refusals if lasting)
+    return fixed > 0 and need > ledger.capacity(p) - fixed
 
 
 def _unfreeable(lease: Lease, ram: int | None, policy: Policy) -> tuple[str | None, bool]:

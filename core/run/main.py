@@ -115,19 +115,9 @@ class EngineRun:
         await self.lease.attach(ident)
         if self.front is not None and self.engine.url:
             self.front.set_upstream(self.engine.url)
-        proc = self.engine.proc
-        engine_exit = asyncio.create_task(proc.wait())
+        engine_exit = asyncio.create_task(self.engine.proc.wait())
         stop = asyncio.create_task(self.stop_event.wait())
-        healthy = asyncio.create_task(self.engine.until_healthy())
-        done, _ = await asyncio.wait({engine_exit, stop, healthy}, return_when=asyncio.FIRST_COMPLETED)
-        if healthy in done and healthy.result():
-            if self.front is not None:
-                self.front.open()
-            log.info("%s is serving%s", self.o.engine,
-                     f" on {self.engine.url}" if self.engine.url else f" (pid {proc.pid})")
-            await self.lease.ready()
-        elif not healthy.done():
-            healthy.cancel()
+        done = await self._until_serving(engine_exit, stop)
         instr = asyncio.create_task(self.lease.follow(self.actions.carry_out, self.engine))
         # berthd's ladder waits for the requests in flight (issue 12 case 4): tell it.
         jobs = asyncio.create_task(job_reporter(self.front, self.lease).run()) \
@@ -149,6 +139,23 @@ class EngineRun:
             await self.lease.release("engine exited")
             return code
         return await self._stop("stop signal")
+
+    async def _until_serving(self, engine_exit: asyncio.Task, stop: asyncio.Task) -> set:
+        """Wait for the engine's health (or its exit, or a stop); once it answers, open the
+        front and tell berthd it serves. Returns the tasks that finished."""
+        proc = self.engine.proc
+        healthy = asyncio.create_task(self.engine.until_healthy())
+        done, _ = await asyncio.wait({engine_exit, stop, healthy},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if healthy in done and healthy.result():
+            if self.front is not None:
+                self.front.open()
+            log.info("%s is serving%s", self.o.engine,
+                     f" on {self.engine.url}" if self.engine.url else f" (pid {proc.pid})")
+            await self.lease.ready()
+        elif not healthy.done():
+            healthy.cancel()
+        return done
 
     async def _stop(self, why: str) -> int:
         """The stop sequence: close the front, let in-flight requests finish (up to
