@@ -188,16 +188,16 @@ def waiter_need(ledger: Ledger, w: Waiter) -> dict[str, int]:
 
 
 def verdict(ledger: Ledger, pci: str, need_bytes: int, for_lease: str | None = None,
-            outranked: frozenset[str] = frozenset()) -> Fit:
+            outranked_bytes: int = 0) -> Fit:
     """Whether ``need_bytes`` more may be counted on ``pci`` for ``for_lease`` now.
 
     ``NEVER`` when the need exceeds the card's capacity (total − reserve − baseline − claims),
-    ``FITS`` when it is within :meth:`Ledger.available` (``outranked``: waiters whose earmarks
-    do not hold against it), else ``NO_ROOM_NOW``.
+    ``FITS`` when it is within :meth:`Ledger.available` (``outranked_bytes``: earmarks that do
+    not hold against it), else ``NO_ROOM_NOW``.
     """
     if need_bytes > ledger.cards[pci].capacity_bytes:
         return Fit.NEVER
-    if need_bytes <= ledger.available(pci, for_lease, outranked):
+    if need_bytes <= ledger.available(pci, for_lease, outranked_bytes):
         return Fit.FITS
     return Fit.NO_ROOM_NOW
 
@@ -267,15 +267,19 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
        making room for it (the ladder), and a waiter with room being made holds its cards;
     5. under ``strict`` a refused waiter holds its cards; under ``scan`` only once it has been
        skipped ``scan_max_skips`` times or waited ``scan_max_wait_s``. A waiter that would not
-       fit even on its emptied cards (stowaways in the way) holds nothing.
+       fit even on its emptied cards (stowaways in the way, or holders Berth can never free:
+       issue 24) holds nothing.
 
     Decisions are made here, inside the single writer, never from a snapshot taken outside it.
     """
     order = list(queue)
-    p = _Pass(ledger, queue, policy, now, make_room, room_in_flight, fresh,
-              later=frozenset(w.lease_id for w in order if w.lease_id in ledger.earmarks))
+    p = _Pass(ledger, queue, policy, now, make_room, room_in_flight, fresh)
     for w in order:
-        p.later -= {w.lease_id}
+        for pci, b in ledger.earmarks.get(w.lease_id, {}).items():
+            p.later[pci] = p.later.get(pci, 0) + b
+    for w in order:
+        for pci, b in ledger.earmarks.get(w.lease_id, {}).items():
+            p.later[pci] -= b
         p.consider(w)
     return p.res
 
@@ -296,15 +300,16 @@ class _Pass:
     held: set[str] = field(default_factory=set)
     held_by: dict[str, str] = field(default_factory=dict)
     skippable: list[Waiter] = field(default_factory=list)
-    #: waiters with an earmark not considered yet: they rank after the one considered now
-    later: frozenset[str] = frozenset()
+    #: earmarks (bytes per card) of the waiters not considered yet: they rank after the one
+    #: considered now, and do not hold against it
+    later: dict[str, int] = field(default_factory=dict)
 
     def consider(self, w: Waiter) -> None:
         """Steps (1)-(5) of :func:`admission_pass` for one waiter."""
         led = self.ledger
         need = waiter_need(led, w)
         cards = set(need)
-        verdicts = {pci: verdict(led, pci, b, w.lease_id, self.later)
+        verdicts = {pci: verdict(led, pci, b, w.lease_id, self.later.get(pci, 0))
                     for pci, b in need.items()}
         never = [pci for pci, v in verdicts.items() if v is Fit.NEVER]
         if never:                                                                # (1)
@@ -353,7 +358,7 @@ class _Pass:
             started = self.make_room(w)
         # (5) A waiter that would not fit even on its emptied cards (stowaways stand in the
         # way) holds nothing: holding memory idle for it would only starve the others.
-        hopeless = any(b > led.capacity(p) for p, b in need.items())
+        hopeless = any(b > led.capacity(p) - led.unfreeable(p) for p, b in need.items())
         if started or (not hopeless and (pol.queue is QueuePolicy.STRICT or (
                 w.skips >= pol.scan_max_skips or self.now - w.since >= pol.scan_max_wait_s))):
             self._hold(cards, w)

@@ -214,8 +214,11 @@ def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
             holder.oldest_job_at < since and \
             now - holder.oldest_job_at < max_job_s(holder, policy.max_job_s):
         return f"{holder.engine} serves requests older than {waiter.engine}'s"
-    # Batching needs known demand: a front that never reported keeps only its minimum turn.
-    if holder.jobs_reported and now - start < longest:
+    # Batching needs known demand: a front that never reported keeps only its minimum turn,
+    # and a job that outlived the holder's max_job protects nothing here either.
+    outlived = holder.oldest_job_at is not None and \
+        now - holder.oldest_job_at >= max_job_s(holder, policy.max_job_s)
+    if holder.jobs_reported and not outlived and now - start < longest:
         return (f"{holder.engine} serves its turn (its backlog first, at most "
                 f"{format_duration(longest)})")
     return None

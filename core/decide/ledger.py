@@ -121,6 +121,7 @@ class Ledger:
     _on_card: dict[str, dict[str, Lease]] = field(default_factory=dict)
     _parked: dict[str, int] = field(default_factory=dict)
     _active: dict[str, dict[str, Lease]] = field(default_factory=dict)
+    _undrainable: dict[str, int] = field(default_factory=dict)
 
     # -- cards ----------------------------------------------------------------------------
     def add_card(self, card: Card) -> None:
@@ -155,6 +156,7 @@ class Ledger:
             self._counted[pci] += counted_bytes(share)
             self._on_card[pci][lease.id] = lease
             self._parked[pci] += share.state is S.PARKED
+            self._undrainable[pci] = self._undrainable.get(pci, 0) + (not lease.caps.drain)
             if share.state is S.ACTIVE:
                 self._active[pci][lease.id] = lease
 
@@ -170,6 +172,7 @@ class Ledger:
             self._on_card[pci].pop(lease_id, None)
             self._active[pci].pop(lease_id, None)
             self._parked[pci] -= share.state is S.PARKED
+            self._undrainable[pci] -= not lease.caps.drain
         return self.leases.pop(lease_id)
 
     def move(self, lease_id: str, pci: str, dst: ShareState, now: float, **changes) -> Share:
@@ -231,13 +234,14 @@ class Ledger:
         return self.capacity(pci) - self._counted[pci]
 
     def available(self, pci: str, for_lease: str | None = None,
-                  outranked: frozenset[str] = frozenset()) -> int:
+                  outranked_bytes: int = 0) -> int:
         """Bytes that may be granted on ``pci`` to ``for_lease`` now.
 
         ``min(budget, driver free − reserve) − earmarks of other waiters + own``. Before the
-        first driver read nothing is free (rule 1). May be negative. ``outranked``: waiters
-        ``for_lease`` ranks before (priority, then age), whose earmarks do not hold against it:
-        room goes to the best waiter when it appears, not to the one it was made for (issue 24).
+        first driver read nothing is free (rule 1). May be negative. ``outranked_bytes``: the
+        earmarks on ``pci`` of waiters ``for_lease`` ranks before (priority, then age), which do
+        not hold against it: room goes to the best waiter when it appears, not to the one it
+        was made for (issue 24).
 
         ``own`` is what ``for_lease`` already holds on the card while it waits: a host plugin
         adopts a process that its host started before Berth granted anything (supervisord's
@@ -249,11 +253,8 @@ class Ledger:
         if c.free_bytes is None:
             return min(0, self.budget(pci))
         room = min(self.budget(pci), c.free_bytes - c.reserve_bytes)
-        held = self._earmarked[pci]
+        held = self._earmarked[pci] - outranked_bytes
         own = 0
-        for lid in outranked:
-            if lid != for_lease:
-                held -= self.earmarks.get(lid, {}).get(pci, 0)
         if for_lease is not None:
             held -= self.earmarks.get(for_lease, {}).get(pci, 0)
             lease = self.leases.get(for_lease)
@@ -261,6 +262,14 @@ class Ledger:
             if sh is not None and sh.state is S.WAITING and lease.pid is not None:
                 own = max(0, sh.used_bytes or 0)
         return room - held + own
+
+    def unfreeable(self, pci: str) -> int:
+        """Bytes counted on ``pci`` by holders Berth can never free (a host it never stops,
+        whose park frees nothing: :meth:`Lease.cannot_free`; issue 24)."""
+        if not self._undrainable.get(pci):
+            return 0
+        return sum(counted_bytes(sh) for le, sh in self.active_on(pci)
+                   if le.cannot_free() is not None)
 
     def unexplained(self, pci: str) -> int:
         """Bytes the last driver read shows used on ``pci`` that neither the baseline, the

@@ -333,10 +333,6 @@ class Scheduler:
         if op == Op.DRAIN:
             if lease.is_waiting():
                 return self.withdraw(lease_id, now, "drained by the operator while waiting")
-            if not lease.caps.drain:
-                raise ValueError(f"lease {lease.id}: {lease.engine} is an in-process host, "
-                                 f"which Berth never stops (rule 6); `berth park "
-                                 f"{lease.engine}` parks it, or stop it where it runs")
             return stop(self.state, lease, now, "operator") + rooms.admit(self.state, now)
         raise ValueError(f"op: expected park, wake, drain, hold or release-hold, got {op!r}")
 

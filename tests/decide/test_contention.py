@@ -240,15 +240,15 @@ class TestUnfreeable:
         why, lasting = w.s.wait_cause("llm")
         assert lasting and "its park freed nothing" in why, why
 
-    def test_an_operator_drain_of_a_host_berth_never_stops_is_refused(self):
-        w = World([24 * GiB])
+    def test_the_ladder_never_plans_a_drain_of_a_host_berth_never_stops(self):
+        w = World([24 * GiB], reserve=GiB, policy=Policy(min_turn_s=0, juggle_window_s=0,
+                                                          max_turn_s=0, first_request_s=0))
+        w.s.ledger.ram_budget_bytes = 0          # no host RAM for its park
         self._comfy(w, ParkMechanism.HOOK)
-        try:
-            w.s.operator("drain", "c", w.now)
-        except ValueError as e:
-            assert "never stops" in str(e)
-        else:
-            raise AssertionError("the drain was taken")
+        w.request("llm", "llm", {G0: 14 * GiB}, park=CKPT)
+        assert not w.pending and w.s.counters.drains == 0
+        why, lasting = w.s.wait_cause("llm")
+        assert "can only park" in why and not lasting, why
 
     def test_its_lease_ending_never_says_it_exited(self):
         w = World([24 * GiB])
