@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -265,3 +266,37 @@ def test_default_on_another_seed_short(capsys):
     assert d["oom_events"] == 0 and d["unserved"] + d["dropped"] == 0
     v = d["verdict"]
     assert v["best_peer"] in pols[:3] and set(v["engines"]) == {"chat-14", "chat-8", "comfy"}
+
+
+class TestIssue24Machinery:
+    """Closed-loop clients, clients that leave, and the shapes built on them (issue 24)."""
+
+    def test_every_shape_under_every_policy_keeps_the_books(self):
+        from bench.policy.shapes import build_shapes
+        for name, wl in build_shapes().items():
+            for policy in POLICIES:
+                world = World(wl, make(policy), check=True)
+                s = world.run().summary
+                assert s["requests"] == len(world.jobs), (name, policy)
+                assert all(j.done_s is not None or j.dropped or j.answered_s is None
+                           for j in world.jobs), (name, policy)
+
+    def test_a_closed_loop_client_sends_after_each_answer_and_its_pause(self):
+        # current-need loads a at once (ready at 9.0): the first request waits 9 s, runs to
+        # 14, the client pauses 1 s; then 15-20, 21-26, 27-32; at 33 it is past until_s (30).
+        from bench.policy.workload import ClientSpec
+        wl = replace(tiny([]), clients=(ClientSpec("a", 0.0, 30.0, 1.0, 5.0),)).validate()
+        world = World(wl, make("current-need"), check=True)
+        world.run()
+        assert [j.arrival_s for j in world.jobs] == pytest.approx([0.0, 15.0, 21.0, 27.0])
+        assert [j.wait_s for j in world.jobs] == pytest.approx([9.0, 0.0, 0.0, 0.0])
+
+    def test_a_client_that_leaves_counts_its_wait_until_it_left(self):
+        # a loads for 9 s; b's request gives up after 3 s, before anything could serve it.
+        wl = tiny([(0.0, "a", 5.0, 0, 0.0), (1.0, "b", 5.0, 0, 0.0, "chat", 3.0)])
+        for policy in POLICIES:
+            world = World(wl, make(policy), check=True)
+            s = world.run().summary
+            b = world.jobs[1]
+            assert b.dropped == "client left" and b.answered_s == pytest.approx(4.0), policy
+            assert s["left"] == 1 and s["answered"] == 1, policy
