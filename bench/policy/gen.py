@@ -296,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, wl in build_all(args.seed).items():
+    from .shapes import build_shapes  # issue 24's shapes: no seed, written beside them
+    for name, wl in {**build_all(args.seed), **build_shapes()}.items():
         path = out / f"{name}.json"
         wl.dump(path)
         Workload.load(path)

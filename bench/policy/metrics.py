@@ -4,7 +4,9 @@ Measures (seed 000 "Measuring whether the policy works", and the issue's list):
 
 - **wait**: seconds from a request's first arrival to the start of the attempt that completed
   (its first byte). A request still unserved at the horizon counts with its wait so far, so
-  the percentiles never flatter a policy that strands requests.
+  the percentiles never flatter a policy that strands requests. One whose client left counts
+  until it left; one answered at once with a 503 naming why (Berth's front, when nothing under
+  way can give its engine the card) until that answer (``refused_at_once``).
 - **switches by kind**: ``load`` (cold start or reload), ``drain`` (a graceful stop),
   ``park`` (checkpoint to host RAM), ``wake`` (restore), ``lend``/``return``, ``crash`` (an
   engine killed by an OOM).
@@ -76,10 +78,16 @@ class Recorder:
 
     def finish(self, jobs, end_s: float, policy) -> None:
         """Compute :attr:`summary` once the run is over."""
-        unserved = dropped = 0
+        unserved = dropped = left = refused = 0
         for j in jobs:
             if j.done_s is not None:
                 w = j.wait_s
+            elif j.answered_s is not None:
+                # Its client left, or got a 503 at once: it waited until then.
+                w = j.answered_s - j.arrival_s
+                dropped += 1
+                left += j.dropped == "client left"
+                refused += j.dropped.startswith("refused")
             else:
                 w = end_s - j.arrival_s
                 if j.dropped:
@@ -97,6 +105,8 @@ class Recorder:
             "mean_wait_s": round(float(np.mean(self.waits)) if self.waits else 0.0, 3),
             "max_wait_s": round(max(self.waits, default=0.0), 3),
             "requests": len(jobs), "unserved": unserved, "dropped": dropped,
+            "left": left, "refused_at_once": refused,
+            "answered": sum(1 for j in jobs if j.done_s is not None),
             "failed_attempts": self.failed_attempts,
             "refusals": dict(self.refusals),
             "switches": sum(self.switches.values()),

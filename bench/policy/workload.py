@@ -23,7 +23,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-__all__ = ["CardSpec", "EngineSpec", "RequestSpec", "Mechanisms", "Workload", "GiB", "MiB"]
+__all__ = ["CardSpec", "EngineSpec", "RequestSpec", "ClientSpec", "Mechanisms", "Workload", "GiB",
+           "MiB"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -53,7 +54,9 @@ class EngineSpec:
     ``None`` (drain only). ``growth_allowance_bytes``: seed 000's allowance A, per card, used
     by Berth's ``growth`` bound. ``keep_alive_s``: Ollama's keep_alive for ``keepalive-evict``.
     ``keep_warm_s``: Berth's per-engine ``keep_warm`` (how long a priority protects an idle
-    holder after its last request; ``None``: Berth's default).
+    holder after its last request; ``None``: Berth's default). ``drain``: ``False`` for an
+    in-process host that nobody can stop (ComfyUI with its node: ``--highvram`` gives it no park
+    either); a stop of it does nothing, and Berth leases it without the drain (issue 24).
     """
 
     name: str
@@ -67,6 +70,7 @@ class EngineSpec:
     growth_allowance_bytes: int = 0
     keep_alive_s: float = 300.0
     keep_warm_s: float | None = None
+    drain: bool = True
     note: str = ""
 
     @property
@@ -83,7 +87,9 @@ class EngineSpec:
 @dataclass(frozen=True)
 class RequestSpec:
     """One request: it arrives at ``t_s``, runs ``service_s`` once started, and grows its engine
-    by ``growth_bytes`` in all (KV cache or activations), reached linearly over ``ramp_s``."""
+    by ``growth_bytes`` in all (KV cache or activations), reached linearly over ``ramp_s``.
+    ``leave_s``: its client gives up (closes the connection) if it has not started by then,
+    counted from its arrival (``None``: it waits as long as it takes)."""
 
     t_s: float
     engine: str
@@ -91,6 +97,28 @@ class RequestSpec:
     growth_bytes: int
     ramp_s: float
     kind: str = "chat"
+    leave_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    """A closed-loop client (issue 24's ping-pong): its first request arrives at ``start_s``;
+    after each answer it pauses ``pause_s`` and sends the next, while the time is before
+    ``until_s``. Each request runs ``service_s`` and grows its engine by ``growth_bytes``
+    over ``ramp_s``. Unlike :class:`RequestSpec` arrivals, these depend on the policy."""
+
+    engine: str
+    start_s: float
+    until_s: float
+    pause_s: float
+    service_s: float
+    growth_bytes: int = 0
+    ramp_s: float = 0.0
+    kind: str = "chat"
+
+    def request(self, t_s: float) -> RequestSpec:
+        return RequestSpec(t_s, self.engine, self.service_s, self.growth_bytes, self.ramp_s,
+                           self.kind)
 
 
 @dataclass(frozen=True)
@@ -143,6 +171,7 @@ class Workload:
     requests: tuple[RequestSpec, ...]
     mechanisms: Mechanisms = field(default_factory=Mechanisms)
     generator: dict = field(default_factory=dict)
+    clients: tuple[ClientSpec, ...] = ()
 
     def engine(self, name: str) -> EngineSpec:
         for e in self.engines:
@@ -195,6 +224,12 @@ class Workload:
                                      f"{e.name}'s size − base")
             if r.service_s <= 0 or r.ramp_s < 0:
                 raise ValueError(f"{self.name}: requests[{i}]: service_s must be > 0, ramp_s >= 0")
+        for i, c in enumerate(self.clients):
+            if c.engine not in names:
+                raise ValueError(f"{self.name}: clients[{i}]: unknown engine {c.engine!r}")
+            if c.service_s <= 0 or c.pause_s < 0 or c.until_s < c.start_s:
+                raise ValueError(f"{self.name}: clients[{i}]: need service_s > 0, pause_s >= 0, "
+                                 f"until_s >= start_s")
         return self
 
     # -- files ----------------------------------------------------------------------------------
@@ -210,6 +245,7 @@ class Workload:
                 requests=tuple(RequestSpec(*r) for r in d["requests"]),
                 mechanisms=Mechanisms(**d.get("mechanisms", {})),
                 generator=d.get("generator", {}),
+                clients=tuple(ClientSpec(**c) for c in d.get("clients", [])),
             ).validate()
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a workload file ({exc})") from exc
@@ -220,8 +256,14 @@ class Workload:
         head = {k: v for k, v in asdict(self).items() if k != "requests"}
         head["cards"] = [asdict(c) for c in self.cards]
         head["engines"] = [asdict(e) for e in self.engines]
+        if self.clients:
+            head["clients"] = [asdict(c) for c in self.clients]
+        else:
+            head.pop("clients", None)
         text = json.dumps(head, indent=1)[:-2]
         rows = [json.dumps([round(r.t_s, 3), r.engine, round(r.service_s, 3), r.growth_bytes,
-                            round(r.ramp_s, 3), r.kind]) for r in self.requests]
+                            round(r.ramp_s, 3), r.kind]
+                           + ([r.leave_s] if r.leave_s is not None else []))
+                for r in self.requests]
         text += ',\n "requests": [\n  ' + ",\n  ".join(rows) + "\n ]\n}\n"
         Path(path).write_text(text)

@@ -48,9 +48,9 @@ class Job:
     the attempt that completed (a request whose engine died under it waits on)."""
 
     __slots__ = ("id", "spec", "engine", "arrival_s", "growth", "start_s", "done_s", "proc",
-                 "alloc", "run_id", "failures", "dropped")
+                 "alloc", "run_id", "failures", "dropped", "answered_s", "client", "closed")
 
-    def __init__(self, i: int, spec, engine: EngineSpec):
+    def __init__(self, i: int, spec, engine: EngineSpec, client: int | None = None):
         self.id, self.spec, self.engine = i, spec, spec.engine
         self.arrival_s = spec.t_s
         self.growth = engine.growth_split(spec.growth_bytes)
@@ -61,6 +61,11 @@ class Job:
         self.run_id = -1
         self.failures = 0
         self.dropped = ""
+        #: when a request that was never served ended for its client: it left, or it was
+        #: answered at once with an error that names why (a 503); ``None``: neither.
+        self.answered_s: float | None = None
+        self.client = client
+        self.closed = False
 
     @property
     def wait_s(self) -> float | None:
@@ -125,7 +130,8 @@ class World:
         self.stats = Recorder(wl, policy.name)
         self._asks: dict[str, tuple[float, bool]] = {}
         self._pid = itertools.count(1)
-        self._open = len(self.jobs)
+        # Every request not yet over, and every closed-loop client that may send another.
+        self._open = len(self.jobs) + len(wl.clients)
         self._horizon_s = wl.duration_s + tail_s
         if check:
             self.loop.after_each = self._audit_or_raise
@@ -136,8 +142,12 @@ class World:
         """Run to the last request's completion (or the horizon) and return the recorder."""
         for job in self.jobs:
             self.loop.at(job.arrival_s, self._arrive, job)
+            if job.spec.leave_s is not None:
+                self.loop.at(job.arrival_s + job.spec.leave_s, self._leave, job)
+        for i, c in enumerate(self.wl.clients):
+            self.loop.at(c.start_s, self._send, i)
         self.loop.at(0.0, self._read)
-        if not self.jobs:
+        if not self.jobs and not self.wl.clients:
             self.loop.stop()
         self.loop.run(self._horizon_s)
         for _t, covered in self._asks.values():
@@ -174,11 +184,48 @@ class World:
 
     # -- requests -------------------------------------------------------------------------------
     def _arrive(self, job: Job) -> None:
+        if job.closed:
+            return                          # its client left before this retry
         self._open_ask(job.engine)
         self.policy.on_arrival(job)
 
+    def _send(self, client: int) -> None:
+        """A closed-loop client sends its next request (it stops once past ``until_s``)."""
+        spec = self.wl.clients[client]
+        if self.now >= spec.until_s:
+            self._close_job(None)
+            return
+        job = Job(len(self.jobs), spec.request(self.now), self.specs[spec.engine], client)
+        self.jobs.append(job)           # the client's pending send, counted open, is this job
+        self._arrive(job)
+
+    def _leave(self, job: Job) -> None:
+        """The client gives up on a request that has not started: the policy forgets it."""
+        if job.closed or job.start_s is not None:
+            return
+        job.dropped, job.answered_s = "client left", self.now
+        if job.proc is not None:
+            # Forwarded and queued inside the engine: the proxy closes that connection too.
+            job.proc.queue.remove(job)
+            job.proc = None
+            self._post("on_job_end", job, False)
+        else:
+            self.policy.on_leave(job)
+        self._close_job(job)
+
+    def refuse(self, job: Job, why: str) -> None:
+        """The policy answers ``job`` at once with an error that names ``why`` (a front's
+        503 when nothing under way can give its engine the card); its client gets an answer,
+        not a hang."""
+        self.stats.refusals[f"503 {why.split(':')[0]}"] += 1
+        job.dropped, job.answered_s = f"refused: {why}", self.now
+        self._close_job(job)
+
     def forward(self, job: Job, proc: Proc) -> None:
-        """Hand ``job`` to ``proc`` (it runs once the engine is ready and has room)."""
+        """Hand ``job`` to ``proc`` (it runs once the engine is ready and has room). A job whose
+        client has gone is not sent."""
+        if job.closed:
+            return
         if proc.state not in (LOADING, READY, RESTORING):
             raise RuntimeError(f"forward {job.id} to {proc!r}: not loading, ready or restoring")
         job.proc = proc
@@ -193,7 +240,7 @@ class World:
     def drop(self, job: Job, why: str) -> None:
         """The policy gave up on ``job`` for good."""
         job.dropped = why
-        self._close_job()
+        self._close_job(job)
 
     def _serve(self, proc: Proc) -> None:
         if proc.state != READY:
@@ -201,6 +248,9 @@ class World:
         base = proc.spec.base_bytes
         while proc.queue and len(proc.running) < proc.spec.slots:
             job = proc.queue[0]
+            if job.closed:
+                proc.queue.popleft()
+                continue
             if any(base[p] + proc.committed[p] + g > proc.cap[p] for p, g in job.growth.items()):
                 break
             proc.queue.popleft()
@@ -247,7 +297,7 @@ class World:
         job.done_s, job.proc = self.now, None
         self.last_used_s[proc.engine] = self.now
         self._post("on_job_end", job, True)
-        self._close_job()
+        self._close_job(job)
         self._serve(proc)
         self._check_lend(proc)
         self._maybe_after(proc)
@@ -262,7 +312,16 @@ class World:
         else:
             self.loop.after(self.mech.retry_after_s, self._arrive, job)
 
-    def _close_job(self) -> None:
+    def _close_job(self, job: Job | None) -> None:
+        """One request is over (``None``: a client sends no more). A closed-loop client's
+        next request follows its pause."""
+        if job is not None:
+            if job.closed:
+                return
+            job.closed = True
+            if job.client is not None:
+                self.loop.after(self.wl.clients[job.client].pause_s, self._send, job.client)
+                self._open += 1         # the client's next send is still to come
         self._open -= 1
         if self._open == 0:
             self.loop.stop()
@@ -302,6 +361,9 @@ class World:
                 self.loop.at(self.now + dur * k / n, self._load_chunk, proc, p,
                              min(chunk, b - (k - 1) * chunk))
         ready = self.mech.health_ready_s(dur) if health_poll else dur
+        if health_poll and ready > dur:
+            # The engine answers its own health probe now; its manager sees it at its next poll.
+            self.loop.at(self.now + dur, self._post, "on_loaded", proc)
         self.loop.at(self.now + ready, self._loaded, proc)
         self.stats.switch("load", total)
         return proc
@@ -374,7 +436,10 @@ class World:
         self._maybe_after(proc)
 
     def stop(self, proc: Proc) -> None:
-        """Stop ``proc`` gracefully (see the module docstring); a stop during a load aborts it."""
+        """Stop ``proc`` gracefully (see the module docstring); a stop during a load aborts it.
+        An engine that nobody can stop (``drain`` false: an in-process host) runs on."""
+        if not proc.spec.drain:
+            return
         if proc.state == LOADING:
             for job in list(proc.queue):
                 self._fail(job)

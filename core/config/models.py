@@ -95,6 +95,9 @@ class DriverConfig(_Strict):
         return data
     sim_dir: str | None = None
     free_delay: Duration = 0.5
+    #: sim only: false drops a process that exited from the card's process list at once,
+    #: while its memory frees ``free_delay`` later (real drivers do; issue 24)
+    list_exited: StrictBool = True
     checkpoint_rate: Rate = 7_000_000_000
     proc_root: str = "/proc"
     host_ram: Size | None = None
@@ -134,6 +137,8 @@ class PolicyConfig(_Strict):
     read_interval: ReadInterval = 1.0
     hook_residual_guess: Size = 2 << 30
     max_job: PositiveDuration = 3600.0
+    max_turn: Duration = 30.0
+    first_request: Duration = 1.5
 
     def policy(self) -> Policy:
         return Policy(queue=self.queue, scan_max_skips=self.scan_max_skips,
@@ -142,7 +147,8 @@ class PolicyConfig(_Strict):
                       min_turn_s=self.min_turn, juggle_window_s=self.juggle_window,
                       juggle_max_swaps=self.juggle_max_swaps,
                       hook_residual_guess_bytes=self.hook_residual_guess,
-                      read_interval_s=self.read_interval, max_job_s=self.max_job)
+                      read_interval_s=self.read_interval, max_job_s=self.max_job,
+                      max_turn_s=self.max_turn, first_request_s=self.first_request)
 
 
 class EngineConfig(_Strict):

@@ -63,6 +63,10 @@ class LeaseBody(_Body):
     pid: int | None = Field(None, gt=0)
     start_time: float | None = None
     host: str | None = Field(None, max_length=100)
+    # False: Berth must never stop this process (an in-process host: the ComfyUI node), so it
+    # makes room only by its park; no_park: why the host gives no park (issue 24).
+    drain: StrictBool = True
+    no_park: str | None = Field(None, max_length=300)
     # Seconds the room is kept when the process exits on its own and its supervisor restarts
     # it (a host that restarts programs says so; issue 12 case 2).
     restart_grace: float = Field(0.0, ge=0.0, le=3600.0)

@@ -69,7 +69,7 @@ def open_driver(cfg: Config) -> Driver:
                           restore_bytes_per_s=cfg.driver.checkpoint_rate)
         except SimError as e:
             raise DriverError(str(e)) from None
-        return SimDriver(d)
+        return SimDriver(d, list_exited=cfg.driver.list_exited)
     from berth.driver.nvml import NvmlDriver
     return NvmlDriver(proc_root=cfg.driver.proc_root)
 

@@ -57,6 +57,8 @@ def board(broker: "Broker") -> dict:
             "oldest_job_age_s": None if le.oldest_job_at is None
             else round(max(0.0, now - le.oldest_job_at), 3),
             "capabilities": le.caps.as_dict(),
+            # Why Berth can free none of its memory (issue 24), or None.
+            "cannot_free": le.cannot_free(),
             "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
                         "size_bytes": sh.size_bytes, "state": sh.state.value,
                         "reserved_bytes": sh.reserved_bytes, "used_bytes": sh.used_bytes,

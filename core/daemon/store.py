@@ -91,6 +91,7 @@ def _lease_dict(le: Lease) -> dict:
         "last_used_at": le.last_used_at, "held": le.held,
         "restart_grace_s": le.restart_grace_s, "restarting_until": le.restarting_until,
         "max_job_s": le.max_job_s, "may_preempt": le.may_preempt,
+        "frees_nothing": le.frees_nothing,
         "shares": [_share_dict(sh) for sh in le.shares.values()],
     })
 
@@ -147,7 +148,8 @@ def _lease_from(d: dict) -> Lease:
         need_bytes={k: int(v) for k, v in d.get("need_bytes", {}).items()},
         caps=Capabilities(park=ParkMechanism(caps["park"]) if caps.get("park") else None,
                           lend=bool(caps.get("lend", False)),
-                          lend_max_bytes=caps.get("lend_max_bytes"), front=caps.get("front")),
+                          lend_max_bytes=caps.get("lend_max_bytes"), front=caps.get("front"),
+                          drain=bool(caps.get("drain", True)), no_park=caps.get("no_park")),
         pid=d.get("pid"), start_time=d.get("start_time"), owner_pid=d.get("owner_pid"),
         owner_start_time=d.get("owner_start_time"), requested_at=float(d.get("requested_at", 0)),
         granted_at=d.get("granted_at"), ready_at=d.get("ready_at"),
@@ -157,7 +159,8 @@ def _lease_from(d: dict) -> Lease:
         restart_grace_s=float(d.get("restart_grace_s", 0.0)),
         restarting_until=d.get("restarting_until"),
         max_job_s=float(d["max_job_s"]) if d.get("max_job_s") is not None else None,
-        may_preempt=bool(d.get("may_preempt", False)))
+        may_preempt=bool(d.get("may_preempt", False)),
+        frees_nothing=d.get("frees_nothing"))
 
 
 def load(path: Path) -> Snapshot | None:

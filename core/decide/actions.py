@@ -48,6 +48,8 @@ def begin_park(st: State, lease: Lease, now: float, reason: str,
         st.ledger.move(lease.id, pci, S.PARKING, now, parked_bytes=counted_bytes(sh))
         st.deadlines[(lease.id, pci, Op.PARK)] = now + (quiet_s or 0.0) \
             + st.policy.release_grace_s
+    # Its cost is measured only when nothing delays the mechanism (rent or buy, issue 24).
+    lease.parking_since = now if lease.idle() and not quiet_s else None
     if lease.caps.park is ParkMechanism.CHECKPOINT:
         st.counters.checkpoints += 1
     else:
@@ -95,7 +97,10 @@ def stop(st: State, lease: Lease, now: float, reason: str,
 def fallback(st: State, lease: Lease, now: float, why: str) -> list[Effect]:
     """Rule 4: a park or lend that did not free the memory, or a wake or return that did
     not answer, falls back to a drain. A room that counted on the step is now made by a
-    drain, and its grant says so."""
+    drain, and its grant says so. A park or lend of a lease Berth cannot drain (an in-process
+    host) that freed nothing is not followed by a drain: :func:`_keeps`."""
+    if not lease.caps.drain and lease.states() <= {S.PARKING, S.LENDING, S.ACTIVE}:
+        return _keeps(st, lease, now, why)
     st.counters.fallbacks_to_drain += 1
     for room in st.rooms.values():
         if lease.id in room.pending:
@@ -103,6 +108,28 @@ def fallback(st: State, lease: Lease, now: float, why: str) -> list[Effect]:
     fx: list[Effect] = [Note(lease.id, "fallback", f"{lease.engine}: {why}; falling back "
                                                    f"to drain")]
     return fx + stop(st, lease, now, f"fallback: {why}")
+
+
+def _keeps(st: State, lease: Lease, now: float, why: str) -> list[Effect]:
+    """A lease Berth never stops whose park (or lend) freed nothing keeps its card: its shares
+    are active again, the host opens again (a wake), and the rooms that counted on it are
+    dropped, so their waiters are told at once that nothing can free it (issue 24)."""
+    lease.frees_nothing = f"its park freed nothing ({why})"
+    lease.parking_since = None
+    for pci, sh in lease.shares.items():
+        if sh.state in (S.PARKING, S.LENDING):
+            st.ledger.move(lease.id, pci, S.ACTIVE, now, parked_bytes=0, lent_bytes=0)
+        for op in (Op.PARK, Op.LEND):
+            st.deadlines.pop((lease.id, pci, op), None)
+    st.wake_wanted.discard(lease.id)
+    for wid, room in list(st.rooms.items()):
+        if lease.id in room.pending:
+            del st.rooms[wid]
+            st.ledger.earmark(wid, {})
+    return [Instruct(lease.id, Op.WAKE, tuple(lease.shares), st.next_seq(),
+                     reason="its park freed nothing: it keeps its card"),
+            Note(lease.id, "keep", f"{lease.engine}: {lease.frees_nothing}; Berth never stops "
+                 f"an in-process host: it keeps its card")]
 
 
 def want_resume(st: State, lease: Lease, now: float) -> list[Effect]:
@@ -125,8 +152,13 @@ def want_return(st: State, lease: Lease, now: float) -> list[Effect]:
 
 def freed(st: State, lease: Lease, pci: str, now: float) -> list[Effect]:
     """A driver read confirmed the share on ``pci`` free (rule 1): the lease ends once every
-    share is, and a lender whose borrower this was grows back (rule 2)."""
+    share is, and a lender whose borrower this was grows back (rule 2). Memory the driver
+    does not show free yet (its PID left the driver's list first, as real drivers do) is kept
+    on the card as a release under way (:attr:`~.model.Card.freeing`; issue 24)."""
+    n = counted_bytes(lease.shares[pci])
     sh = st.ledger.move(lease.id, pci, S.FREED, now)
+    if n > 0 and st.ledger.unexplained(pci) >= n // 2:
+        st.ledger.cards[pci].freeing[lease.engine] = (n, now)
     st.deadlines.pop((lease.id, pci, Op.DRAIN), None)
     fx: list[Effect] = []
     # The freed entry first: the lender's return follows from it (rule 2), and the

@@ -58,6 +58,11 @@ class Policy:
     - ``read_interval_s``: how often the daemon reads the driver (for the suggested reserve).
     - ``max_job_s``: how long the ladder waits for a holder's requests in flight before it
       displaces it anyway (an engine entry's ``max_job`` overrides it; issue 12 case 4).
+    - ``max_turn_s``: while a waiter of equal priority waits, the longest a holder keeps its card
+      for demand that comes during its turn (its backlog, and an idle spell shorter than a
+      switch back would cost: rent or buy, issue 24); counted from when it could serve.
+    - ``first_request_s``: how long a holder that has just become ready (or woke) keeps its card
+      for its first request: a manager's health poll (llama-swap's 1 s) plus a margin.
     """
 
     queue: QueuePolicy = QueuePolicy.SCAN
@@ -72,6 +77,8 @@ class Policy:
     hook_residual_guess_bytes: int = 2 << 30
     read_interval_s: float = 1.0
     max_job_s: float = 3600.0
+    max_turn_s: float = 30.0
+    first_request_s: float = 1.5
 
 
 class Fit(enum.StrEnum):
@@ -180,15 +187,17 @@ def waiter_need(ledger: Ledger, w: Waiter) -> dict[str, int]:
     return w.need
 
 
-def verdict(ledger: Ledger, pci: str, need_bytes: int, for_lease: str | None = None) -> Fit:
+def verdict(ledger: Ledger, pci: str, need_bytes: int, for_lease: str | None = None,
+            outranked_bytes: int = 0) -> Fit:
     """Whether ``need_bytes`` more may be counted on ``pci`` for ``for_lease`` now.
 
     ``NEVER`` when the need exceeds the card's capacity (total − reserve − baseline − claims),
-    ``FITS`` when it is within :meth:`Ledger.available`, else ``NO_ROOM_NOW``.
+    ``FITS`` when it is within :meth:`Ledger.available` (``outranked_bytes``: earmarks that do
+    not hold against it), else ``NO_ROOM_NOW``.
     """
     if need_bytes > ledger.cards[pci].capacity_bytes:
         return Fit.NEVER
-    if need_bytes <= ledger.available(pci, for_lease):
+    if need_bytes <= ledger.available(pci, for_lease, outranked_bytes):
         return Fit.FITS
     return Fit.NO_ROOM_NOW
 
@@ -240,11 +249,12 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
                    make_room: Callable[[Waiter], bool] | None = None,
                    room_in_flight: Callable[[Waiter], bool] | None = None,
                    fresh: Callable[[str], bool] | None = None) -> PassResult:
-    """One pass over the queue in order; grants what the policy admits.
+    """One pass over the queue in order (priority, then age); grants what the policy admits.
 
-    Waiters for whom room has been made (they hold an earmark) go first: holders were already
-    displaced for them, and a later arrival, whatever its priority, must not strand that room.
-    Then the rest, in queue order. Steps, numbered as in the code:
+    Room goes to the best waiter at the moment it appears, not to the one it was made for
+    (issue 24): the earmark of a waiter for whom room is being made holds against the waiters
+    it ranks before, never against one that ranks before it. A later arrival of equal
+    priority ranks after it and cannot strand that room. Steps, numbered as in the code:
 
     1. a waiter that can never fit on one of its cards is taken out (``never``);
     2. a waiter that fits and is not held back by an earlier waiter on its cards is granted,
@@ -257,15 +267,19 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
        making room for it (the ladder), and a waiter with room being made holds its cards;
     5. under ``strict`` a refused waiter holds its cards; under ``scan`` only once it has been
        skipped ``scan_max_skips`` times or waited ``scan_max_wait_s``. A waiter that would not
-       fit even on its emptied cards (stowaways in the way) holds nothing.
+       fit even on its emptied cards (stowaways in the way, or holders Berth can never free:
+       issue 24) holds nothing.
 
     Decisions are made here, inside the single writer, never from a snapshot taken outside it.
     """
     order = list(queue)
-    order = [w for w in order if w.lease_id in ledger.earmarks] + \
-            [w for w in order if w.lease_id not in ledger.earmarks]
     p = _Pass(ledger, queue, policy, now, make_room, room_in_flight, fresh)
     for w in order:
+        for pci, b in ledger.earmarks.get(w.lease_id, {}).items():
+            p.later[pci] = p.later.get(pci, 0) + b
+    for w in order:
+        for pci, b in ledger.earmarks.get(w.lease_id, {}).items():
+            p.later[pci] -= b
         p.consider(w)
     return p.res
 
@@ -286,13 +300,17 @@ class _Pass:
     held: set[str] = field(default_factory=set)
     held_by: dict[str, str] = field(default_factory=dict)
     skippable: list[Waiter] = field(default_factory=list)
+    #: earmarks (bytes per card) of the waiters not considered yet: they rank after the one
+    #: considered now, and do not hold against it
+    later: dict[str, int] = field(default_factory=dict)
 
     def consider(self, w: Waiter) -> None:
         """Steps (1)-(5) of :func:`admission_pass` for one waiter."""
         led = self.ledger
         need = waiter_need(led, w)
         cards = set(need)
-        verdicts = {pci: verdict(led, pci, b, w.lease_id) for pci, b in need.items()}
+        verdicts = {pci: verdict(led, pci, b, w.lease_id, self.later.get(pci, 0))
+                    for pci, b in need.items()}
         never = [pci for pci, v in verdicts.items() if v is Fit.NEVER]
         if never:                                                                # (1)
             c = led.cards[never[0]]
@@ -339,7 +357,7 @@ class _Pass:
             started = self.make_room(w)
         # (5) A waiter that would not fit even on its emptied cards (stowaways stand in the
         # way) holds nothing: holding memory idle for it would only starve the others.
-        hopeless = any(b > led.capacity(p) for p, b in need.items())
+        hopeless = any(b > led.capacity(p) - led.unfreeable(p) for p, b in need.items())
         if started or (not hopeless and (pol.queue is QueuePolicy.STRICT or (
                 w.skips >= pol.scan_max_skips or self.now - w.since >= pol.scan_max_wait_s))):
             self._hold(cards, w)

@@ -80,10 +80,13 @@ def card_causes(ledger: Ledger, pci: str, waiter_id: str, gap_bytes: int,
     """What stands in the way of ``gap_bytes`` more on card ``pci`` for ``waiter_id``.
 
     ``refusals``: ``(holder, reason, lasting)`` for each active holder the ladder may not
-    displace now. Adds the memory in transit on the card (not lasting), the stowaways, and, when
+    displace now. Adds the memory in transit on the card (not lasting: a share moving, or memory
+    whose process is gone and that the driver has not freed yet), the stowaways, and, when
     nothing else explains the gap, the reserve."""
     card = ledger.cards[pci]
     out: list[Cause] = []
+    if card.free_bytes is None:
+        out.append(Cause("release", "no driver read of the card yet", False))
     for lease, sh in ledger.shares_on(pci):
         if lease.id == waiter_id or sh.state not in TRANSIT_STATES:
             continue
@@ -91,6 +94,9 @@ def card_causes(ledger: Ledger, pci: str, waiter_id: str, gap_bytes: int,
                 else f"{sh.state.value}")
         out.append(Cause("release", f"{lease.engine}'s {format_size(counted_bytes(sh))} is "
                                     f"{what} ({sh.state.value})", False))
+    for engine, (n, _since) in card.freeing.items():
+        out.append(Cause("release", f"{engine}'s {format_size(n)} left with its process and "
+                                    f"the driver has not freed it yet", False))
     for holder, reason, lasting in refusals:
         out.append(Cause("holder" if lasting else "turn",
                          f"{holder_words(holder, pci)}: {reason}", lasting))

@@ -35,7 +35,10 @@ class Instruction:
     ``seq``: its number; numbers grow, across berthd restarts too, and a reader asks for those
     after the last it saw. ``bytes``: N per PCI address for a lend or a return. ``reason``: why,
     in words. ``quiet_s``: for a park or a drain, how long the front may wait for its requests in
-    flight first (seconds; ``None``: the run's own default, the release grace)."""
+    flight first (seconds; ``None``: the run's own default, the release grace). ``call_off``:
+    a wake that calls off the park in progress if its mechanism has not begun (the waiter it
+    was for has gone; issue 24): the run answers the park ``called off`` and keeps serving, or,
+    once the checkpoint has begun, lets the park finish and does nothing more."""
 
     op: Op
     cards: tuple[str, ...]
@@ -43,28 +46,34 @@ class Instruction:
     bytes: dict[str, int] = field(default_factory=dict)
     reason: str = ""
     quiet_s: float | None = None
+    call_off: bool = False
 
     def to_wire(self) -> dict:
         """The JSON object the control API sends:
-        ``{"op", "seq", "cards": [pci], "bytes": {pci: N}, "reason", "quiet_s"}``."""
+        ``{"op", "seq", "cards": [pci], "bytes": {pci: N}, "reason", "quiet_s", "call_off"}``."""
         return {"op": self.op.value, "seq": self.seq, "cards": list(self.cards),
-                "bytes": dict(self.bytes), "reason": self.reason, "quiet_s": self.quiet_s}
+                "bytes": dict(self.bytes), "reason": self.reason, "quiet_s": self.quiet_s,
+                "call_off": self.call_off}
 
     @classmethod
     def from_wire(cls, d: object) -> Instruction:
         """Read one instruction as :meth:`to_wire` writes it. ``op`` and ``seq`` are required;
-        ``cards``, ``bytes``, ``reason`` and ``quiet_s`` may be missing (an older berthd sends
-        no ``quiet_s``); other keys are ignored. Raises :class:`InstructionError` naming the
-        field and its value."""
+        ``cards``, ``bytes``, ``reason``, ``quiet_s`` and ``call_off`` may be missing (an older
+        berthd sends neither of the last two); other keys are ignored. Raises
+        :class:`InstructionError` naming the field and its value."""
         if not isinstance(d, dict):
             raise InstructionError("instruction", f"expected an object, got {d!r}")
         op = d.get("op")
         if op not in {o.value for o in Op}:
             raise InstructionError("instruction.op", f"expected one of "
                                    f"{', '.join(o.value for o in Op)}, got {op!r}")
+        call_off = d.get("call_off", False)
+        if not isinstance(call_off, bool):
+            raise InstructionError("instruction.call_off", f"expected true or false, got "
+                                                           f"{call_off!r}")
         return cls(Op(op), _cards(d.get("cards", [])), _count("instruction.seq", d.get("seq")),
                    _bytes(d.get("bytes", {})), _reason(d.get("reason", "")),
-                   _seconds("instruction.quiet_s", d.get("quiet_s")))
+                   _seconds("instruction.quiet_s", d.get("quiet_s")), call_off)
 
 
 def read_poll(raw: object, after_seq: int

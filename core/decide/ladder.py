@@ -36,7 +36,7 @@ from .model import Lease, ParkMechanism, ShareState
 from .units import format_duration, format_size
 
 __all__ = ["Rung", "RUNGS", "Action", "Step", "Plan", "NoPlan", "plan", "displaceable",
-           "expected_residual", "SwapLog"]
+           "expected_residual", "SwapLog", "turn_start", "rent_s"]
 
 S = ShareState
 
@@ -135,14 +135,14 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     Numbered as in the code: (1) never itself; (2) an operator hold protects; (3) a holder of
     higher priority is not displaced while it serves or for its ``keep_warm_s`` after its last
     request (equal priority may be, as llama-swap swaps models; an idle high-priority engine can
-    be parked for anyone once that runs out); (4) a busy holder keeps its card for its minimum
-    turn, counted from when it could serve (``ready_at``, else at most ``wake_limit_s`` after its
-    grant) or its last wake, against a waiter of equal priority only (a holder that has not
-    said it serves is "starting", whatever the minimum turn) (a turn guards against
-    equals juggling, never holds back a higher priority; issue 12 case 6); (5) the juggle
-    guard: two busy engines swap a card at most ``juggle_max_swaps`` times inside
-    ``juggle_window_s``. Turns and the guard protect work, not
-    idleness (issue 16): an idle holder (:meth:`Lease.idle`) yields at once.
+    be parked for anyone once that runs out); (4) against a waiter of equal or lower priority
+    only (a turn never holds back a higher priority), the holder's turn (:func:`_turn`): it is
+    starting, inside its minimum turn, serving requests older than the waiter's, waiting for
+    its first request, or inside its ``max_turn`` with demand (busy, or, against an equal
+    priority, idle for less than a switch back would cost: rent or buy, issue 24; a higher
+    priority's rent is its ``keep_warm``); (5) the juggle guard: two busy engines swap
+    a card at most ``juggle_max_swaps`` times inside ``juggle_window_s``. ``since``: when the
+    waiter's oldest request arrived.
     """
     if holder.id == waiter.id:                                               # (1)
         return "itself"
@@ -152,32 +152,75 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     if holder.priority > waiter.priority and (
             not idle or now - holder.last_used_at < holder.keep_warm_s):     # (3)
         return f"{holder.engine} has higher priority ({holder.priority} > {waiter.priority})"
-    if idle:
-        return None
-    # The turn starts when the engine can serve: once it said so after its grant, or its
-    # last wake; an engine still loading is given up to wake_limit_s to get there.
-    ready = holder.ready_at if holder.ready_at is not None and holder.ready_at >= (
-        holder.granted_at or 0.0) else (holder.granted_at or 0.0) + policy.wake_limit_s
-    turn_start = max(ready, holder.resumed_at)
-    # A turn is worth at least what the switch into it cost (issue 16: cost-aware turns):
-    # an engine whose load took 30 s is not drained after 10 s of serving.
-    turn = max(policy.min_turn_s, holder.switch_cost_s)
-    if now - turn_start < turn and holder.priority >= waiter.priority:   # (4)
-        if now < turn_start:       # no turn has begun: it has not said it serves (even at 0s)
-            return (f"{holder.engine} is starting: it has not said it serves yet (given up to "
-                    f"{format_duration(policy.wake_limit_s)} after its grant)")
-        return f"{holder.engine} is inside its minimum turn"
-    # Older requests keep the card only while the oldest is younger than the holder's max_job
-    # (a job that outlived it protects nothing, as in the park's wait for quiet).
-    if since is not None and holder.oldest_job_at is not None and \
-            holder.oldest_job_at < since and holder.priority >= waiter.priority and \
-            now - holder.oldest_job_at < max_job_s(holder, policy.max_job_s):          # (4b)
-        return f"{holder.engine} serves requests older than {waiter.engine}'s"
-    if swaps is not None and policy.juggle_max_swaps >= 0:                   # (5)
+    if holder.priority >= waiter.priority:                                   # (4)
+        why = _turn(holder, waiter, policy, now, since)
+        if why is not None:
+            return why
+    if not idle and swaps is not None and policy.juggle_max_swaps >= 0:      # (5)
         n = swaps.count(holder.engine, waiter.engine, now - policy.juggle_window_s)
         if n >= policy.juggle_max_swaps and holder.engine != waiter.engine:
             return (f"juggle guard: {holder.engine} and {waiter.engine} swapped {n} times "
                     f"in {policy.juggle_window_s:.0f}s")
+    return None
+
+
+def turn_start(holder: Lease, policy: Policy) -> tuple[float, bool]:
+    """When the holder's turn began, and whether it has said it serves: once it said so after
+    its grant (``ready_at``), or its last wake; an engine still loading is given up to
+    ``wake_limit_s`` after its grant to get there."""
+    said = holder.ready_at is not None and holder.ready_at >= (holder.granted_at or 0.0)
+    ready = holder.ready_at if said else (holder.granted_at or 0.0) + policy.wake_limit_s
+    return max(ready, holder.resumed_at), said or holder.resumed_at > 0.0
+
+
+def rent_s(holder: Lease, waiter: Lease) -> float:
+    """What switching back would cost (seconds): the holder's measured restore or cold start
+    plus the waiter's park (the holder's own while the waiter has not parked yet)."""
+    return holder.switch_cost_s + (waiter.park_cost_s or holder.park_cost_s)
+
+
+def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
+          since: float | None) -> str | None:
+    """Step (4) of :func:`displaceable`: why the holder's turn keeps its card, or ``None``."""
+    start, said = turn_start(holder, policy)
+    longest = max(policy.max_turn_s, policy.min_turn_s, holder.switch_cost_s)
+    if holder.idle():
+        # An idle holder yields once its idle spell outlasts a switch back (rent or buy:
+        # never worse than twice the best choice in hindsight), or its turn is over.
+        # The words stay the same while the reason does: a changed wait wakes every poll.
+        if said and now - start < policy.first_request_s and (
+                holder.last_job_at is None or holder.last_job_at < start):
+            return (f"{holder.engine} has just become ready and waits up to "
+                    f"{format_duration(policy.first_request_s)} for its first request (a "
+                    f"manager's health poll)")
+        idle_s = now - max(holder.idle_since if holder.idle_since is not None else now,
+                           start if said else 0.0)
+        rent = rent_s(holder, waiter)
+        # A higher priority's rent is its keep_warm, which (3) has counted already.
+        if holder.priority == waiter.priority and idle_s < rent and now - start < longest:
+            return (f"{holder.engine} is idle for less than a switch back would cost "
+                    f"({format_duration(rent)}); its turn lasts at most "
+                    f"{format_duration(longest)}")
+        return None
+    if now < start:        # no turn has begun: it has not said it serves (even at 0s)
+        return (f"{holder.engine} is starting: it has not said it serves yet (given up to "
+                f"{format_duration(policy.wake_limit_s)} after its grant)")
+    # A turn is worth at least what the switch into it cost (issue 16: cost-aware turns).
+    if now - start < max(policy.min_turn_s, holder.switch_cost_s):
+        return f"{holder.engine} is inside its minimum turn"
+    # Older requests keep the card only while the oldest is younger than the holder's max_job
+    # (a job that outlived it protects nothing, as in the park's wait for quiet).
+    if since is not None and holder.oldest_job_at is not None and \
+            holder.oldest_job_at < since and \
+            now - holder.oldest_job_at < max_job_s(holder, policy.max_job_s):
+        return f"{holder.engine} serves requests older than {waiter.engine}'s"
+    # Batching needs known demand: a front that never reported keeps only its minimum turn,
+    # and a job that outlived the holder's max_job protects nothing here either.
+    outlived = holder.oldest_job_at is not None and \
+        now - holder.oldest_job_at >= max_job_s(holder, policy.max_job_s)
+    if holder.jobs_reported and not outlived and now - start < longest:
+        return (f"{holder.engine} serves its turn (its backlog first, at most "
+                f"{format_duration(longest)})")
     return None
 
 
@@ -240,7 +283,8 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
             causes = card_causes(ledger, p, waiter.id, gap, refusals.get(p, []))
             return NoPlan(w.lease_id, f"{ledger.cards[p].name}: short {format_size(gap)}; "
                           + "; ".join(c.text for c in causes),
-                          lasting=all(c.lasting for c in causes))
+                          lasting=all(c.lasting for c in causes)
+                          or _beyond_reach(ledger, p, w.need[p], refusals.get(p, [])))
         for st in chosen:                                                        # (4), (5)
             steps[st.lease_id] = st
             rung = max(rung, _RUNG_OF[st.action], key=RUNGS.index)
@@ -267,25 +311,56 @@ def _candidates(ledger: Ledger, w: Waiter, waiter: Lease, cards: list[str], poli
     # The waiter has waited since its oldest request at its front (held while it sleeps),
     # which may be older than its place in the queue (a wake asked while it was parking).
     since = w.since if waiter.oldest_job_at is None else min(w.since, waiter.oldest_job_at)
+    ram = ledger.ram_available_bytes()
     for p in cards:
         found = []
         for lease, _sh in ledger.active_on(p):
             if lease.id == waiter.id:
                 continue
-            why = displaceable(lease, waiter, policy, now, swaps, since)
+            why, lasting = _unfreeable(lease, ram, policy)
+            if why is None:
+                why = displaceable(lease, waiter, policy, now, swaps, since)
+                # An operator hold stays; a turn and the guard run out, and so does a higher
+                # priority's keep_warm when shorter than a held request's wait (counted from
+                # now for a busy holder: its last request has not ended yet).
+                warm_left = lease.keep_warm_s - (now - lease.last_used_at if lease.idle()
+                                                 else 0.0)
+                lasting = lease.held or (lease.priority > waiter.priority
+                                         and warm_left > policy.wait_limit_s)
             if why is None:
                 found.append(lease)
             else:
-                # An operator hold and a busy higher priority stay; a turn, the guard and an
-                # idle holder's keep_warm (when shorter than a held request's wait) run out.
-                warm_left = lease.keep_warm_s - (now - lease.last_used_at)
-                lasting = lease.held or lease.priority > waiter.priority and (
-                    not lease.idle() or warm_left > policy.wait_limit_s)
                 refusals.setdefault(p, []).append((lease, why, lasting))
         found.sort(key=lambda le: (le.in_flight > 0, le.priority, le.last_used_at,
                                    -counted_bytes(le.shares[p])))
         cands[p] = found
     return cands, refusals
+
+
+def _beyond_reach(ledger: Ledger, p: str, need: int,
+                  refusals: list[tuple[Lease, str, bool]]) -> bool:
+    """Would ``need`` bytes stay out of reach on card ``p`` even if everything that can change
+    did (every other holder gone, every release done)? Then the holders that stay for good
+    (lasting refusals) decide alone, whatever else a wait names (issue 24)."""
+    fixed = sum(counted_bytes(le.shares[p]) for le, _why, lasting in refusals if lasting)
+    return fixed > 0 and need > ledger.capacity(p) - fixed
+
+
+def _unfreeable(lease: Lease, ram: int | None, policy: Policy) -> tuple[str | None, bool]:
+    """``(why, lasting)`` when Berth cannot free the holder's memory: it cannot be drained (an
+    in-process host, rule 6) and has no park that frees anything (lasting), or its park does not
+    fit the host RAM budget now (not lasting); ``(None, False)`` otherwise (issue 24)."""
+    if lease.caps.drain:
+        return None, False
+    why = lease.cannot_free()
+    if why is not None:
+        return (f"Berth cannot free it: {why}; it is an in-process host, which Berth never "
+                f"stops"), True
+    if ram is not None and _ram_cost(lease, policy) > ram:
+        return (f"it can only park (an in-process host, which Berth never stops) and the host "
+                f"RAM budget has {format_size(max(0, ram))} left for its "
+                f"{format_size(_ram_cost(lease, policy))}"), False
+    return None, False
 
 
 def _preempts(lease: Lease, waiter: Lease) -> bool:
@@ -360,7 +435,7 @@ def _victim_step(le: Lease, waiter: Lease, p: str, ram: int | None, allow_drain:
     if park_ok and le.caps.can_park() and whole and not _preempts(le, waiter) and (
             ram is None or _ram_cost(le, policy) <= ram):
         action = Action.PARK
-    elif allow_drain:
+    elif allow_drain and le.caps.drain:
         action = Action.DRAIN
         if le.caps.can_park() and whole and not park_ok:
             why = (f"no park: it would leave {format_size(expected_residual(le, p, policy))} "

@@ -121,6 +121,7 @@ class Ledger:
     _on_card: dict[str, dict[str, Lease]] = field(default_factory=dict)
     _parked: dict[str, int] = field(default_factory=dict)
     _active: dict[str, dict[str, Lease]] = field(default_factory=dict)
+    _undrainable: dict[str, int] = field(default_factory=dict)
 
     # -- cards ----------------------------------------------------------------------------
     def add_card(self, card: Card) -> None:
@@ -155,6 +156,7 @@ class Ledger:
             self._counted[pci] += counted_bytes(share)
             self._on_card[pci][lease.id] = lease
             self._parked[pci] += share.state is S.PARKED
+            self._undrainable[pci] = self._undrainable.get(pci, 0) + (not lease.caps.drain)
             if share.state is S.ACTIVE:
                 self._active[pci][lease.id] = lease
 
@@ -170,6 +172,7 @@ class Ledger:
             self._on_card[pci].pop(lease_id, None)
             self._active[pci].pop(lease_id, None)
             self._parked[pci] -= share.state is S.PARKED
+            self._undrainable[pci] -= not lease.caps.drain
         return self.leases.pop(lease_id)
 
     def move(self, lease_id: str, pci: str, dst: ShareState, now: float, **changes) -> Share:
@@ -230,11 +233,15 @@ class Ledger:
         """:meth:`capacity` − Σ counted, in bytes (may be < 0)."""
         return self.capacity(pci) - self._counted[pci]
 
-    def available(self, pci: str, for_lease: str | None = None) -> int:
+    def available(self, pci: str, for_lease: str | None = None,
+                  outranked_bytes: int = 0) -> int:
         """Bytes that may be granted on ``pci`` to ``for_lease`` now.
 
         ``min(budget, driver free − reserve) − earmarks of other waiters + own``. Before the
-        first driver read nothing is free (rule 1). May be negative.
+        first driver read nothing is free (rule 1). May be negative. ``outranked_bytes``: the
+        earmarks on ``pci`` of waiters ``for_lease`` ranks before (priority, then age), which do
+        not hold against it: room goes to the best waiter when it appears, not to the one it
+        was made for (issue 24).
 
         ``own`` is what ``for_lease`` already holds on the card while it waits: a host plugin
         adopts a process that its host started before Berth granted anything (supervisord's
@@ -246,7 +253,7 @@ class Ledger:
         if c.free_bytes is None:
             return min(0, self.budget(pci))
         room = min(self.budget(pci), c.free_bytes - c.reserve_bytes)
-        held = self._earmarked[pci]
+        held = self._earmarked[pci] - outranked_bytes
         own = 0
         if for_lease is not None:
             held -= self.earmarks.get(for_lease, {}).get(pci, 0)
@@ -255,6 +262,24 @@ class Ledger:
             if sh is not None and sh.state is S.WAITING and lease.pid is not None:
                 own = max(0, sh.used_bytes or 0)
         return room - held + own
+
+    def unfreeable(self, pci: str) -> int:
+        """Bytes counted on ``pci`` by holders Berth can never free (a host it never stops,
+        whose park frees nothing: :meth:`Lease.cannot_free`; issue 24)."""
+        if not self._undrainable.get(pci):
+            return 0
+        return sum(counted_bytes(sh) for le, sh in self.active_on(pci)
+                   if le.cannot_free() is not None)
+
+    def unexplained(self, pci: str) -> int:
+        """Bytes the last driver read shows used on ``pci`` that neither the baseline, the
+        stowaways nor any share's count explains (``0`` before the first read): memory a
+        process left behind that the driver has not freed yet (issue 24)."""
+        c = self.cards[pci]
+        if c.free_bytes is None:
+            return 0
+        return (c.total_bytes - c.baseline_bytes - c.stowaway_bytes - self._counted[pci]
+                - c.free_bytes)
 
     def parked_in_ram_bytes(self, excluding: str | None = None) -> int:
         """Host bytes held by parked or parking shares (their size less the residual), those of

@@ -202,12 +202,19 @@ class Capabilities:
       the share's size less its measured use (half its size while use is unknown).
     - ``front``: where its requests enter (``"host:port"``, ``"gateway"``, ``"comfyui-port"``).
       Rule 3: park and lend need a front; :meth:`can_sleep` says whether both hold.
+    - ``drain``: Berth can stop its process (a run it started, or a program its host's manager
+      stops). ``False`` for an in-process host that Berth must never stop (the ComfyUI node,
+      rule 6): such a lease makes room only by a park (issue 24).
+    - ``no_park``: why a host registered without a park, in words (``"--highvram: unloading
+      frees nothing"``), named to whoever waits for its card.
     """
 
     park: ParkMechanism | None = None
     lend: bool = False
     lend_max_bytes: int | None = None
     front: str | None = None
+    drain: bool = True
+    no_park: str | None = None
 
     def can_park(self) -> bool:
         return self.park is not None and self.front is not None
@@ -217,7 +224,8 @@ class Capabilities:
 
     def as_dict(self) -> dict:
         return {"park": self.park.value if self.park else None, "lend": self.lend,
-                "lend_max_bytes": self.lend_max_bytes, "front": self.front}
+                "lend_max_bytes": self.lend_max_bytes, "front": self.front,
+                "drain": self.drain, "no_park": self.no_park}
 
 
 @dataclass
@@ -303,6 +311,13 @@ class Lease:
     ``oldest_job_at``: when the oldest request its front has now (held or forwarded) arrived,
     as the front reports it (``None``: not reported); a busy holder keeps its card for a waiter
     that asked later than that (issue 16: no engine waits longer than under FIFO swapping).
+    ``idle_since``: when its front last reported nothing in flight (``None`` while busy or
+    before any report); ``last_job_at``: when it last reported a request. An idle holder keeps
+    its card while it has been idle less than switching back would cost (rent or buy, issue
+    24). ``park_cost_s``: what its last park of an idle engine cost, measured (seconds from the
+    instruction to the driver's confirmation); ``parking_since`` when that park began.
+    ``frees_nothing``: why its park was seen to free nothing (a lease that cannot be drained
+    then keeps its card, and waiters are told at once).
     """
 
     id: str
@@ -333,11 +348,25 @@ class Lease:
     may_preempt: bool = False
     switch_cost_s: float = 0.0
     oldest_job_at: float | None = None
+    idle_since: float | None = None
+    last_job_at: float | None = None
+    park_cost_s: float = 0.0
+    parking_since: float | None = None
+    frees_nothing: str | None = None
 
     def idle(self) -> bool:
         """Nothing in flight at its front, as its front last reported (issue 16: turns protect
         work, not idleness). A holder whose front never reported is not idle."""
         return self.jobs_reported and self.in_flight == 0
+
+    def cannot_free(self) -> str | None:
+        """Why Berth can free none of this lease's memory, in words, or ``None``: it cannot be
+        drained (an in-process host) and it has no park that frees anything (issue 24)."""
+        if self.caps.drain:
+            return None
+        if not self.caps.can_park():
+            return self.caps.no_park or "it registered without a park"
+        return self.frees_nothing
 
     @property
     def cards(self) -> list[str]:
@@ -369,7 +398,9 @@ class Card:
     context, display); ``stowaway_bytes`` what processes outside any lease hold, and
     ``stowaways`` the same by PID (issue 12 case 5); ``claims`` bytes the operator sets
     aside for users outside Berth, by name. ``free_bytes`` is the last driver read (``None``
-    before the first) and ``read_at`` its time.
+    before the first) and ``read_at`` its time. ``freeing``: memory whose process is gone (its
+    PID left the driver's list) but that the driver does not show free yet, by engine:
+    ``(bytes, since)`` (a release under way, issue 24; real drivers free after the PID goes).
     """
 
     pci: str
@@ -383,6 +414,7 @@ class Card:
     free_bytes: int | None = None
     read_at: float | None = None
     uuid: str | None = None
+    freeing: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     @property
     def claim_bytes(self) -> int:

@@ -49,7 +49,23 @@ def observe(st: State, reads: dict[str, CardRead], now: float) -> list[Effect]:
             else:
                 st.growth.reset(lid, pci)
             fx += after_use(st, lease, sh, now)
+        _settle_freeing(st, pci, now)
     return fx + admit(st, now)
+
+
+def _settle_freeing(st: State, pci: str, now: float) -> None:
+    """Memory left behind by a process that is gone stops being "under way" once the driver
+    shows it free, or after the release grace (it is then whatever holds it: a stowaway's, or
+    the card's own)."""
+    card = st.ledger.cards[pci]
+    if not card.freeing:
+        return
+    if st.ledger.unexplained(pci) < sum(b for b, _ in card.freeing.values()) // 4:
+        card.freeing.clear()
+        return
+    for engine, (_b, since) in list(card.freeing.items()):
+        if now - since >= st.policy.release_grace_s:
+            del card.freeing[engine]
 
 
 def confirmed(st: State, lease_id: str, pci: str, what: str, now: float,
@@ -65,6 +81,8 @@ def confirmed(st: State, lease_id: str, pci: str, what: str, now: float,
                        used_bytes=use_bytes)
         st.deadlines.pop((lease_id, pci, Op.PARK), None)
         if all(s.state is S.PARKED for s in lease.shares.values()):
+            if lease.parking_since is not None:
+                lease.park_cost_s, lease.parking_since = now - lease.parking_since, None
             fx.append(Note(lease_id, "parked", f"{lease.engine} parked; residual "
                            f"{bytes_on(st, lease, 'residual_bytes')}"))
             step_done(st, lease_id)
@@ -94,7 +112,8 @@ def report(st: State, lease_id: str, op: str, ok: bool, now: float,
     1. wake or return done: each resuming (returning) share is active again; counted once;
     2. wake or return failed: fall back to a drain at once (rule 4);
     3. park failed "busy" (the front could not go quiet; the engine was never touched) and no
-       room waits for it: the park is called off, its shares active again;
+       room waits for it, or "called off" (its waiter left before the mechanism began, issue
+       24): the park is called off, its shares active again;
     4. park or lend failed otherwise: fall back to a drain at once (rule 4);
     5. park or lend done: the run's word is not proof (rule 1), it is the event a driver read
        must follow: start the confirmation (:class:`Watch`) within the release grace;
@@ -136,6 +155,8 @@ def _restored(st: State, lease: Lease, op: str, ok: bool, now: float,
     lease.last_used_at = now                                                     # (1)
     if op == Op.WAKE:
         st.counters.wakes += 1
+        if lease.in_flight:
+            lease.last_job_at = now     # the requests it woke for are served now
     else:
         st.counters.returns += 1
     return [Note(lease.id, op, f"{lease.engine} {'woke' if op == Op.WAKE else 'grew back'}")]
@@ -146,12 +167,14 @@ def _released(st: State, lease: Lease, op: str, ok: bool, now: float,
     """Steps (3), (4) and (5) of :func:`report`."""
     src = S.PARKING if op == Op.PARK else S.LENDING
     was = src in lease.states()
-    if not ok and was and op == Op.PARK and detail.startswith("busy") \
+    if not ok and was and op == Op.PARK and detail.startswith(("busy", "called off")) \
             and not awaited(st, lease.id):                                       # (3)
         for pci, sh in lease.shares.items():
             if sh.state is S.PARKING:
                 st.ledger.move(lease.id, pci, S.ACTIVE, now, parked_bytes=0)
                 st.deadlines.pop((lease.id, pci, Op.PARK), None)
+        lease.parking_since = None
+        st.wake_wanted.discard(lease.id)
         return [Note(lease.id, "park.off", f"{lease.engine}: park called off, nothing "
                                            f"waits for the room ({detail})")]
     if not ok:                                                                   # (4)

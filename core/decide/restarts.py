@@ -49,8 +49,11 @@ def exited(st: State, lease_id: str, now: float, final: bool = False) -> list[Ef
             moved = True
     if moved:
         # One exit is news once: the run's drain report, its release and the reader's
-        # sight of the dead process all come here (issue 12 case 7).
-        fx.append(Note(lease_id, "exit", f"{lease.engine} exited"))
+        # sight of the dead process all come here (issue 12 case 7). An in-process host's
+        # process may run on (its drain stops only its work): never say it exited.
+        fx.append(Note(lease_id, "exit", f"{lease.engine} exited" if lease.caps.drain else
+                       f"{lease.engine}'s lease ends (an in-process host, which Berth never "
+                       f"stops; its memory counts until a driver read shows it free)"))
     if lease.is_over():
         drop(st, lease_id)
         fx.append(Ended(lease_id, "exited"))

@@ -12,7 +12,7 @@ from .causes import jobs_words
 from .effects import Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected
 from .ladder import Action, NoPlan, Plan, Rung, Step, plan
 from .model import Lease, Op, ShareState
-from .state import Room, State, card_name, drop
+from .state import Room, State, awaited, card_name, drop
 from .units import format_size
 
 S = ShareState
@@ -25,6 +25,7 @@ def admit(st: State, now: float) -> list[Effect]:
     started for waiters that do not fit, waiters that never can taken out, and a
     :class:`ReadCards` for cards whose read is older than this step (rule 1)."""
     fx: list[Effect] = []
+    st.finished.clear()
 
     def start_room(w: Waiter) -> bool:
         fx.extend(make_room(st, w, now))
@@ -70,7 +71,7 @@ def _granted(st: State, w: Waiter, now: float) -> list[Effect]:
     """Effects of one admission, by the waiter's kind: a grant, a wake or a return once room
     is confirmed (rule 2), or an extension."""
     lease = st.ledger.leases[w.lease_id]
-    room = st.rooms.pop(w.lease_id, None)
+    room = st.rooms.pop(w.lease_id, None) or _take_over(st, w)
     st.noplan_said.pop(w.lease_id, None)
     rung = room.plan.rung.value if room else Rung.FIT.value
     if room is not None and room.fell_back:
@@ -109,6 +110,19 @@ def _granted(st: State, w: Waiter, now: float) -> list[Effect]:
     return [Note(w.lease_id, "extend", f"{lease.engine} reservation extended by {need}")]
 
 
+def _take_over(st: State, w: Waiter) -> Room | None:
+    """A waiter granted on its cards before the one whose room was made there (it ranks
+    before it: issue 24) takes that finished room: its earmark goes, and the other plans
+    again if it still does not fit."""
+    for rooms in (st.rooms, st.finished):
+        for rid, room in list(rooms.items()):
+            if rid != w.lease_id and not room.pending and room.cards & set(w.need):
+                del rooms[rid]
+                st.ledger.earmark(rid, {})
+                return room
+    return None
+
+
 def _link_lend(st: State, step: Step, borrower: Lease) -> None:
     lender = st.ledger.leases.get(step.lease_id)
     if lender is None:
@@ -129,7 +143,8 @@ def make_room(st: State, w: Waiter, now: float) -> list[Effect]:
         # A finished room that still did not make the waiter fit: plan again.
         if st.rooms[w.lease_id].pending:
             return []
-        st.rooms.pop(w.lease_id)
+        st.finished[w.lease_id] = st.rooms.pop(w.lease_id)
+        st.ledger.earmark(w.lease_id, {})
     busy = frozenset(p for r in st.rooms.values() if r.pending for p in r.cards)
     p = plan(st.ledger, w, st.policy, now, st.swaps, busy)
     lease = st.ledger.leases[w.lease_id]
@@ -177,18 +192,37 @@ def _begin_steps(st: State, p: Plan, lease: Lease, now: float) -> list[Effect]:
 
 
 def cancel_room(st: State, lease_id: str, now: float) -> list[Effect]:
-    """The waiter left: drop its room and earmark. Lends already confirmed grow back."""
+    """The waiter left: drop its room and earmark. Lends already confirmed grow back. A park
+    still under way for it is called off at its next step that can be undone (a checkpoint
+    that has not begun does not begin; issue 24), unless another waiter wants those cards:
+    the room then goes to the best waiter when it appears."""
     room = st.rooms.pop(lease_id, None)
     st.ledger.earmark(lease_id, {})
     st.noplan_said.pop(lease_id, None)
     fx: list[Effect] = []
     if room is None:
         return fx
+    wanted = any(w.lease_id != lease_id and room.cards & set(st.ledger.leases[w.lease_id].shares)
+                 for w in st.queue if w.lease_id in st.ledger.leases)
     for step in room.plan.steps:
-        lender = st.ledger.leases.get(step.lease_id)
-        if step.action is Action.LEND and lender is not None:
-            fx += want_return(st, lender, now)
+        victim = st.ledger.leases.get(step.lease_id)
+        if victim is None:
+            continue
+        if step.action is Action.LEND:
+            fx += want_return(st, victim, now)
+        elif step.action is Action.PARK and not wanted and step.lease_id in room.pending \
+                and victim.states() == {S.PARKING} and not awaited(st, victim.id):
+            fx += _call_off(st, victim, now)
     return fx
+
+
+def _call_off(st: State, victim: Lease, now: float) -> list[Effect]:
+    """Ask the victim's run to call its park off if the mechanism has not begun; its answer
+    (``called off``, or the park's own report) settles the share (:func:`.reports.report`)."""
+    return [Instruct(victim.id, Op.WAKE, tuple(victim.shares), st.next_seq(),
+                     reason="the waiter it parked for has gone", call_off=True),
+            Note(victim.id, "park.calloff", f"{victim.engine}: the waiter its park was for has "
+                 f"gone; the park is called off unless its mechanism has begun")]
 
 
 def withdraw(st: State, lease_id: str, now: float, reason: str) -> list[Effect]:

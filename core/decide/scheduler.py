@@ -203,9 +203,9 @@ class Scheduler:
     def jobs(self, lease_id: str, in_flight: int, now: float,
              oldest_at: float | None = None) -> list[Effect]:
         """The holder's front forwards ``in_flight`` requests now (its run reports each change).
-        A holder that goes idle yields at once to anyone waiting (issue 16), so the admission
-        pass runs then; a busy one's park or drain waits for its jobs, up to its ``max_job``
-        (issue 12 case 4). ``oldest_at``: when the oldest of those requests arrived (seconds, the
+        A holder that goes idle yields to anyone waiting once its idle spell outlasts a switch
+        back (rent or buy, issue 24), so the admission pass runs then; a busy one's park or
+        drain waits for its jobs, up to its ``max_job`` (issue 12 case 4). ``oldest_at``: when the oldest of those requests arrived (seconds, the
         scheduler's clock; ``None`` when the front does not say). Raises ``ValueError`` for a
         negative count."""
         if in_flight < 0:
@@ -216,6 +216,10 @@ class Scheduler:
         elif not in_flight:
             lease.busy_since = None
         went_idle = not in_flight and (lease.in_flight or not lease.jobs_reported)
+        if in_flight:
+            lease.last_job_at, lease.idle_since = now, None
+        elif went_idle:
+            lease.idle_since = now
         # Its older requests ended: a waiter that asked before the ones left may go now.
         moved_on = lease.oldest_job_at is not None and (
             oldest_at is None or oldest_at > lease.oldest_job_at)

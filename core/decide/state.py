@@ -51,6 +51,9 @@ class State:
         self.ledger = ledger or Ledger()
         self.queue = Queue()
         self.rooms: dict[str, Room] = {}
+        #: rooms finished in this admission pass that did not make their waiter fit: a waiter
+        #: that ranks before it and was granted on those cards took them (issue 24)
+        self.finished: dict[str, Room] = {}
         self.swaps = SwapLog()
         self.counters = Counters()
         self.growth = GrowthMeter()

@@ -49,6 +49,11 @@ class Busy(RuntimeError):
     """The front could not go quiet in time: the park never began."""
 
 
+class CalledOff(RuntimeError):
+    """berthd called the park off while its front waited for quiet: the mechanism never began
+    (issue 24: the waiter it was for has gone)."""
+
+
 class Actions:
     """Carries out one run's instructions on its engine and front, and reports each outcome."""
 
@@ -66,6 +71,8 @@ class Actions:
         self.drain_quiet_s: float | None = None
         #: bytes this run's engine has lent and not yet grown back, by card
         self.lent: dict[str, int] = {}
+        #: set while a park or lend waits for quiet: berthd's call-off ends that wait
+        self._call_off: asyncio.Event | None = None
 
     def context(self, op: Op, ins: Instruction) -> ActionContext:
         """The hook's context for instruction ``ins``."""
@@ -97,7 +104,10 @@ class Actions:
         """Carry out one instruction and report its outcome to berthd. A drain only sets the
         run's stop event (the run's stop sequence reports it)."""
         op = ins.op
-        log.info("instruction %s (%s)", op, ins.reason)
+        log.info("instruction %s%s (%s)", op, " (call-off)" if ins.call_off else "", ins.reason)
+        if ins.call_off:
+            self.call_off()
+            return
         if op is Op.DRAIN:
             self.stop_event.set()
             self.drained = ins.reason or "drained"
@@ -128,7 +138,7 @@ class Actions:
                         raise RuntimeError("the engine did not answer its health check after the wake")
                     if self.front is not None:
                         self.front.open()
-        except Busy as e:
+        except (Busy, CalledOff) as e:
             ok, detail = False, str(e)
         except Exception as e:                          # reported; berthd falls back (rule 4)
             ok, detail = False, f"{type(e).__name__}: {e}"
@@ -142,20 +152,44 @@ class Actions:
                     self.front.open()
         await self.lease.report(op, ok, detail)
 
+    def call_off(self) -> None:
+        """berthd calls off the park (or lend) in progress: if its front still waits for quiet,
+        that wait ends and the mechanism never begins; once the mechanism has begun, nothing
+        (a checkpoint is not interrupted)."""
+        if self._call_off is not None:
+            self._call_off.set()
+        else:
+            log.info("call-off: no park waits for quiet; nothing to call off")
+
+    async def _quiet(self, op: Op, ins: Instruction) -> None:
+        """Close the front and wait for its requests in flight, up to berthd's ``quiet_s`` (the
+        engine's max_job, issue 12 case 4; an older berthd sends none: the release grace).
+        Raises :class:`Busy` or :class:`CalledOff` with the front open again."""
+        wait_s = ins.quiet_s
+        self._call_off = called = asyncio.Event()
+        drained = asyncio.ensure_future(self.front.close_and_drain(
+            self.lease.limit("release_grace_s") if wait_s is None else wait_s,
+            why=f"a {op} begins: the requests in flight finish first"))
+        off = asyncio.ensure_future(called.wait())
+        try:
+            await asyncio.wait({drained, off}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._call_off = None
+            off.cancel()
+        if not drained.done():
+            drained.cancel()
+            self.front.open()
+            raise CalledOff("called off: the waiter it was for has gone")
+        if not drained.result():
+            self.front.open()
+            # "busy": the engine was never touched; berthd calls the park off when
+            # nothing waits for the room, else falls back (rule 4).
+            raise Busy("busy: in-flight requests did not finish within the grace")
+
     async def _free(self, op: Op, ins: Instruction) -> None:
         """Park or lend: quiet the front, run the mechanism, then sleep (park) or open (lend)."""
         if self.front is not None:
-            # berthd bounds the wait for the requests in flight by the engine's max_job, not by
-            # the release grace (issue 12 case 4); an older berthd sends no quiet_s.
-            wait_s = ins.quiet_s
-            quiet = await self.front.close_and_drain(
-                self.lease.limit("release_grace_s") if wait_s is None else wait_s,
-                why=f"a {op} begins: the requests in flight finish first")
-            if not quiet:
-                self.front.open()
-                # "busy": the engine was never touched; berthd calls the park off when
-                # nothing waits for the room, else falls back (rule 4).
-                raise Busy("busy: in-flight requests did not finish within the grace")
+            await self._quiet(op, ins)
         await run_action(self.pm, f"berth_{op}", self.context(op, ins))
         if self.front is not None:
             if op is Op.PARK:

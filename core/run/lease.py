@@ -262,6 +262,9 @@ class LeaseClient:
                 if r is None:
                     continue
                 for ins in await self._read(r.get("instructions", [])):
+                    if ins.call_off:
+                        await carry_out(ins)     # ends a wait for quiet; never queued
+                        continue
                     if ins.op is Op.DRAIN:
                         queued.clear()
                         if worker is not None and not worker.done():

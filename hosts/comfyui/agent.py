@@ -186,6 +186,11 @@ class Agent(Reservation):
         why = f"; {self.defeated}: unloading frees nothing, no park" if self.defeated else ""
         body["front"] = f"comfyui-node {self.url}{why}"[:300]
         body["park"] = None if self.defeated else "hook"
+        # Berth never stops ComfyUI (the node runs inside it): it makes room only by a park,
+        # and with unloading defeated, not at all; berthd then tells waiters why at once.
+        body["drain"] = False
+        if self.defeated:
+            body["no_park"] = f"ComfyUI runs with {self.defeated}: unloading frees nothing"
         return body
 
     async def _register(self) -> None:
@@ -296,6 +301,11 @@ class Agent(Reservation):
 
     async def _carry_out(self, ins: Instruction) -> None:
         op = ins.op
+        if ins.call_off:
+            # The park it would call off has finished by now (instructions run one at a
+            # time): there is nothing left to undo.
+            log.info("Berth: call-off of a park that has finished (%s)", ins.reason)
+            return
         log.info("Berth: instruction %s (%s)", op, ins.reason)
         ok, detail = True, ""
         if op == "park" or op == "drain":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -76,29 +77,32 @@ class TestHandComputedWaits:
         # the 1e9 reserve leaves, and the broker's last driver read decides each grant.
         # a: granted at the read at 0, ready at 14.25 (berth run is llama-swap's cmd, whose
         # health polls come at 0.25 s and then every second).
-        # b at 30 (just before the read at 30): park a. The checkpoint takes 12e9 / 70 GB/s
-        # = 0.1714 s; the run reports it done at 30.1714, the confirmation helper's first poll
-        # (at once) shows the memory gone, and that read grants b at once: b loads 14 s, to
-        # 44.1714, and the health poll at 44.4214 sees it: a wait of 14.4214.
-        # a at 50: b became ready at 44.4214 and its minimum turn would last to 54.4214, but
-        # its one request ended at 49.4214 and its front reported nothing in flight: an idle
-        # holder yields at once (issue 16; this waited 6.67 s for the turn and the next read
-        # before). The park is planned at 50 (0.1714 s), its confirming read grants a's wake,
-        # and the restore takes 12e9 / 8 GB/s = 1.5 s.
+        # b at 30: a has been idle since its request ended at 19.25, and an idle holder keeps
+        # its card while it has been idle less than a switch back would cost (rent or buy,
+        # issue 24): a's cold start, 14 s (the run reports it ready as the load ends, before
+        # llama-swap's poll), plus a park never measured yet, 0 s: to 33.25. The read at 34
+        # plans the park: the checkpoint takes 12e9 / 70 GB/s = 0.1714 s, the confirmation
+        # helper's first poll shows the memory gone, and that read grants b at once: b loads
+        # 14 s, and the health poll 14.25 s after the grant sees it: a wait of 18.4214.
+        # a at 50: b serves its request from 48.4214 to 53.4214 (older than a's: it keeps its
+        # card), then is idle; its rent is its 14 s cold start plus a's measured park, 0.1714
+        # s: to 67.5928 (inside its 30 s max_turn). The read at 68 plans b's park (0.1714 s),
+        # its confirming read grants a's wake, and the restore takes 12e9 / 8 GB/s = 1.5 s.
         got = waits(policy, tiny(TRACE, base=12 * 10**9))
         park = 12e9 / 70e9
-        assert got == pytest.approx([14.25, 30 + park + 14 + 0.25 - 30, park + 1.5])
+        assert got == pytest.approx([14.25, 34 + park + 14.25 - 30, 68 + park + 1.5 - 50])
 
     @pytest.mark.parametrize("policy", ["berth-scan-declared", "berth-strict-declared"])
     def test_busy_holder_keeps_its_turn(self, policy):
-        # As above, but b's request at 30 runs 20 s, so b is still serving when a asks at 50:
-        # b keeps its 10 s minimum turn from 44.4214 and its request ends at 64.4214; the
-        # turn is over by then, and b goes idle at once: the park is planned at 64.4214 when
-        # its front reports nothing in flight, then 0.1714 s to park and 1.5 s to restore.
+        # As above, but b's request at 30 runs 20 s, from 48.4214 to 68.4214: b serves a
+        # request older than a's (50), so it keeps its card; then it is idle, and its rent
+        # (14.1714 s) would run to 82.5928, but its turn is bounded by max_turn, 30 s from
+        # when it said it serves (48.1714): the read at 79 plans the park, then 0.1714 s to
+        # park and 1.5 s to restore.
         trace = [(0.0, "a", 5.0, 0, 0.0), (30.0, "b", 20.0, 0, 0.0), (50.0, "a", 5.0, 0, 0.0)]
         got = waits(policy, tiny(trace, base=12 * 10**9))
         park = 12e9 / 70e9
-        assert got[2] == pytest.approx(30 + park + 14.25 + 20 + park + 1.5 - 50)
+        assert got[2] == pytest.approx(79 + park + 1.5 - 50)
 
 
 class TestConservation:
@@ -262,3 +266,37 @@ def test_default_on_another_seed_short(capsys):
     assert d["oom_events"] == 0 and d["unserved"] + d["dropped"] == 0
     v = d["verdict"]
     assert v["best_peer"] in pols[:3] and set(v["engines"]) == {"chat-14", "chat-8", "comfy"}
+
+
+class TestIssue24Machinery:
+    """Closed-loop clients, clients that leave, and the shapes built on them (issue 24)."""
+
+    def test_every_shape_under_every_policy_keeps_the_books(self):
+        from bench.policy.shapes import build_shapes
+        for name, wl in build_shapes().items():
+            for policy in POLICIES:
+                world = World(wl, make(policy), check=True)
+                s = world.run().summary
+                assert s["requests"] == len(world.jobs), (name, policy)
+                assert all(j.done_s is not None or j.dropped or j.answered_s is None
+                           for j in world.jobs), (name, policy)
+
+    def test_a_closed_loop_client_sends_after_each_answer_and_its_pause(self):
+        # current-need loads a at once (ready at 9.0): the first request waits 9 s, runs to
+        # 14, the client pauses 1 s; then 15-20, 21-26, 27-32; at 33 it is past until_s (30).
+        from bench.policy.workload import ClientSpec
+        wl = replace(tiny([]), clients=(ClientSpec("a", 0.0, 30.0, 1.0, 5.0),)).validate()
+        world = World(wl, make("current-need"), check=True)
+        world.run()
+        assert [j.arrival_s for j in world.jobs] == pytest.approx([0.0, 15.0, 21.0, 27.0])
+        assert [j.wait_s for j in world.jobs] == pytest.approx([9.0, 0.0, 0.0, 0.0])
+
+    def test_a_client_that_leaves_counts_its_wait_until_it_left(self):
+        # a loads for 9 s; b's request gives up after 3 s, before anything could serve it.
+        wl = tiny([(0.0, "a", 5.0, 0, 0.0), (1.0, "b", 5.0, 0, 0.0, "chat", 3.0)])
+        for policy in POLICIES:
+            world = World(wl, make(policy), check=True)
+            s = world.run().summary
+            b = world.jobs[1]
+            assert b.dropped == "client left" and b.answered_s == pytest.approx(4.0), policy
+            assert s["left"] == 1 and s["answered"] == 1, policy

@@ -10,7 +10,7 @@ from __future__ import annotations
 from berth.sim.cards import SimCards
 
 from tests.berthd import wait_for
-from tests.broker.conftest import engine_run, run_log, serving
+from tests.broker.conftest import Chat, engine_run, free_port, run_log, serving
 
 FREE_DELAY_S = 3.0
 
@@ -48,3 +48,30 @@ def test_a_drained_engine_that_dies_without_freeing_is_waited_for(berthd, runs):
     assert d.sim_oom() == 0, run_log(d, "B")[-1500:]
     seen = [(e["kind"], e.get("engine")) for e in d.timeline()]
     assert seen.index(("freed", "A")) < seen.index(("grant", "B")), seen
+
+
+def test_a_late_free_after_the_pid_left_the_drivers_list_is_waited_for_and_granted(berthd, runs):
+    """Issue 24: real drivers drop an exited PID from the process list before its memory is
+    free. The drained engine's release is then confirmed (its PID is gone) while its bytes still
+    show used: that is a release under way, so B's held request waits and is answered 200 once
+    the memory frees, never the immediate 503 ("nothing under way can change that") it got."""
+    d = berthd(start=False)
+    d.config.write_text(d.config.read_text().replace(
+        'free_delay = "0.5s"', f'free_delay = "{FREE_DELAY_S:g}s"\nlist_exited = false'))
+    d.start()
+    engine_run(d, runs, "A", engine_args=("--crash-on-term",))
+    wait_for(lambda: serving(d, "A"), 20, "A serving")
+    a_pid = d.lease_of("A")["pid"]
+    sim = SimCards(d.tmp / "sim")
+    front = free_port()
+    engine_run(d, runs, "B", front=front)
+    wait_for(lambda: "without freeing (--crash-on-term)" in run_log(d, "A"), 30,
+             "A's engine to die without freeing")
+    assert a_pid in sim.snapshot().cards[0].processes, "the memory was freed at the exit"
+    chat = Chat(front, timeout_s=60)()             # held until B is granted and serving
+    assert chat.status == 200, (chat.status, chat.body, chat.error)
+    assert d.sim_oom() == 0, run_log(d, "B")[-1500:]
+    seen = [(e["kind"], e.get("engine")) for e in d.timeline()]
+    assert seen.index(("freed", "A")) < seen.index(("grant", "B")), seen
+    waits = [e["text"] for e in d.timeline() if e["kind"] == "wait" and e["engine"] == "B"]
+    assert any("left with its process" in t for t in waits), waits

@@ -19,8 +19,10 @@ def test_what_berthd_sends_reads_back_the_same():
     ins = Instruction(Op.LEND, (G0,), 7, {G0: 2 * GiB}, reason="room for b", quiet_s=3.5)
     wire = json.loads(json.dumps(ins.to_wire()))
     assert wire == {"op": "lend", "seq": 7, "cards": [G0], "bytes": {G0: 2 * GiB},
-                    "reason": "room for b", "quiet_s": 3.5}
+                    "reason": "room for b", "quiet_s": 3.5, "call_off": False}
     assert Instruction.from_wire(wire) == ins
+    off = Instruction(Op.WAKE, (G0,), 8, reason="the waiter has gone", call_off=True)
+    assert Instruction.from_wire(json.loads(json.dumps(off.to_wire()))) == off
 
 
 def test_the_schedulers_effect_is_an_instruction_addressed_to_a_lease():
@@ -36,7 +38,7 @@ def test_the_schedulers_effect_is_an_instruction_addressed_to_a_lease():
 
 def test_an_older_berthds_instruction_reads_with_defaults():
     ins = Instruction.from_wire({"op": "park", "seq": 1, "cards": [G0], "extra": True})
-    assert (ins.bytes, ins.reason, ins.quiet_s) == ({}, "", None)
+    assert (ins.bytes, ins.reason, ins.quiet_s, ins.call_off) == ({}, "", None, False)
 
 
 @pytest.mark.parametrize("wire, field, value", [
@@ -50,6 +52,7 @@ def test_an_older_berthds_instruction_reads_with_defaults():
     ({"op": "lend", "seq": 1, "bytes": [1]}, "instruction.bytes", "[1]"),
     ({"op": "park", "seq": 1, "quiet_s": -2}, "instruction.quiet_s", "-2"),
     ({"op": "park", "seq": 1, "reason": 5}, "instruction.reason", "5"),
+    ({"op": "wake", "seq": 1, "call_off": "yes"}, "instruction.call_off", "'yes'"),
     ("park", "instruction", "'park'"),
 ])
 def test_a_malformed_instruction_is_named_with_its_value(wire, field, value):

@@ -35,9 +35,9 @@ def run_sequence(data, queue: QueuePolicy, *, check_order: bool) -> World:
     for _ in range(data.draw(st.integers(5, 60), label="steps")):
         op = data.draw(st.sampled_from(OPS))
         leases = w.s.ledger.leases
-        # Waiters that hold room (an earmark) come first, then queue order.
-        snap = {x.lease_id: ((x.lease_id not in w.s.ledger.earmarks, x.key),
-                             frozenset(x.need) or frozenset(leases[x.lease_id].shares))
+        # Queue order (priority, then age): room goes to the best waiter when it appears,
+        # not to the one it was made for (issue 24).
+        snap = {x.lease_id: (x.key, frozenset(x.need) or frozenset(leases[x.lease_id].shares))
                 for x in w.s.queue}
         granted_before = len(w.granted_order)
         if op == "request":

@@ -29,8 +29,11 @@ def texts(w: World) -> list[str]:
 
 class TestIdleYields:
     def test_idle_holder_yields_inside_its_minimum_turn(self):
+        # Its first request came and went; a switch back costs nothing measured here (issue
+        # 24's rent is 0), so the idle holder yields at once.
         w = World([24 * GiB], Policy(min_turn_s=30, juggle_window_s=0))
         w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        jobs(w, "a", 1)
         jobs(w, "a", 0)
         w.request("b", "B", {G0: 10 * GiB})
         assert state(w, "a") is S.PARKING
@@ -74,7 +77,8 @@ class TestJuggleGuardCountsContestedSwaps:
         assert state(w, taker) is S.ACTIVE
 
     def test_idle_swaps_do_not_count(self):
-        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=120, juggle_max_swaps=1))
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=120, juggle_max_swaps=1,
+                                     max_turn_s=0, first_request_s=0))
         w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
         jobs(w, "a", 0)
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
@@ -86,7 +90,8 @@ class TestJuggleGuardCountsContestedSwaps:
         assert w.s.swaps.count("A", "B", 0.0) == 0
 
     def test_contested_swaps_still_count(self):
-        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=120, juggle_max_swaps=1))
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=120, juggle_max_swaps=1,
+                                     max_turn_s=0, first_request_s=0))
         w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
         jobs(w, "a", 1)
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
@@ -121,7 +126,8 @@ class TestCostAwareTurns:
     kept nobody waiting."""
 
     def test_a_turn_lasts_at_least_what_the_load_cost(self):
-        w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60))
+        w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60,
+                                     max_turn_s=0))
         w.s.request(_lease("a", 20 * GiB), w.now)
         w.advance(25)
         w.apply(w.s.ready("a", w.now))              # its load took 25 s
@@ -135,7 +141,7 @@ class TestCostAwareTurns:
         assert state(w, "a") is S.DRAINING
 
     def test_a_holder_serving_older_requests_keeps_its_card(self):
-        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0))
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0, max_turn_s=0))
         w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
         w.advance(5)
         w.apply(w.s.jobs("a", 3, w.now, oldest_at=1.0))     # its oldest arrived at t = 1
@@ -149,7 +155,7 @@ class TestCostAwareTurns:
     def test_older_requests_keep_the_card_no_longer_than_max_job(self):
         """A job older than its engine's max_job protects nothing: before, the FIFO rule kept a
         holder whose 40 s stream had outlived max_job = 1 s for the whole stream."""
-        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0))
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0, max_turn_s=0))
         w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
         w.s.ledger.leases["a"].max_job_s = 5.0
         w.advance(2)

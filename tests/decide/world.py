@@ -35,6 +35,7 @@ class Pending:
     lease_id: str
     cards: tuple[str, ...]
     n: dict[str, int] = field(default_factory=dict)
+    call_off: bool = False
 
 
 class World:
@@ -42,7 +43,10 @@ class World:
 
     def __init__(self, totals: list[int], policy: Policy | None = None, reserve: int = 0,
                  baseline: int = 0, stowaway: int = 0, claims: int = 0):
-        self.s = Scheduler(policy or Policy(min_turn_s=0, juggle_window_s=0))
+        # No turns unless a test asks for them: no minimum or maximum turn, no juggle guard,
+        # no wait for a first request (issue 24's rules have tests of their own).
+        self.s = Scheduler(policy or Policy(min_turn_s=0, juggle_window_s=0, max_turn_s=0,
+                                            first_request_s=0))
         self.now = 0.0
         self.stowaway = stowaway
         self.baseline = baseline
@@ -103,7 +107,8 @@ class World:
                     self.used[(e.lease_id, pci)] = b      # an engine that fills its share
                 ready.append(e.lease_id)                  # ... and loads at once
             elif isinstance(e, Instruct):
-                self.pending.append(Pending(e.op, e.lease_id, e.cards, dict(e.bytes)))
+                self.pending.append(Pending(e.op, e.lease_id, e.cards, dict(e.bytes),
+                                            e.call_off))
             elif isinstance(e, Watch):
                 self.watches.append(e)
             elif isinstance(e, Ended):
@@ -125,6 +130,15 @@ class World:
         p = self.pending.pop(i)
         lease = self.s.ledger.leases.get(p.lease_id)
         if lease is None or p.lease_id not in self.alive:
+            return p
+        if p.call_off:
+            # As berth run does: a park whose mechanism has not begun (still pending here) is
+            # called off; one that has begun finishes, and the call-off does nothing more.
+            parks = [q for q in self.pending if q.op == "park" and q.lease_id == p.lease_id]
+            if parks:
+                self.pending.remove(parks[0])
+                self.apply(self.s.report(p.lease_id, "park", False, self.now,
+                                         "called off: the waiter has gone"))
             return p
         if p.op == "park":
             for pci in p.cards:

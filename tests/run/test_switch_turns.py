@@ -6,7 +6,10 @@ the reads are made faster, as in ``berth demo``). A client alternates requests b
 to back for two minutes: every request goes to the parked engine, so every one is a switch
 (park the other, restore this one). Nobody competes (the holder has nothing in flight and nothing
 queued when the other's request arrives), so neither the minimum turn nor the juggle guard may
-hold a switch: each first byte comes within the mechanism's own time plus 1 s.
+hold a switch. Since issue 24 an idle holder keeps its card while it has been idle less than a
+switch back would cost (rent or buy: its measured restore plus the other's park, about the
+mechanism's own time here), so each first byte comes within twice the mechanism's own time (the
+ski-rental bound: never worse than twice the best choice in hindsight) plus 2 s.
 
 The mechanism's time is what bench/switch.py subtracts: the wall time of every call of the
 stand-in cuda-checkpoint on both engines during the switch, timed by a shim around the tool.
@@ -62,7 +65,7 @@ reserve = "1GiB"
 read_interval = "0.25s"
 """
 RUN_S = 120.0
-SLACK_S = 1.0
+SLACK_S = 2.0
 
 
 def _free_port() -> int:
@@ -148,7 +151,7 @@ def test_back_to_back_switches_wait_for_nothing_but_the_mechanism(tmp_path):
             rows.append((target, round(t1 - t0, 2), round(tool, 2), round(t1 - t0 - tool, 2)))
             target = "B" if target == "A" else "A"
         print("target, first byte s, mechanism s, the rest s:", *rows, sep="\n  ")
-        late = [r for r in rows if r[3] > SLACK_S]
+        late = [r for r in rows if r[1] > 2 * r[2] + SLACK_S]
         # (target, first byte s, mechanism s, the rest s) per switch
         assert len(rows) >= 5 and not late, rows
         assert d.status()["counters"]["drains"] == 0

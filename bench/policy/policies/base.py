@@ -65,3 +65,10 @@ class SimPolicy(abc.ABC):
 
     def on_read(self, now: float) -> None:  # noqa: B027 (a hook a policy may leave alone)
         pass
+
+    def on_leave(self, job) -> None:  # noqa: B027 (a hook a policy may leave alone)
+        """``job``'s client gave up before it started: forget it (the world sends it nowhere)."""
+
+    def on_loaded(self, proc) -> None:  # noqa: B027 (a hook a policy may leave alone)
+        """A cold start finished loading: the engine answers its own health probe, though its
+        manager (llama-swap) sees it ready only at its next poll (``on_ready``)."""

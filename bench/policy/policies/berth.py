@@ -62,7 +62,7 @@ from berth.decide.scheduler import (
     Watch,
 )
 
-from ..world import EXITED, GONE, PARKED, READY
+from ..world import EXITED, GONE, LOADING, PARKED, READY
 from .base import SimPolicy
 
 __all__ = ["BerthPolicy", "KNOBS", "DEFAULT_KNOBS", "default_policy", "next_poll"]
@@ -186,7 +186,10 @@ class BerthPolicy(SimPolicy):
         if lid not in self.sched.ledger.leases:
             return
         proc = self.proc_of.get(lid)
-        jobs = list(self.held[engine]) + (list(proc.running) + list(proc.queue) if proc else [])
+        # A cold start's requests wait in llama-swap until its health poll sees the engine
+        # ready: the run's front has none of them to report (issue 24's fresh engine).
+        held = [] if proc is not None and proc.state == LOADING else list(self.held[engine])
+        jobs = held + (list(proc.running) + list(proc.queue) if proc else [])
         n = len(jobs)
         oldest = min((j.arrival_s for j in jobs), default=None)
         if self.reported.get(lid) != (n, oldest):
@@ -224,7 +227,7 @@ class BerthPolicy(SimPolicy):
         spec = self.world.specs[engine]
         lid = f"{engine}#{next(self.ids)}"
         caps = Capabilities(park=ParkMechanism(spec.park) if spec.park else None, lend=spec.lend,
-                            front=f"127.0.0.1:{self.ports[engine]}")
+                            front=f"127.0.0.1:{self.ports[engine]}", drain=spec.drain)
         lease = Lease(id=lid, engine=engine,
                       shares={p: Share(card=p, size_bytes=b) for p, b in spec.size_bytes.items()},
                       priority=spec.priority, bound=self.bound,
@@ -268,6 +271,31 @@ class BerthPolicy(SimPolicy):
                 self._apply(self.sched.observe({p: self._card_read(p) for p in f.cards},
                                                self.world.now))
         self._schedule_tick()
+        self._answer_lasting()
+
+    def _answer_lasting(self) -> None:
+        """As a front does: requests held for a lease (or a wake) whose wait nothing under way
+        can end are answered at once with a 503 naming why (issue 12 case 6, issue 24)."""
+        for engine, held in self.held.items():
+            lid = self.lease_of.get(engine)
+            if not held or lid not in self.sched.ledger.leases:
+                continue
+            why, lasting = self.sched.wait_cause(lid)
+            if lasting:
+                while held:
+                    self.world.refuse(held.popleft(), why or "no room")
+                self.world.loop.soon(self._jobs, engine)
+
+    def on_leave(self, job) -> None:
+        """Its client closed the connection while the front held it: forget it; a wake nobody
+        wants any more is taken back (``unwake``)."""
+        held = self.held[job.engine]
+        if job in held:
+            held.remove(job)
+        lid = self.lease_of.get(job.engine)
+        if lid in self.sched.ledger.leases and not held:
+            self._apply(self.sched.unwake(lid, self.world.now))
+        self._jobs(job.engine)
 
     def _instruct(self, f: Instruct) -> None:
         proc = self.proc_of.get(f.lease_id)
@@ -276,6 +304,12 @@ class BerthPolicy(SimPolicy):
         w = self.world
         if f.op == Op.PARK:
             w.park(proc)
+        elif f.op == Op.WAKE and f.call_off:
+            # As berth run does: a park still waiting for its requests is called off; one
+            # whose checkpoint has begun finishes, and the call-off does nothing more.
+            if proc.after == "park":
+                proc.after = None
+                w.loop.soon(self._called_off, f.lease_id)
         elif f.op == Op.WAKE:
             if proc.state == PARKED:
                 w.restore(proc)
@@ -296,6 +330,14 @@ class BerthPolicy(SimPolicy):
 
     def _report(self, lid: str, op: str) -> None:
         self._apply(self.sched.report(lid, op, True, self.world.now))
+
+    def _called_off(self, lid: str) -> None:
+        if lid in self.sched.ledger.leases:
+            self._apply(self.sched.report(lid, Op.PARK, False, self.world.now,
+                                          "called off: the waiter has gone"))
+            proc = self.proc_of.get(lid)
+            if proc is not None:
+                self._pump(proc.engine)
 
     def _ended(self, lid: str) -> None:
         e = self.engine_of.pop(lid, None)
@@ -353,6 +395,12 @@ class BerthPolicy(SimPolicy):
             self._pump(proc.engine)     # an asleep front with held requests asks for the wake
 
     # -- completions from the machine -----------------------------------------------------
+    def on_loaded(self, proc) -> None:
+        """The engine answers the run's own health probe: berth run reports it ready (its
+        manager's poll, and the requests it holds, come later: :meth:`on_ready`)."""
+        if proc.tag in self.sched.ledger.leases and proc.state == LOADING:
+            self._apply(self.sched.ready(proc.tag, self.world.now))
+
     def on_ready(self, proc) -> None:
         lid = proc.tag
         lease = self.sched.ledger.leases.get(lid)
@@ -361,10 +409,11 @@ class BerthPolicy(SimPolicy):
         if S.RESUMING in lease.states():
             self._apply(self.sched.report(lid, Op.WAKE, True, self.world.now))
         else:
-            # A cold load answered its health check: berth run reports it ready, and the
-            # engine's minimum turn starts now.
+            # A cold load answered its health check: berth run reports it ready (once), and
+            # the engine's minimum turn starts then.
             self._apply(self.sched.ready(lid, self.world.now))
         self._pump(proc.engine)
+        self._jobs(proc.engine)
 
     def on_parked(self, proc) -> None:
         if proc.tag in self.sched.ledger.leases:

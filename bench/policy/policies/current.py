@@ -48,6 +48,10 @@ class CurrentNeedPolicy(SimPolicy):
             self.waiting.append(job.engine)
         self._admit()
 
+    def on_leave(self, job) -> None:
+        if job in self.held[job.engine]:
+            self.held[job.engine].remove(job)
+
     def on_read(self, now: float) -> None:
         w = self.world
         self.snap_free = {p: w.free(p) for p in w.total}

@@ -88,6 +88,11 @@ class KeepAlivePolicy(SimPolicy):
         self.pending.append(job)
         self._kick()
 
+    def on_leave(self, job) -> None:
+        if job in self.pending:
+            self.pending.remove(job)
+            self._kick()
+
     def _use(self, r: _Runner, job) -> None:
         r.ref += 1
         if r.timer is not None:

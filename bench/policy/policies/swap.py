@@ -223,6 +223,13 @@ class SwapPolicy(SimPolicy):
                 self._swap_done(sw)   # the start failed: every waiter gets a 500 and retries
         self._drain_queue()
 
+    def on_leave(self, job) -> None:
+        if job in self.queued:
+            self.queued.remove(job)
+        for sw in self.active.values():
+            if job in sw.waiters:
+                sw.waiters.remove(job)      # the swap it started goes on (llama-swap's does)
+
     def on_job_end(self, job, ok: bool) -> None:
         self.in_flight[job.engine] -= 1
         if self.in_flight[job.engine] <= 0:

@@ -1,0 +1,258 @@
+"""Issue 24, pure: decisions that hold under live contention. Virtual time, no I/O.
+
+Rent or buy (an idle holder keeps its card while it has been idle less than a switch back would
+cost, within ``max_turn``; a holder that has just become ready waits ``first_request_s`` for its
+first request), room re-decided at grant (the best waiter then, not the one it was made for), a
+park called off when its waiter leaves before the mechanism began, memory a gone process left
+behind counted as a release under way, and a holder that Berth can neither drain nor park
+named at once. Each failed before the change (the idle holder yielded at once, the room went
+to the waiter it was made for, the park ran on, the wait was said to be lasting, the drain was
+planned and the host was said to have exited).
+"""
+
+from __future__ import annotations
+
+from berth.decide.admission import Policy
+from berth.decide.effects import Instruct, Note
+from berth.decide.model import Capabilities, Lease, ParkMechanism, Share, ShareState
+
+from tests.decide.world import GiB, World, pci_of
+
+S = ShareState
+CKPT = ParkMechanism.CHECKPOINT
+G0 = pci_of(0)
+
+
+def state(w: World, lid: str) -> ShareState:
+    return w.s.ledger.leases[lid].shares[G0].state
+
+
+def jobs(w: World, lid: str, n: int) -> None:
+    w.apply(w.s.jobs(lid, n, w.now))
+
+
+def turns(**kw) -> Policy:
+    """The default turns (min 10 s, max 30 s, first request 1.5 s), no juggle guard."""
+    return Policy(juggle_window_s=0, **kw)
+
+
+def two(w: World, load_s: float = 4.0) -> None:
+    """a holds the card, b asks for it; a's cold start cost ``load_s`` and it has served."""
+    w.s.request(Lease("a", "A", {G0: Share(G0, 14 * GiB)}, caps=Capabilities(
+        park=CKPT, front="127.0.0.1:1")), w.now)
+    w.read()
+    w.advance(load_s)
+    w.apply(w.s.ready("a", w.now))
+    jobs(w, "a", 1)
+    jobs(w, "a", 0)
+
+
+class TestRentOrBuy:
+    def test_an_idle_holder_keeps_its_card_while_idle_less_than_a_switch_back(self):
+        w = World([24 * GiB], turns())
+        two(w, load_s=4.0)                      # a switch back would cost its 4 s start
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        assert state(w, "a") is S.ACTIVE
+        why, lasting = w.s.wait_cause("b")
+        assert "less than a switch back would cost" in why and not lasting, why
+        w.advance(3.9)
+        assert state(w, "a") is S.ACTIVE
+        w.advance(0.2)                          # idle 4.1 s > 4 s: it yields
+        assert state(w, "a") is S.PARKING
+
+    def test_a_request_inside_the_rent_window_keeps_the_turn_going(self):
+        w = World([24 * GiB], turns())
+        two(w, load_s=4.0)
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        for _ in range(5):                      # its client comes back every 2 s
+            w.advance(2.0)
+            jobs(w, "a", 1)
+            jobs(w, "a", 0)
+        assert state(w, "a") is S.ACTIVE
+
+    def test_the_turn_is_bounded_by_max_turn(self):
+        w = World([24 * GiB], turns(max_turn_s=12))
+        two(w, load_s=4.0)
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        for _ in range(5):                      # 10 s of short requests: inside the turn
+            w.advance(2.0)
+            jobs(w, "a", 1)
+            jobs(w, "a", 0)
+        assert state(w, "a") is S.ACTIVE
+        w.advance(2.0)                          # 12 s since it became ready: the turn is over
+        assert state(w, "a") is S.PARKING
+
+    def test_a_busy_holder_serves_its_turn_then_yields(self):
+        w = World([24 * GiB], turns(max_turn_s=20))
+        two(w, load_s=4.0)
+        jobs(w, "a", 1)                         # busy with a request newer than b's? not yet
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        w.advance(12)                           # past min_turn, inside max_turn
+        w.apply(w.s.jobs("a", 1, w.now, oldest_at=w.now))   # a newer request than b's
+        assert state(w, "a") is S.ACTIVE
+        why, _ = w.s.wait_cause("b")
+        assert "serves its turn" in why, why
+        w.advance(9)
+        assert state(w, "a") is S.PARKING
+
+    def test_a_higher_priority_holders_rent_is_its_keep_warm(self):
+        w = World([24 * GiB], turns())
+        two(w, load_s=20.0)
+        w.s.ledger.leases["a"].priority = 5
+        w.s.ledger.leases["a"].keep_warm_s = 2.0
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        w.advance(2.5)                          # past keep_warm, well inside a 20 s rent
+        assert state(w, "a") is S.PARKING
+
+
+class TestFirstRequest:
+    def test_a_fresh_engine_waits_for_its_first_request(self):
+        """Under llama-swap the request is still inside llama-swap (its health poll every
+        1 s) when the engine says it serves: it must not be drained for being idle."""
+        w = World([24 * GiB], turns())
+        w.request("a", "A", {G0: 14 * GiB})     # no park: it would be drained
+        jobs(w, "a", 0)
+        w.request("b", "B", {G0: 14 * GiB})
+        assert state(w, "a") is S.ACTIVE
+        why, lasting = w.s.wait_cause("b")
+        assert "first request" in why and not lasting, why
+        w.advance(1.0)                          # llama-swap's poll forwards it
+        jobs(w, "a", 1)
+        assert state(w, "a") is S.ACTIVE
+        jobs(w, "a", 0)                         # served; its cold start (0 s here) is its rent
+        assert state(w, "a") is S.DRAINING
+
+    def test_no_request_within_first_request_s_yields(self):
+        w = World([24 * GiB], turns(first_request_s=1.5))
+        w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
+        jobs(w, "a", 0)
+        w.request("b", "B", {G0: 14 * GiB})
+        w.advance(1.6)
+        assert state(w, "a") is S.PARKING
+
+
+class TestRoomAtGrant:
+    def test_room_made_for_m_goes_to_h_who_asked_later_with_higher_priority(self):
+        w = World([24 * GiB])
+        w.request("l", "L", {G0: 14 * GiB}, park=CKPT)
+        jobs(w, "l", 1)                          # L serves a long job
+        w.request("m", "M", {G0: 14 * GiB}, priority=5, park=CKPT)
+        assert [p.op for p in w.pending] == ["park"]      # L parks once its job ends
+        w.advance(5)
+        w.request("h", "H", {G0: 14 * GiB}, priority=10, park=CKPT)
+        assert w.s.ledger.leases["h"].is_waiting()
+        jobs(w, "l", 0)
+        w.do_all()
+        assert state(w, "h") is S.ACTIVE and state(w, "m") is S.WAITING
+        assert w.granted_order[-1] == "h"
+        why, _ = w.s.wait_cause("m")
+        assert "H" in why and "higher priority" in why, why
+        assert not w.s.ledger.earmarks, w.s.ledger.earmarks
+
+    def test_an_equal_priority_latecomer_does_not_take_the_room(self):
+        w = World([24 * GiB])
+        w.request("l", "L", {G0: 14 * GiB}, park=CKPT)
+        w.request("m", "M", {G0: 14 * GiB}, priority=5, park=CKPT)
+        w.advance(1)
+        w.request("x", "X", {G0: 14 * GiB}, priority=5, park=CKPT)
+        w.do_all()
+        assert w.granted_order.index("m") < w.granted_order.index("x"), w.granted_order
+
+
+class TestCallOff:
+    def _parking_for_b(self) -> World:
+        w = World([24 * GiB])
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        jobs(w, "b", 0)
+        w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
+        w.do_all()                               # b parked for a
+        assert state(w, "b") is S.PARKED
+        w.apply(w.s.jobs("a", 1, w.now, oldest_at=w.now))
+        w.advance(1)
+        w.apply(w.s.wake("b", w.now))           # b's client asks; a's job is older: it stays
+        assert state(w, "a") is S.ACTIVE
+        w.advance(1)
+        w.apply(w.s.jobs("a", 1, w.now, oldest_at=w.now))   # a job that came after b asked
+        assert state(w, "a") is S.PARKING       # its park waits for that job
+        return w
+
+    def test_a_park_whose_mechanism_has_not_begun_is_called_off(self):
+        w = self._parking_for_b()
+        w.apply(w.s.unwake("b", w.now))         # b's client left
+        off = [e for e in w.effects if isinstance(e, Instruct) and e.call_off]
+        assert [(e.lease_id, e.op) for e in off] == [("a", "wake")]
+        w.do(len(w.pending) - 1)               # the run calls the park off: it had not begun
+        assert state(w, "a") is S.ACTIVE and state(w, "b") is S.PARKED
+        assert not [p for p in w.pending if p.op == "park"]
+
+    def test_a_park_another_waiter_wants_runs_on(self):
+        w = self._parking_for_b()
+        w.request("c", "C", {G0: 14 * GiB}, park=CKPT)
+        w.apply(w.s.unwake("b", w.now))
+        assert not [e for e in w.effects if isinstance(e, Instruct) and e.call_off]
+
+
+class TestReleaseUnderWay:
+    def test_memory_a_gone_pid_left_is_a_release_under_way_not_a_lasting_cause(self):
+        """The driver dropped the exited PID before freeing its memory (real drivers do): the
+        waiter must wait for it, not hear at once that nothing can change."""
+        w = World([24 * GiB], reserve=GiB)
+        w.request("a", "A", {G0: 14 * GiB})
+        w.exit("a")
+        ghost = w.used.pop(("a", G0))           # its PID is gone, its bytes are not
+        w.stowaway += 0
+        w.baseline += ghost
+        w.confirm_all()
+        assert "a" in w.ended
+        w.request("b", "B", {G0: 14 * GiB})
+        why, lasting = w.s.wait_cause("b")
+        assert "left with its process" in why and not lasting, why
+        w.baseline -= ghost                     # the driver frees it
+        w.read()
+        assert state(w, "b") is S.ACTIVE
+
+
+class TestUnfreeable:
+    def _comfy(self, w: World, park: ParkMechanism | None, no_park: str | None = None) -> None:
+        lease = Lease("c", "comfyui", {G0: Share(G0, 12 * GiB)}, caps=Capabilities(
+            park=park, front="comfyui-node", drain=False, no_park=no_park))
+        w.apply(w.s.request(lease, w.now))
+        jobs(w, "c", 0)
+
+    def test_a_host_without_park_that_berth_never_stops_is_named_at_once(self):
+        w = World([24 * GiB], reserve=GiB)
+        self._comfy(w, None, "ComfyUI runs with --highvram: unloading frees nothing")
+        w.request("llm", "llm", {G0: 14 * GiB}, park=CKPT)
+        why, lasting = w.s.wait_cause("llm")
+        assert lasting and "comfyui" in why and "--highvram" in why, why
+        assert not w.pending                    # no drain planned for it
+        assert w.s.ledger.leases["llm"].is_waiting()
+
+    def test_a_park_that_frees_nothing_keeps_the_card_and_is_named_next_time(self):
+        w = World([24 * GiB], reserve=GiB)
+        self._comfy(w, ParkMechanism.HOOK)
+        w.request("llm", "llm", {G0: 14 * GiB}, park=CKPT)
+        assert [p.op for p in w.pending] == ["park"]
+        w.do(0, frees=False)                    # the node unloads; nothing leaves the card
+        w.advance(w.s.policy.release_grace_s + 1)
+        assert state(w, "c") is S.ACTIVE and w.s.counters.drains == 0
+        assert any(isinstance(e, Note) and e.kind == "keep" for e in w.effects)
+        why, lasting = w.s.wait_cause("llm")
+        assert lasting and "its park freed nothing" in why, why
+
+    def test_the_ladder_never_plans_a_drain_of_a_host_berth_never_stops(self):
+        w = World([24 * GiB], reserve=GiB, policy=Policy(min_turn_s=0, juggle_window_s=0,
+                                                          max_turn_s=0, first_request_s=0))
+        w.s.ledger.ram_budget_bytes = 0          # no host RAM for its park
+        self._comfy(w, ParkMechanism.HOOK)
+        w.request("llm", "llm", {G0: 14 * GiB}, park=CKPT)
+        assert not w.pending and w.s.counters.drains == 0
+        why, lasting = w.s.wait_cause("llm")
+        assert "can only park" in why and not lasting, why
+
+    def test_its_lease_ending_never_says_it_exited(self):
+        w = World([24 * GiB])
+        self._comfy(w, ParkMechanism.HOOK)
+        w.apply(w.s.exited("c", w.now, final=True))
+        texts = [e.text for e in w.effects if isinstance(e, Note) and e.kind == "exit"]
+        assert texts and not any(t.endswith("exited") for t in texts), texts

@@ -1,0 +1,249 @@
+"""Issue 24's shapes run live, with the parameters of their workload files
+(``bench/policy/workloads/<name>.json``), and the same workload replayed by the policy
+simulator under ``berth-default``, so a test can check that the two agree.
+
+Live: a real berthd on one simulated card of the workload's size (the default reserve, as
+``berth-default``'s), the stand-in cuda-checkpoint at the workload's checkpoint rate, and one
+``berth run`` per engine, started when its first request comes (as llama-swap starts a model's
+``cmd``; with ``llama_swap=True`` through :class:`tests.run.llamaswap.LlamaSwapModel`, whose
+health poll forwards the request). Each stub engine loads in the time the simulator gives a
+cold start and serves a request in its ``service_s``. Requests are streamed chats through the
+engine's front; a request with ``leave_s`` is dropped by its client when no byte came by then.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.policy.policies import make
+from bench.policy.workload import Workload
+from bench.policy.world import World as SimWorld
+from tests.berthd import BERTH, Berthd
+from tests.helpers import wait_for
+from tests.run.llamaswap import LlamaSwapModel
+from tests.run.world import CHECKPOINT, free_port
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "bench" / "policy" / "workloads"
+TOKENS_PER_S = 50.0
+RESIDUAL_BYTES = 256 << 20
+
+
+def workload(name: str) -> Workload:
+    return Workload.load(WORKLOADS / f"{name}.json")
+
+
+@dataclass
+class Outcome:
+    """What a run did: ``first``, the engines in the order their first request got its first
+    byte; ``parks``, ``drains``: the holders displaced."""
+
+    first: list[str]
+    parks: int
+    drains: int
+
+    @property
+    def switches(self) -> int:
+        return self.parks + self.drains
+
+
+def simulate(wl: Workload) -> Outcome:
+    """The workload under ``berth-default`` in the simulator."""
+    world = SimWorld(wl, make("berth-default"))
+    rec = world.run()
+    served = sorted((j.start_s, j.engine) for j in world.jobs if j.done_s is not None)
+    k = rec.summary["switches_by_kind"]
+    return Outcome(_distinct(e for _, e in served), k["park"], k["drain"])
+
+
+def agree(live: Outcome, sim: Outcome) -> bool:
+    """Issue 24: the same engines served first, and switches within 20 %."""
+    return live.first == sim.first and abs(live.switches - sim.switches) <= 0.2 * max(
+        sim.switches, 1)
+
+
+def _distinct(engines) -> list[str]:
+    out: list[str] = []
+    for e in engines:
+        if e not in out:
+            out.append(e)
+    return out
+
+
+@dataclass
+class Row:
+    """One request as its client saw it (monotonic seconds)."""
+
+    engine: str
+    sent: float
+    first: float | None = None
+    done: float | None = None
+    status: str = ""
+
+
+def config(tmp: Path, wl: Workload, entries: str = "", list_exited: bool = True) -> Path:
+    card = wl.cards[0]
+    text = (f'state_dir = "{tmp / "state"}"\n[driver]\nkind = "sim"\n'
+            f'sim_dir = "{tmp / "sim"}"\nfree_delay = "0.5s"\nhost_ram = "64GiB"\n'
+            f'checkpoint_rate = "{int(wl.mechanisms.checkpoint_gbps * 1e9)}"\n'
+            f"list_exited = {'true' if list_exited else 'false'}\n"
+            f'[[driver.cards]]\npci = "{card.pci}"\nname = "{card.name}"\n'
+            f'total = "{card.total_bytes}B"\n[policy]\nread_interval = "0.25s"\n')
+    for e in wl.engines:
+        keep = f'keep_warm = "{e.keep_warm_s:g}s"\n' if e.keep_warm_s is not None else ""
+        text += f"[engines.{e.name}]\npriority = {e.priority}\n{keep}"
+    path = tmp / "berth.toml"
+    path.write_text(text + entries)
+    return path
+
+
+class Live:
+    """One workload run live. :meth:`close` ends every process it started."""
+
+    def __init__(self, tmp: Path, wl: Workload, *, llama_swap: bool = False,
+                 list_exited: bool = True):
+        self.tmp, self.wl, self.llama_swap = tmp, wl, llama_swap
+        self.d = Berthd(tmp, config(tmp, wl, list_exited=list_exited))
+        self.ports = {e.name: free_port() for e in wl.engines}
+        self.models: dict[str, LlamaSwapModel] = {}
+        self.ready: dict[str, threading.Event] = {}
+        self.lock = threading.Lock()
+        self.rows: list[Row] = []
+        self.t0 = 0.0
+
+    def start(self) -> Live:
+        self.d.start()
+        return self
+
+    def cmd(self, name: str) -> str:
+        e = self.wl.engine(name)
+        pci = self.wl.cards[0].pci
+        load_s = self.wl.mechanisms.load_s(sum(e.base_bytes.values()))
+        argv = [BERTH, "run", "--engine", name, "--front", "127.0.0.1:${PORT}", "--size",
+                f"{e.size_bytes[pci]}B"]
+        if e.park == "checkpoint":
+            argv += ["--park", "checkpoint", "--checkpoint-path", CHECKPOINT]
+        argv += ["--", BERTH, "sim", "engine", "--port", "{port}", "--weights",
+                 f"{e.base_bytes[pci] - RESIDUAL_BYTES}B", "--load-s", f"{load_s:.2f}",
+                 "--model", name, "--kv-per-token", "1024", "--tokens-per-s",
+                 f"{TOKENS_PER_S:g}"]
+        return " ".join(a if "$" in a else json.dumps(a) if " " in a else a for a in argv)
+
+    def ensure(self, name: str) -> None:
+        """The engine's ``cmd`` running (started now if not yet), as llama-swap starts it, and
+        seen ready: by llama-swap's health poll, or (without it) its front listening."""
+        with self.lock:
+            m, ready = self.models.get(name), self.ready.get(name)
+            spawn = m is None or not m.running()
+            if spawn:
+                m = LlamaSwapModel(name, self.cmd(name), port=self.ports[name], env=self.d.env,
+                                   log=self.tmp / f"run-{name}.log")
+                self.models[name], self.ready[name] = m.spawn(), threading.Event()
+                ready = self.ready[name]
+        if spawn:
+            if self.llama_swap:
+                m.wait_ready()      # llama-swap holds the request until its poll sees 200
+            else:
+                wait_for(lambda: m.health() is not None, 30, f"{name}'s front listening")
+            ready.set()
+        assert ready.wait(150), f"{name} never became ready"
+
+    def request(self, name: str, service_s: float, leave_s: float | None = None) -> Row:
+        """One streamed chat of ``service_s`` seconds of tokens to ``name``'s front. A ``cmd``
+        found exiting (drained) is started again, as llama-swap does for its next request."""
+        row = Row(name, time.monotonic())
+        with self.lock:
+            self.rows.append(row)
+        for _ in range(3):
+            self.ensure(name)
+            self._send(row, service_s, leave_s)
+            if not row.status.startswith("ConnectionRefused"):
+                break
+            try:
+                self.models[name].proc.wait(15)     # exiting: llama-swap starts it again
+            except subprocess.TimeoutExpired:
+                break
+        return row
+
+    def _send(self, row: Row, service_s: float, leave_s: float | None) -> None:
+        name = row.engine
+        tokens = max(1, round(service_s * TOKENS_PER_S))
+        body = json.dumps({"model": name, "stream": True, "max_tokens": tokens,
+                           "messages": [{"role": "user", "content": "hello"}]}).encode()
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                f"application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+        try:
+            with socket.create_connection(("127.0.0.1", self.ports[name]), timeout=200) as s:
+                s.settimeout(leave_s if leave_s is not None else 200)
+                s.sendall(head.encode() + body)
+                data = s.recv(65536)
+                row.first = time.monotonic()
+                s.settimeout(200)
+                while b"data: [DONE]" not in data and b" 200 " in data[:20]:
+                    more = s.recv(65536)
+                    if not more:
+                        break
+                    data += more
+            row.done = time.monotonic()
+            row.status = data[9:12].decode(errors="replace")
+        except TimeoutError:
+            row.status = "left"
+        except OSError as e:
+            row.status = f"{type(e).__name__}: {e}"
+
+    def _at(self, t_s: float) -> None:
+        delay = self.t0 + t_s - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)          # the workload's arrival time, not synchronisation
+
+    def _open_loop(self, r) -> None:
+        self._at(r.t_s)
+        self.request(r.engine, r.service_s, r.leave_s)
+
+    def _closed_loop(self, c) -> None:
+        self._at(c.start_s)
+        while time.monotonic() < self.t0 + c.until_s:
+            self.request(c.engine, c.service_s)
+            time.sleep(c.pause_s)      # the client's own pause: the workload
+
+    def run(self, limit_s: float) -> list[Row]:
+        """Every request of the workload at its time; waits up to ``limit_s`` past the
+        workload's duration for the last answers."""
+        self.t0 = time.monotonic()
+        threads = [threading.Thread(target=self._open_loop, args=(r,), daemon=True)
+                   for r in self.wl.requests]
+        threads += [threading.Thread(target=self._closed_loop, args=(c,), daemon=True)
+                    for c in self.wl.clients]
+        for t in threads:
+            t.start()
+        end = self.t0 + self.wl.duration_s + limit_s
+        for t in threads:
+            t.join(max(0.0, end - time.monotonic()))
+        assert not any(t.is_alive() for t in threads), "requests still open at the limit"
+        return self.rows
+
+    def outcome(self) -> Outcome:
+        """As the simulator counts them: parks that finished (a park called off is none),
+        drains begun."""
+        tl = self.d.timeline()
+        served = sorted((r.first, r.engine) for r in self.rows if r.status == "200")
+        return Outcome(_distinct(e for _, e in served),
+                       sum(1 for e in tl if e["kind"] == "parked"),
+                       sum(1 for e in tl if e["kind"] == "drain"))
+
+    def timeline(self) -> list[dict]:
+        return self.d.timeline()
+
+    def close(self) -> None:
+        for m in self.models.values():
+            m.kill()
+        self.d.stop()
+
+
+def wait_state(live: Live, engine: str, state: str, timeout_s: float = 60.0) -> None:
+    wait_for(lambda: live.d.state_of(engine) == state, timeout_s, f"{engine} {state}")

@@ -1,0 +1,52 @@
+"""Issue 24, live: two busy clients, one per engine, on one card (the ping-pong).
+
+Two 14 GiB stub engines behind ``berth run --park checkpoint`` on one simulated 24 GiB card
+(host RAM for both parks, the stand-in cuda-checkpoint at the seed's 7 GB/s), berthd's default
+policy (only the reads made faster, as in ``berth demo``), with the parameters of
+``bench/policy/workloads/e-ping-pong.json``: A is loaded, then B (A parks for it), then one
+client per engine sends a chat, waits for its answer, pauses 1 s, and sends again, for 90 s.
+Before the issue every pause made the holder "idle", it yielded at once, and every request paid
+a full park and restore: 10 to 13 answered in 90 s (10 on this machine, at a load average of
+about 12). Rent or buy keeps an idle holder's card while its client comes back within what a
+switch back costs, and ``max_turn`` bounds the turn. The simulator's replay of the same file
+agrees on who is served first and on the number of switches.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers import sweep
+from tests.run.shapes import Live, agree, simulate, workload
+
+
+@pytest.mark.timeout(500)
+def test_two_busy_clients_are_served_in_turns_not_one_switch_per_request(tmp_path):
+    wl = workload("e-ping-pong")
+    start = wl.generator["clients_start_s"]
+    end = start + wl.generator["run_s"]
+    lv = Live(tmp_path, wl).start()
+    try:
+        lv.run(limit_s=150)
+        sim = simulate(wl)
+        rows = [r for r in lv.rows if r.sent - lv.t0 >= start]
+        answered = {e: [r for r in rows if r.engine == e and r.done is not None
+                        and r.done - lv.t0 <= end] for e in ("A", "B")}
+        load = os.getloadavg()
+        print(f"answered in {end - start:g}s: A {len(answered['A'])}, B {len(answered['B'])}; "
+              f"live {lv.outcome()}, sim {sim}; load average {load[0]:.1f}")
+        for e in ("A", "B"):
+            print(e, " ".join(f"{r.sent - lv.t0:.1f}+{(r.first or r.sent) - r.sent:.1f}"
+                              for r in rows if r.engine == e))
+        bad = [(r.engine, round(r.sent - lv.t0, 1), r.status) for r in lv.rows
+               if r.status != "200"]
+        assert not bad, bad
+        assert lv.d.sim_oom() == 0
+        total = len(answered["A"]) + len(answered["B"])
+        assert total >= 45 and min(len(a) for a in answered.values()) >= 10, answered
+        assert agree(lv.outcome(), sim), (lv.outcome(), sim)
+    finally:
+        lv.close()
+        sweep(tmp_path)

@@ -1,0 +1,116 @@
+"""Issue 24's shapes, live: each runs with the parameters of its workload file under
+``bench/policy/workloads/`` (:mod:`tests.run.shapes`), and the policy simulator's replay of the
+same file under ``berth-default`` must agree with it on who is served first and on the number of
+switches (parks and drains, within 20 %). The ping-pong is :mod:`tests.run.test_ping_pong`; the
+unfreeable holder, with the ComfyUI stand-in, :mod:`tests.hosts.comfyui.test_unfreeable`."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.helpers import sweep
+from tests.run.shapes import Live, agree, simulate, workload
+
+
+@pytest.fixture
+def live(tmp_path):
+    made: list[Live] = []
+
+    def make(name: str, **kw) -> Live:
+        made.append(Live(tmp_path, workload(name), **kw).start())
+        return made[-1]
+    yield make
+    for lv in made:
+        lv.close()
+    sweep(tmp_path)
+
+
+def _asked_at(tl: list[dict], engine: str, before: float) -> float | None:
+    """When ``engine`` last started waiting (a lease asked, or a wake asked) before ``before``."""
+    at = [e["at"] for e in tl if e["engine"] == engine and e["at"] <= before
+          and (e["kind"] == "request" or (e["kind"] == "wake" and "asked" in e["text"]))]
+    return at[-1] if at else None
+
+
+def regrets(tl: list[dict], priority: dict[str, int]) -> list[str]:
+    """Every engine granted (or woken) and then parked or drained for a waiter of higher
+    priority that was already waiting when it was granted (issue 24: the room should have gone
+    to that waiter; an engine parked for an equal or lower priority after its turn is not
+    one)."""
+    out = []
+    for e in tl:
+        m = re.search(r"\(room for (\S+?)[,)]", e["text"])
+        if e["kind"] not in ("park", "drain") or not m \
+                or priority[m.group(1)] <= priority[e["engine"]]:
+            continue
+        got = [g["at"] for g in tl if g["engine"] == e["engine"] and g["at"] <= e["at"]
+               and g["kind"] in ("grant", "resume")]
+        asked = _asked_at(tl, m.group(1), e["at"])
+        if got and asked is not None and asked < got[-1]:
+            out.append(f"{e['engine']} granted at {got[-1]:.1f}, parked for {m.group(1)} "
+                       f"waiting since {asked:.1f}")
+    return out
+
+
+def _report(lv: Live, sim) -> str:
+    rows = [(r.engine, round(r.sent - lv.t0, 1), r.status) for r in lv.rows]
+    return f"live {lv.outcome()}, sim {sim}; requests {rows}"
+
+
+@pytest.mark.timeout(400)
+def test_priority_is_kept_at_grant(live):
+    """L (0) serves a long job; M (5) asks; H (10) asks 5 s later while L's park waits for the
+    job. Before: the room went to M, which was granted, then parked again for H."""
+    lv = live("g-priority")
+    lv.run(limit_s=120)
+    sim = simulate(lv.wl)
+    tl = lv.timeline()
+    grants = [e["engine"] for e in tl if e["kind"] == "grant"]
+    assert grants.index("H") < grants.index("M"), grants
+    assert not regrets(tl, {e.name: e.priority for e in lv.wl.engines}), tl
+    assert all(r.status == "200" for r in lv.rows), _report(lv, sim)
+    assert lv.d.sim_oom() == 0
+    assert agree(lv.outcome(), sim), _report(lv, sim)
+
+
+@pytest.mark.timeout(400)
+def test_a_fresh_engine_keeps_its_card_until_its_managers_poll(live):
+    """Two models asked together under llama-swap (its health poll every 1 s), no park. Before:
+    the one granted first became ready, its request still inside llama-swap, and was drained
+    0.13 s later for the other (it was "idle"); its client got llama-swap's 500."""
+    lv = live("f-fresh-engine", llama_swap=True)
+    lv.run(limit_s=120)
+    sim = simulate(lv.wl)
+    tl = lv.timeline()
+    ready = {}
+    for e in tl:
+        if e["kind"] == "ready":
+            ready.setdefault(e["lease"], e["at"])
+        if e["kind"] == "drain" and e["lease"] in ready:
+            # Drained only after its first request, never inside its first poll interval.
+            assert e["at"] - ready[e["lease"]] > 1.0, tl
+    assert all(r.status == "200" for r in lv.rows), _report(lv, sim)
+    assert lv.d.sim_oom() == 0
+    assert agree(lv.outcome(), sim), _report(lv, sim)
+
+
+@pytest.mark.timeout(400)
+def test_a_park_for_a_waiter_that_left_is_called_off(live):
+    """A serves a job past its turn; B's client asks for B (parked) and leaves while A's park
+    waits for a job that came after B asked. Before: the park ran on once the job ended, and
+    both engines ended up parked with nobody served."""
+    lv = live("h-client-leaves")
+    lv.run(limit_s=120)
+    sim = simulate(lv.wl)
+    tl = lv.timeline()
+    kinds = [(e["kind"], e["engine"]) for e in tl]
+    assert ("park.off", "A") in kinds, tl
+    off = kinds.index(("park.off", "A"))
+    assert ("parked", "A") not in kinds[off:], tl       # no checkpoint that had not begun
+    left = [r for r in lv.rows if r.status == "left"]
+    assert [r.engine for r in left] == ["B"], _report(lv, sim)
+    assert all(r.status == "200" for r in lv.rows if r not in left), _report(lv, sim)
+    assert lv.d.sim_oom() == 0
+    assert agree(lv.outcome(), sim), _report(lv, sim)
