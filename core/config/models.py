@@ -179,6 +179,11 @@ class EngineConfig(_Strict):
     supervisor: str | None = None
     mode: Literal["observe", "gate"] = "observe"
     options: dict[str, Any] = Field(default_factory=dict)
+    #: Who may lease this engine's name (issue 26: names are owned): these Unix user names and
+    #: the members of ``group``. Neither given: the operators (``[api] operator_group``). Root
+    #: and berthd's own user always may.
+    users: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list)
+    group: str | None = Field(None, min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo):
@@ -227,6 +232,8 @@ class BoardConfig(_Strict):
 
     listen: Listen = "127.0.0.1:7088"
     key: str | None = Field(None, min_length=16)
+    #: How long an operator's sign-in lasts (issue 26: sessions expire).
+    session_limit: PositiveDuration = 8 * 3600.0
 
 
 class SupervisorHostConfig(_Strict):
@@ -280,6 +287,16 @@ class NetworkConfig(_Strict):
         return self
 
 
+class ListenersConfig(_Strict):
+    """``[listeners]``: what the gateway's listeners allow a client (issue 26): a request head
+    within ``head_timeout``, a kept-alive connection idle (or a request body silent) at most
+    ``idle_timeout``, at most ``max_connections`` open (0: from the file descriptor limit)."""
+
+    head_timeout: PositiveDuration = 10.0
+    idle_timeout: PositiveDuration = 60.0
+    max_connections: Whole = 0
+
+
 class Config(_Strict):
     """The whole of ``berth.toml``."""
 
@@ -291,6 +308,7 @@ class Config(_Strict):
     api: ApiConfig = Field(default_factory=ApiConfig)
     hosts: HostsConfig = Field(default_factory=HostsConfig)
     network: NetworkConfig = Field(default_factory=NetworkConfig)
+    listeners: ListenersConfig = Field(default_factory=ListenersConfig)
     state_dir: str | None = None
 
     @model_validator(mode="after")

@@ -33,6 +33,10 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 ``GET  /metrics``                          Prometheus text
 =========================================  =================================================
 
+Names are owned (issue 26, :mod:`berth.daemon.owners`): a lease for a name or a front the
+caller may not use is a 403, and the status says of each lease whether it passes
+(``owner_checked``, ``front_checked``). Every lease verb is its owner's or an operator's (403).
+
 Who may claim a process: the peer's credentials (``SO_PEERCRED``) are recorded; an attach is
 allowed only if the caller is that process, or its parent, or a host plugin vouches for it
 (``berth_vouch``). Any other attach is refused (403) and logged.
@@ -54,6 +58,7 @@ from pathlib import Path
 
 import psutil
 from aiohttp import web
+from berth.daemon import owners
 from berth.daemon.api_bodies import (
     AttachBody,
     ExtendBody,
@@ -70,6 +75,7 @@ from berth.daemon.api_bodies import (
 )
 from berth.daemon.api_claims import (
     auth,
+    caller_of_request,
     claim,
     is_operator,
     is_self_or_descendant,
@@ -90,6 +96,8 @@ log = logging.getLogger("berth.daemon.api")
 BROKER = web.AppKey("broker", Broker)
 #: lease id -> the model IDs its run asked the gateway to route to it besides the engine name.
 ALIASES = web.AppKey("aliases", dict)
+#: lease id -> who asked for it, ``(pid, uid, gid)``: the holder of its names (issue 26).
+CALLERS = web.AppKey("callers", dict)
 
 
 def _lease(broker: Broker, lease_id: str) -> Lease:
@@ -146,6 +154,10 @@ async def request_lease(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     body: LeaseBody = await parse_body(request, LeaseBody)
     body = _with_entry(broker, body)
+    refused = owners.names_refused(broker, request, body.engine, [body.engine, *body.aliases],
+                                   body.front, request.app[ALIASES], request.app[CALLERS])
+    if refused is not None:
+        return refused
     peer = peer_of(request)
     cap = priority_cap(broker.cfg, body.engine, peer)
     if cap is not None and body.priority > cap:
@@ -223,6 +235,7 @@ async def request_lease(request: web.Request) -> web.Response:
                  ", ".join(f"{p}={b}" for p, b in use.items()))
     if body.aliases:
         request.app[ALIASES][lease.id] = list(body.aliases)
+    request.app[CALLERS][lease.id] = caller_of_request(request)
     await broker.request(lease)
     state = "waiting" if lease.is_waiting() else "active"
     if lease.id not in broker.sched.ledger.leases:
@@ -276,9 +289,11 @@ def _limits(broker: Broker) -> dict:
 
 
 def _not_owner(lease: Lease, request: web.Request, what: str) -> web.Response | None:
-    """A 403 unless the caller owns ``lease`` (:func:`api_claims.may_report`)."""
-    ok, why = may_report(lease, peer_of(request))
-    if ok:
+    """A 403 unless the caller owns ``lease`` (:func:`api_claims.may_report`) or is an
+    operator (:func:`api_claims.is_operator`): every lease verb asks this (issue 26)."""
+    peer = peer_of(request)
+    ok, why = may_report(lease, peer)
+    if ok or is_operator(request.app[BROKER].cfg, peer):
         return None
     log.warning("%s lease %s refused: %s", what.split()[0], lease.id, why)
     return error(403, f"{what} lease refused: {why}", "forbidden")
@@ -351,6 +366,9 @@ async def wake(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     lease = _lease(broker, lid)
+    refused = _not_owner(lease, request, "wake")
+    if refused is not None:
+        return refused
     await broker.submit(lambda now: broker.sched.wake(lid, now))
     return web.json_response({"id": lid, "states": {p: s.state.value for p, s in lease.shares.items()},
                               "wait": _wait(broker, lid)})
@@ -378,6 +396,9 @@ async def extend(request: web.Request) -> web.Response:
     lid = request.match_info["id"]
     body: ExtendBody = await parse_body(request, ExtendBody)
     lease = _lease(broker, lid)
+    refused = _not_owner(lease, request, "extend")
+    if refused is not None:
+        return refused
     try:
         pci = broker.sched.ledger.card(body.card).pci if body.card else next(iter(lease.shares))
     except (KeyError, StopIteration) as e:
@@ -393,7 +414,9 @@ def _lease_event(event: str):
     async def handler(request: web.Request) -> web.Response:
         broker = request.app[BROKER]
         lid = request.match_info["id"]
-        _lease(broker, lid)
+        refused = _not_owner(_lease(broker, lid), request, event)
+        if refused is not None:
+            return refused
         await broker.submit(lambda now: getattr(broker.sched, event)(lid, now))
         return web.json_response({"id": lid})
     return handler
@@ -407,7 +430,9 @@ ready = _lease_event("ready")
 async def unwake(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
-    _lease(broker, lid)
+    refused = _not_owner(_lease(broker, lid), request, "withdraw the wake of")
+    if refused is not None:
+        return refused
     fx = await broker.submit(lambda now: broker.sched.unwake(lid, now))
     return web.json_response({"id": lid, "withdrawn": any(getattr(e, "kind", "") == "wake.off"
                                                           for e in fx)})
@@ -479,13 +504,19 @@ async def operator(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    st = request.app[BROKER].status()
-    aliases = request.app[ALIASES]
+    broker = request.app[BROKER]
+    st = broker.status()
+    aliases, callers = request.app[ALIASES], request.app[CALLERS]
+    # The gateway routes only to a lease that passes these (issue 26: names are owned).
+    verdicts = owners.checked(broker.cfg, list(broker.sched.ledger.leases.values()), aliases,
+                              callers)
     for le in st["leases"]:
         le["aliases"] = aliases.get(le["id"], [])
+        le["owner_checked"], le["front_checked"] = verdicts.get(le["id"], (False, False))
     live = {le["id"] for le in st["leases"]}
-    for lid in [k for k in aliases if k not in live]:
-        del aliases[lid]
+    for table in (aliases, callers):
+        for lid in [k for k in table if k not in live]:
+            del table[lid]
     st["switch_costs"] = request.app[BROKER].costs.as_json()
     return web.json_response(st)
 
@@ -508,6 +539,7 @@ def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Applicat
     app[BROKER] = broker
     app[REGISTRY] = registry(broker, waits)
     app[ALIASES] = {}
+    app[CALLERS] = {}
     r = app.router
     r.add_post("/v1/leases", request_lease)
     r.add_get("/v1/leases/{id}", get_lease)

@@ -166,6 +166,8 @@ class LocalTable:
             routes[r.name] = r
         live = set()
         for le in st.get("leases", []):
+            if not (le.get("owner_checked") and le.get("front_checked")):
+                continue            # berthd: not the name's owner, or a front elsewhere (issue 26)
             name = le["engine"]
             live.add(le["id"])
             aliases = list(le.get("aliases") or self._aliases.get(le["id"], []))
