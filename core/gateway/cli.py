@@ -48,6 +48,17 @@ def _main(args) -> int:
     return asyncio.run(_serve(gw))
 
 
+def _warn_exposed(gw) -> None:
+    """A warning for a listener other machines can reach (issue 26)."""
+    from berth.exposed import warn_if_exposed
+    log = logging.getLogger("berth.gateway")
+    what = "they send requests to every model routed here, without authentication"
+    warn_if_exposed(log, "berth gateway --listen", f"{gw.host}:{gw.port}", what)
+    if gw.comfy:
+        warn_if_exposed(log, "berth gateway --comfyui-listen", f"{gw.comfy.host}:{gw.comfy.port}",
+                        "they use ComfyUI's whole surface, without authentication")
+
+
 async def _serve(gw) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -62,6 +73,7 @@ async def _serve(gw) -> int:
     comfy = f", ComfyUI port on {gw.comfy.host}:{gw.comfy.port}" if gw.comfy else ""
     peers = f", {len(gw.peers.peers)} peer(s)" if gw.peers else ""
     print(f"berth gateway: {gw.machine} on http://{gw.host}:{gw.port}{comfy}{peers}", flush=True)
+    _warn_exposed(gw)
     await stop.wait()
     await gw.stop()
     return 0
