@@ -20,6 +20,7 @@ from typing import Mapping
 
 import aiohttp
 from aiohttp import web
+from berth.front.rules import without_board_cookie
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -56,6 +57,10 @@ def strip(headers: Mapping[str, str], drop: frozenset[str] = HOP_BY_HOP) -> CIMu
         lk = k.lower()
         if lk in drop or lk in listed or lk.startswith("proxy-"):
             continue
+        if lk == "cookie":              # the board's session goes to no engine (issue 26)
+            v = without_board_cookie(v.encode("latin-1")).decode("latin-1")
+            if not v:
+                continue
         out.add(k, v)
     return out
 
@@ -151,7 +156,7 @@ async def relay_ws(request: web.Request, session: aiohttp.ClientSession, base: s
     protocols = tuple(p.strip() for p in proto.split(",")) if proto else ()
     try:
         up = await session.ws_connect(url, protocols=protocols, autoping=True,
-                                      headers={k: v for k, v in request.headers.items()
+                                      headers={k: v for k, v in strip(request.headers).items()
                                                if k.lower() in ("cookie", "authorization",
                                                                 "origin")})
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
