@@ -5,7 +5,9 @@ confirms every release with a driver read; the run's word is never proof).
 
 1. :meth:`LeaseClient.acquire`: ask for the lease and wait for the grant; the front answers
    reads with 503 and holds writes meanwhile. With berthd down the run fails open (the engine
-   runs unleased, with a warning) unless ``--require-berthd``.
+   runs unleased, with a warning) only where it fits beside what the card holds
+   (:mod:`berth.run.failopen`), else it waits for berthd up to ``--start-limit``; with
+   ``--require-berthd`` it always waits.
 2. :meth:`LeaseClient.attach` the engine's pid and start time, :meth:`LeaseClient.ready` once
    it answers (its minimum turn starts).
 3. :meth:`LeaseClient.follow`: long-poll berthd's instructions and hand each to the actions, one
@@ -31,6 +33,7 @@ from berth.decide.model import Op
 from berth.front import Front
 from berth.process import ProcessId
 from berth.run.engine import EngineProcess
+from berth.run.failopen import FailOpen, Room
 from berth.run.waits import WaitWords
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
@@ -124,19 +127,24 @@ class LeaseClient:
     # -- asking for the lease ------------------------------------------------------------------
     async def acquire(self) -> dict | None:
         """Request the lease and wait for the grant. ``None``: stopped or refused. With berthd
-        unreachable, returns ``{}`` and the run goes on unleased (fails open)."""
+        unreachable, returns ``{}`` and the run goes on unleased (fails open) if the engine fits
+        beside what the cards hold (:class:`~berth.run.failopen.FailOpen`; its cards and driver
+        are kept as a grant's), else waits for berthd; ``None`` after ``--start-limit``."""
         said = False
+        fail_open = FailOpen(self.o)
         while True:
             try:
                 r = await self.client.request_lease(request_body(self.o))
                 break
             except BerthdUnavailable as e:
                 if not self.o.require_berthd:
-                    log.warning("%s; running %s UNLEASED (fail-open): Berth cannot protect this "
-                                "card until berthd is back (--require-berthd waits instead)",
-                                e, self.o.engine)
-                    return {}
-                if not said:
+                    room = await fail_open.step(e)
+                    if room is None:
+                        return None
+                    if isinstance(room, Room):
+                        self.cards, self.driver = room.cards, room.driver
+                        return {}
+                elif not said:
                     log.warning("%s; waiting for it (--require-berthd)", e)
                     said = True
                 try:
@@ -314,7 +322,9 @@ class LeaseClient:
         try:
             r = await self.client.request_lease(body)
         except BerthdUnavailable:
-            await asyncio.sleep(2.0)
+            # Soon after berthd is back, before it grants the memory this engine holds to
+            # another: the run registers first (issue 26).
+            await asyncio.sleep(0.25)
             return
         except ApiError as e:
             log.warning("berthd refused to lease the running %s: %s; still UNLEASED, asking "
