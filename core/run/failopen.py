@@ -146,7 +146,13 @@ class FailOpen:
 
     async def step(self, error: Exception) -> Room | None | bool:
         """A :class:`Room` that fits: start unleased there. ``False``: keep waiting for
-        berthd. ``None``: ``--start-limit`` has passed (said in the log): do not start."""
+        berthd (always with ``--require-berthd``). ``None``: ``--start-limit`` has passed
+        (said in the log): do not start."""
+        if self.o.require_berthd:
+            if self._said is None:
+                self._said = "--require-berthd"
+                log.warning("%s; waiting for it (--require-berthd)", error)
+            return False
         now = time.monotonic()
         if self.since is None:
             self.since = now

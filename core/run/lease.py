@@ -126,27 +126,21 @@ class LeaseClient:
 
     # -- asking for the lease ------------------------------------------------------------------
     async def acquire(self) -> dict | None:
-        """Request the lease and wait for the grant. ``None``: stopped or refused. With berthd
-        unreachable, returns ``{}`` and the run goes on unleased (fails open) if the engine fits
-        beside what the cards hold (:class:`~berth.run.failopen.FailOpen`; its cards and driver
-        are kept as a grant's), else waits for berthd; ``None`` after ``--start-limit``."""
-        said = False
+        """Request the lease and wait for the grant. ``None``: stopped, refused, or past
+        ``--start-limit``. With berthd unreachable: ``{}`` where the engine fits unleased
+        (:class:`~berth.run.failopen.FailOpen`: its cards kept as a grant's)."""
         fail_open = FailOpen(self.o)
         while True:
             try:
                 r = await self.client.request_lease(request_body(self.o))
                 break
             except BerthdUnavailable as e:
-                if not self.o.require_berthd:
-                    room = await fail_open.step(e)
-                    if room is None:
-                        return None
-                    if isinstance(room, Room):
-                        self.cards, self.driver = room.cards, room.driver
-                        return {}
-                elif not said:
-                    log.warning("%s; waiting for it (--require-berthd)", e)
-                    said = True
+                room = await fail_open.step(e)
+                if room is None:
+                    return None
+                if isinstance(room, Room):
+                    self.cards, self.driver = room.cards, room.driver
+                    return {}
                 try:
                     await asyncio.wait_for(self.stop_event.wait(), 1.0)
                     return None
@@ -322,9 +316,7 @@ class LeaseClient:
         try:
             r = await self.client.request_lease(body)
         except BerthdUnavailable:
-            # Soon after berthd is back, before it grants the memory this engine holds to
-            # another: the run registers first (issue 26).
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.25)   # registers first once berthd is back (issue 26)
             return
         except ApiError as e:
             log.warning("berthd refused to lease the running %s: %s; still UNLEASED, asking "
