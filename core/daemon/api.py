@@ -79,8 +79,8 @@ from berth.daemon.api_claims import (
     claim,
     is_operator,
     is_self_or_descendant,
+    may_act,
     may_release,
-    may_report,
     peer_of,
     priority_cap,
 )
@@ -291,9 +291,8 @@ def _limits(broker: Broker) -> dict:
 def _not_owner(lease: Lease, request: web.Request, what: str) -> web.Response | None:
     """A 403 unless the caller owns ``lease`` (:func:`api_claims.may_report`) or is an
     operator (:func:`api_claims.is_operator`): every lease verb asks this (issue 26)."""
-    peer = peer_of(request)
-    ok, why = may_report(lease, peer)
-    if ok or is_operator(request.app[BROKER].cfg, peer):
+    ok, why = may_act(request.app[BROKER].cfg, lease, peer_of(request))
+    if ok:
         return None
     log.warning("%s lease %s refused: %s", what.split()[0], lease.id, why)
     return error(403, f"{what} lease refused: {why}", "forbidden")

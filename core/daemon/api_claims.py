@@ -22,7 +22,8 @@ from berth.decide.model import Lease
 from berth.process import ProcessId, identify, peer_credentials
 
 __all__ = ["auth", "caller_of_request", "claim", "groups_of", "is_operator",
-           "is_self_or_descendant", "may_release", "may_report", "peer_of", "priority_cap"]
+           "is_self_or_descendant", "may_act", "may_release", "may_report", "peer_of",
+           "priority_cap"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -172,6 +173,18 @@ def is_operator(cfg, peer: tuple[int, int, int] | None) -> bool:
         log.warning("[api] operator_group %r: no such group", group)
         return False
     return gid in groups_of(peer[0], peer[2])
+
+
+def may_act(cfg, lease: Lease, peer: tuple[int, int, int] | None) -> tuple[bool, str]:
+    """May this caller use a lease verb on ``lease`` (wake and its withdrawal, touch, ready,
+    extend, jobs, report, attach)? Its owner (:func:`may_report`) or an operator
+    (:func:`is_operator`); issue 26. Returns ``(allowed, why)``."""
+    ok, why = may_report(lease, peer)
+    if ok:
+        return True, why
+    if is_operator(cfg, peer):
+        return True, f"uid {peer[1]} is an operator"
+    return False, why
 
 
 def priority_cap(cfg, engine: str, peer: tuple[int, int, int] | None) -> int | None:

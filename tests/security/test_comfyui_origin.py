@@ -30,6 +30,7 @@ class Agent:
 
     async def wake(self):
         self.done.append("wake")
+        return True
 
 
 @run
