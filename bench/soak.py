@@ -16,8 +16,9 @@ an engine's run is down; ``engine_killed``, a 502 for a request in flight to an 
 SIGKILLed; ``dropped``, a connection closed with no answer), or a hang (no answer before its
 deadline). The card's OOM counter is read at the end.
 RSS growth: berthd's from 5 s after each start to the end of that life (the largest), and each
-front's (``berth run``, which serves the front) over the same span for runs that lived long
-enough (the largest).
+front's (``berth run``, which serves the front) from when its run first says its engine serves
+(not from its start: a new run's import ramp is not growth) to the end of its life, for runs that
+served for 5 s or more (the largest).
 
     python bench/soak.py [--minutes N] [--json] [--clients C] [--no-faults]
                          [--faults-at-least N]
@@ -105,6 +106,8 @@ class Soak:
                     "BERTH_CONFIG": str(self.config), "PYTHONUNBUFFERED": "1"}
         self.berthd: subprocess.Popen | None = None
         self.runs: dict[str, tuple[subprocess.Popen, int]] = {}
+        self.log_at: dict[int, int] = {}      # run pid -> its log's size when it started
+        self.serving: set[int] = set()        # run pids whose engine has served
         self.lock = threading.Lock()
         self.sent = self.answered = self.hangs = 0
         self.refused: dict[str, int] = {}
@@ -134,9 +137,23 @@ class Soak:
                 "10GiB", "--park", "checkpoint", "--checkpoint-path", CHECKPOINT, "--",
                 BERTH, "sim", "engine", "--port", "{port}", "--weights", "9GiB", "--load-s",
                 "0.1", "--model", engine]
-        p = subprocess.Popen(argv, env=self.env, stdout=open(self.tmp / f"run-{engine}.log", "ab"),
+        log = self.tmp / f"run-{engine}.log"
+        at = log.stat().st_size if log.exists() else 0
+        p = subprocess.Popen(argv, env=self.env, stdout=open(log, "ab"),
                              stderr=subprocess.STDOUT, start_new_session=True)
         self.runs[engine] = (p, port)
+        self.log_at[p.pid] = at
+
+    def _serves(self, engine: str, p: subprocess.Popen) -> bool:
+        """Has this run (not an earlier one of the engine) said its engine serves?"""
+        if p.pid in self.serving:
+            return True
+        with open(self.tmp / f"run-{engine}.log", "rb") as f:
+            f.seek(self.log_at.get(p.pid, 0))
+            if b" is serving" in f.read():
+                self.serving.add(p.pid)
+                return True
+        return False
 
     def _api(self, method: str, path: str, body: dict | None = None,
              timeout: float = 10) -> tuple[int, dict]:
@@ -266,7 +283,10 @@ class Soak:
         self.start_run(engine)
 
     def sample_rss(self, final: bool = False) -> None:
-        procs = [("berthd", self.berthd)] + [("fronts", r) for r, _ in self.runs.values()]
+        # A front counts from when it serves: sampled from its start, the figure was the
+        # import ramp of a new run (issue 26), not growth.
+        procs = [("berthd", self.berthd)] + [("fronts", r) for e, (r, _) in self.runs.items()
+                                             if self._serves(e, r)]
         now = time.monotonic()
         for group, p in procs:
             try:

@@ -189,6 +189,11 @@ class EngineConfig(_Strict):
     #: The gateway ends an answer from this engine that sends no byte for this long once its
     #: headers came (issue 27: every relay is bounded); longer than any normal gap of the engine.
     read_timeout: PositiveDuration = 30.0
+    #: Who may lease this engine's name (issue 26: names are owned): these Unix user names and
+    #: the members of ``group``. Neither given: the operators (``[api] operator_group``). Root
+    #: and berthd's own user always may.
+    users: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(default_factory=list)
+    group: str | None = Field(None, min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _rules(self, info: ValidationInfo):
@@ -246,6 +251,8 @@ class BoardConfig(_Strict):
 
     listen: Listen = "127.0.0.1:7088"
     key: str | None = Field(None, min_length=16)
+    #: How long an operator's sign-in lasts (issue 26: sessions expire).
+    session_limit: PositiveDuration = 8 * 3600.0
 
 
 class SupervisorHostConfig(_Strict):

@@ -34,6 +34,10 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 ``GET  /metrics``                          Prometheus text
 =========================================  =================================================
 
+Names are owned (issue 26, :mod:`berth.daemon.owners`): a lease for a name or a front the
+caller may not use is a 403, and the status says of each lease whether it passes
+(``owner_checked``, ``front_checked``). Every lease verb is its owner's or an operator's (403).
+
 Who may claim a process: the peer's credentials (``SO_PEERCRED``) are recorded; an attach is
 allowed only if the caller is that process, or its parent, or a host plugin vouches for it
 (``berth_vouch``). Any other attach is refused (403) and logged.
@@ -55,6 +59,7 @@ from pathlib import Path
 
 import psutil
 from aiohttp import web
+from berth.daemon import owners
 from berth.daemon.api_bodies import (
     AttachBody,
     JobsBody,
@@ -70,11 +75,12 @@ from berth.daemon.api_bodies import (
 )
 from berth.daemon.api_claims import (
     auth,
+    caller_of_request,
     claim,
     is_operator,
     is_self_or_descendant,
+    may_act,
     may_release,
-    may_report,
     peer_of,
     priority_cap,
 )
@@ -93,6 +99,8 @@ log = logging.getLogger("berth.daemon.api")
 BROKER = web.AppKey("broker", Broker)
 #: lease id -> the model IDs its run asked the gateway to route to it besides the engine name.
 ALIASES = web.AppKey("aliases", dict)
+#: lease id -> who asked for it, ``(pid, uid, gid)``: the holder of its names (issue 26).
+CALLERS = web.AppKey("callers", dict)
 
 
 def _lease(broker: Broker, lease_id: str) -> Lease:
@@ -142,6 +150,10 @@ async def request_lease(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     body: LeaseBody = await parse_body(request, LeaseBody)
     body = _with_entry(broker, body)
+    refused = owners.names_refused(broker, request, body.engine, [body.engine, *body.aliases],
+                                   body.front, request.app[ALIASES], request.app[CALLERS])
+    if refused is not None:
+        return refused
     peer = peer_of(request)
     refusal = _over_priority_cap(broker, body, peer)
     if refusal is not None:
@@ -156,6 +168,7 @@ async def request_lease(request: web.Request) -> web.Response:
         if refusal is not None:
             return refusal
     lease = _new_lease(broker, body, adopted, _owner(body, peer, adopted))
+    request.app[CALLERS][lease.id] = caller_of_request(request)
     asks = [Ask(sb.card, sb.size, sb.need) for sb in body.shares]
     try:
         await broker.request(lease, asks)
@@ -272,8 +285,9 @@ def _limits(broker: Broker) -> dict:
 
 
 def _not_owner(lease: Lease, request: web.Request, what: str) -> web.Response | None:
-    """A 403 unless the caller owns ``lease`` (:func:`api_claims.may_report`)."""
-    ok, why = may_report(lease, peer_of(request))
+    """A 403 unless the caller owns ``lease`` (:func:`api_claims.may_report`) or is an
+    operator (:func:`api_claims.is_operator`): every lease verb asks this (issue 26)."""
+    ok, why = may_act(request.app[BROKER].cfg, lease, peer_of(request))
     if ok:
         return None
     log.warning("%s lease %s refused: %s", what.split()[0], lease.id, why)
@@ -346,6 +360,9 @@ async def wake(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     lease = _lease(broker, lid)
+    refused = _not_owner(lease, request, "wake")
+    if refused is not None:
+        return refused
     await broker.submit(lambda now: broker.sched.wake(lid, now))
     return web.json_response({"id": lid, "states": {p: s.state.value for p, s in lease.shares.items()},
                               "wait": _wait(broker, lid)})
@@ -372,7 +389,9 @@ def _lease_event(event: str):
     async def handler(request: web.Request) -> web.Response:
         broker = request.app[BROKER]
         lid = request.match_info["id"]
-        _lease(broker, lid)
+        refused = _not_owner(_lease(broker, lid), request, event)
+        if refused is not None:
+            return refused
         await broker.submit(lambda now: getattr(broker.sched, event)(lid, now))
         return web.json_response({"id": lid})
     return handler
@@ -386,7 +405,9 @@ ready = _lease_event("ready")
 async def unwake(request: web.Request) -> web.Response:
     broker = request.app[BROKER]
     lid = request.match_info["id"]
-    _lease(broker, lid)
+    refused = _not_owner(_lease(broker, lid), request, "withdraw the wake of")
+    if refused is not None:
+        return refused
     fx = await broker.submit(lambda now: broker.sched.unwake(lid, now))
     return web.json_response({"id": lid, "withdrawn": any(getattr(e, "kind", "") == "wake.off"
                                                           for e in fx)})
@@ -458,13 +479,19 @@ async def operator(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    st = request.app[BROKER].status()
-    aliases = request.app[ALIASES]
+    broker = request.app[BROKER]
+    st = broker.status()
+    aliases, callers = request.app[ALIASES], request.app[CALLERS]
+    # The gateway routes only to a lease that passes these (issue 26: names are owned).
+    verdicts = owners.checked(broker.cfg, list(broker.sched.ledger.leases.values()), aliases,
+                              callers)
     for le in st["leases"]:
         le["aliases"] = aliases.get(le["id"], [])
+        le["owner_checked"], le["front_checked"] = verdicts.get(le["id"], (False, False))
     live = {le["id"] for le in st["leases"]}
-    for lid in [k for k in aliases if k not in live]:
-        del aliases[lid]
+    for table in (aliases, callers):
+        for lid in [k for k in table if k not in live]:
+            del table[lid]
     st["switch_costs"] = request.app[BROKER].costs.as_json()
     return web.json_response(st)
 
@@ -487,6 +514,7 @@ def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Applicat
     app[BROKER] = broker
     app[REGISTRY] = registry(broker, waits)
     app[ALIASES] = {}
+    app[CALLERS] = {}
     r = app.router
     r.add_post("/v1/leases", request_lease)
     r.add_get("/v1/leases/{id}", get_lease)

@@ -21,8 +21,9 @@ from berth.daemon.broker import Broker
 from berth.decide.model import Lease
 from berth.process import ProcessId, identify, peer_credentials
 
-__all__ = ["auth", "claim", "is_operator", "is_self_or_descendant", "may_release", "may_report",
-           "peer_of", "priority_cap"]
+__all__ = ["auth", "caller_of_request", "claim", "groups_of", "is_operator",
+           "is_self_or_descendant", "may_act", "may_release", "may_report", "peer_of",
+           "priority_cap"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -45,6 +46,12 @@ def peer_of(request: web.Request) -> tuple[int, int, int] | None:
     """The caller's ``(pid, uid, gid)`` on the Unix socket; ``None`` on TCP."""
     sock = request.transport.get_extra_info("socket") if request.transport else None
     return peer_credentials(sock)
+
+
+def caller_of_request(request: web.Request) -> tuple[int | None, int, int]:
+    """The caller's ``(pid, uid, gid)``; a TCP caller (with the key: an operator) counts as
+    berthd's own user."""
+    return peer_of(request) or (None, os.geteuid(), os.getegid())
 
 
 async def claim(broker: Broker, request: web.Request, pid: int, start_time: float | None,
@@ -138,7 +145,7 @@ def may_report(lease: Lease, peer: tuple[int, int, int] | None) -> tuple[bool, s
     return False, f"caller uid {peer[1]} (pid {peer[0]}) does not own lease {lease.id} (uid {owner})"
 
 
-def _groups_of(pid: int, gid: int) -> set[int]:
+def groups_of(pid: int, gid: int) -> set[int]:
     """The caller's primary and supplementary groups (``/proc/PID/status``)."""
     out = {gid}
     try:
@@ -165,7 +172,19 @@ def is_operator(cfg, peer: tuple[int, int, int] | None) -> bool:
     except KeyError:
         log.warning("[api] operator_group %r: no such group", group)
         return False
-    return gid in _groups_of(peer[0], peer[2])
+    return gid in groups_of(peer[0], peer[2])
+
+
+def may_act(cfg, lease: Lease, peer: tuple[int, int, int] | None) -> tuple[bool, str]:
+    """May this caller use a lease verb on ``lease`` (wake and its withdrawal, touch, ready,
+    extend, jobs, report, attach)? Its owner (:func:`may_report`) or an operator
+    (:func:`is_operator`); issue 26. Returns ``(allowed, why)``."""
+    ok, why = may_report(lease, peer)
+    if ok:
+        return True, why
+    if is_operator(cfg, peer):
+        return True, f"uid {peer[1]} is an operator"
+    return False, why
 
 
 def priority_cap(cfg, engine: str, peer: tuple[int, int, int] | None) -> int | None:

@@ -30,7 +30,7 @@ from typing import Callable
 
 from aiohttp import web
 from berth.daemon.api_bodies import ExtendBody, error, parse_body
-from berth.daemon.api_claims import may_report, peer_of
+from berth.daemon.api_claims import may_act, peer_of
 from berth.daemon.broker import Broker
 from berth.decide.admission import WaitKind
 from berth.decide.model import Lease
@@ -91,6 +91,10 @@ def add_routes(app: web.Application, broker: Broker,
         lid = request.match_info["id"]
         body: ExtendBody = await parse_body(request, ExtendBody)
         lease = lease_of(broker, lid)
+        ok, why = may_act(broker.cfg, lease, peer_of(request))
+        if not ok:
+            log.warning("extend lease %s refused: %s", lid, why)
+            return error(403, f"extend lease refused: {why}", "forbidden")
         try:
             pci = broker.sched.ledger.card(body.card).pci if body.card else next(iter(lease.shares))
         except (KeyError, StopIteration) as e:
@@ -116,7 +120,7 @@ def add_routes(app: web.Application, broker: Broker,
         """The request for room is no longer wanted (issue 28)."""
         lid = request.match_info["id"]
         lease = lease_of(broker, lid)
-        ok, why = may_report(lease, peer_of(request))
+        ok, why = may_act(broker.cfg, lease, peer_of(request))
         if not ok:
             log.warning("withdraw of lease %s's request for room refused: %s", lid, why)
             return error(403, f"withdraw the request for room of lease refused: {why}",

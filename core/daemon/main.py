@@ -174,9 +174,14 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
     stack.callback(broker.begin_shutdown)         # long polls end before the API closes
     await hub.start()
     if cfg.board.listen:                          # the web board (issue 15); a busy port is logged
-        board_runner = await board.serve(hub, cfg.board.listen, cfg.board.key)
+        li = cfg.listeners
+        board_runner = await board.serve(
+            hub, cfg.board.listen, cfg.board.key,
+            board.Limits(li.head_timeout, li.idle_timeout, li.max_connections or None),
+            cfg.board.session_limit)
         if board_runner is not None:
             stack.push_async_callback(board_runner.cleanup)
+    _warn_exposed(cfg)
     stack.push_async_callback(hub.stop)           # its streams end before the board closes
     cards = ", ".join(f"{c.name}={c.pci}" for c in broker.sched.ledger.cards.values())
     log.info("berthd ready on %s (driver %s: %s); restored %d lease(s), dropped %d",
@@ -184,6 +189,19 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
     if broker.quarantined:
         log.error("the state file was corrupt and was moved to %s", broker.quarantined)
     return broker
+
+
+def _warn_exposed(cfg: Config) -> None:
+    """A warning for each listener other machines can reach (issue 26)."""
+    from berth.exposed import warn_if_exposed
+    if cfg.board.listen:
+        warn_if_exposed(log, "[board] listen", cfg.board.listen,
+                        "anyone there sees every engine, lease and card, and with the board's "
+                        "key (sent over plain HTTP) acts as an operator")
+    if cfg.api.tcp:
+        warn_if_exposed(log, "[api] tcp", cfg.api.tcp,
+                        "anyone there with the key (sent over plain HTTP) may lease, park, wake "
+                        "and drain as an operator")
 
 
 async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:

@@ -8,6 +8,7 @@ the scheduler's (:meth:`~berth.decide.scheduler.Scheduler.adopt`, given the meas
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,12 +50,30 @@ def load(path: Path) -> Loaded:
         log.error("%s. Moved it aside to %s and starting empty; processes that still hold "
                   "memory will show as stowaways.", e, moved)
         return Loaded(None, quarantined=moved)
+    if snap is not None and snap.refused:
+        _keep_refused(path, snap.refused)
     if snap is not None and snap.boot_id and snap.boot_id != store.boot_id():
         log.warning("the state file was written before a reboot; no lease survives it")
         dropped = [le.id for le in snap.leases]
         snap.leases, snap.waiting = [], []
         return Loaded(snap, dropped=dropped)
     return Loaded(snap)
+
+
+def _keep_refused(path: Path, refused: list[str]) -> None:
+    """Say which lease entries were left out, and copy the file aside (``.refused-<unix
+    time>``) before the next write replaces it: the entries are evidence."""
+    import shutil
+    import time
+    copy = path.with_name(f"{path.name}.refused-{int(time.time())}")
+    try:
+        shutil.copyfile(path, copy)
+        os.chmod(copy, 0o600)
+    except OSError as e:
+        copy = f"nowhere ({e})"
+    for why in refused:
+        log.error("the state file's %s: left out, the rest of the state kept (the file as it "
+                  "was is copied to %s)", why, copy)
 
 
 def persist(path: Path, sched: Scheduler) -> None:

@@ -7,7 +7,9 @@ clock (seconds since boot, shared by every process), so they stay meaningful acr
 restart within one boot; ``boot_id`` tells a reboot apart, after which no lease can be alive.
 
 :func:`load` returns ``None`` for a missing file and raises :class:`StateCorrupt` for one that
-cannot be read; :func:`quarantine` moves such a file aside.
+cannot be read; :func:`quarantine` moves such a file aside. A lease entry that cannot be used (a
+wrong type, a size below 0 bytes: issue 26) is refused alone, with a message naming the entry,
+the field and the value (:attr:`Snapshot.refused`); the rest of the state is kept.
 """
 
 from __future__ import annotations
@@ -43,13 +45,15 @@ class StateCorrupt(ValueError):
 @dataclass
 class Snapshot:
     """What the state file holds: leases, waiting entries ``(lease_id, kind, since)``, counters,
-    per-card baselines (bytes), and the boot it was written in."""
+    per-card baselines (bytes), and the boot it was written in. ``refused``: one message per
+    lease entry left out (read only)."""
 
     leases: list[Lease] = field(default_factory=list)
     waiting: list[tuple[str, str, float]] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     baselines: dict[str, int] = field(default_factory=dict)
     boot_id: str = ""
+    refused: list[str] = field(default_factory=list)
 
 
 def boot_id() -> str:
@@ -106,16 +110,30 @@ def dump(snap: Snapshot) -> bytes:
     return tomli_w.dumps(doc).encode()
 
 
-def _share_from(d: dict) -> Share:
-    _typed(d, "leases.shares", card=str, lent_to=str, borrowed_from=str, used_bytes=int)
+def _bytes(d: dict, where: str, name: str, default: int | None = 0) -> int | None:
+    """Field ``name`` of ``d``: a whole number of bytes, 0 or more (``default`` if absent).
+    Raises ValueError naming ``where.name`` and the value."""
+    v = d.get(name, default)
+    if v is None and default is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{where}.{name}: expected 0 or more bytes, got {v!r:.40}")
+    return v
+
+
+def _share_from(d: dict, where: str = "leases.shares") -> Share:
+    _typed(d, where, card=str, lent_to=str, borrowed_from=str, used_bytes=int)
     if not isinstance(d["card"], str):
-        raise TypeError(f"leases.shares.card: expected a string, got {d['card']!r:.40}")
-    return Share(card=d["card"], size_bytes=int(d["size_bytes"]),
+        raise TypeError(f"{where}.card: expected a string, got {d['card']!r:.40}")
+    if "size_bytes" not in d:
+        raise KeyError(f"{where}.size_bytes")
+    return Share(card=d["card"], size_bytes=_bytes(d, where, "size_bytes"),
                  state=ShareState(d["state"]), whole_card=bool(d.get("whole_card", False)),
-                 reserved_bytes=int(d.get("reserved_bytes", 0)), used_bytes=d.get("used_bytes"),
-                 lent_bytes=int(d.get("lent_bytes", 0)),
-                 residual_bytes=int(d.get("residual_bytes", 0)),
-                 parked_bytes=int(d.get("parked_bytes", 0)), lent_to=d.get("lent_to"),
+                 reserved_bytes=_bytes(d, where, "reserved_bytes"),
+                 used_bytes=_bytes(d, where, "used_bytes", None),
+                 lent_bytes=_bytes(d, where, "lent_bytes"),
+                 residual_bytes=_bytes(d, where, "residual_bytes"),
+                 parked_bytes=_bytes(d, where, "parked_bytes"), lent_to=d.get("lent_to"),
                  borrowed_from=d.get("borrowed_from"), since=float(d.get("since", 0.0)))
 
 
@@ -139,13 +157,14 @@ def _lease_from(d: dict) -> Lease:
         raise TypeError(f"leases.shares: expected an array of tables, got {d['shares']!r:.80}")
     if not isinstance(caps, dict):
         raise TypeError(f"leases.caps: expected a table, got {caps!r:.80}")
-    shares = [_share_from(s) for s in d["shares"]]
+    shares = [_share_from(s, f"shares[{i}]") for i, s in enumerate(d["shares"])]
+    need = d.get("need_bytes", {})
     return Lease(
         id=d["id"], engine=d["engine"], shares={s.card: s for s in shares},
         priority=int(d.get("priority", 0)), bound=Bound(d.get("bound", "declared")),
-        growth_allowance_bytes=int(d.get("growth_allowance_bytes", 0)),
+        growth_allowance_bytes=_bytes(d, "lease", "growth_allowance_bytes"),
         keep_warm_s=float(d.get("keep_warm_s", DEFAULT_KEEP_WARM_S)),
-        need_bytes={k: int(v) for k, v in d.get("need_bytes", {}).items()},
+        need_bytes={k: _bytes(need, "need_bytes", k) for k in need},
         caps=Capabilities(park=ParkMechanism(caps["park"]) if caps.get("park") else None,
                           lend=bool(caps.get("lend", False)),
                           lend_max_bytes=caps.get("lend_max_bytes"), front=caps.get("front"),
@@ -178,15 +197,30 @@ def load(path: Path) -> Snapshot | None:
             raise StateCorrupt(f"{path}: state version {doc.get('version')!r}, expected {VERSION}")
         waiting = [(w["lease_id"], WaitKind(w["kind"]).value, float(w["since"]))
                    for w in _tables(doc, "waiting")]
-        return Snapshot(leases=[_lease_from(d) for d in _tables(doc, "leases")], waiting=waiting,
+        leases, refused = _leases(_tables(doc, "leases"))
+        return Snapshot(leases=leases, waiting=waiting,
                         counters={k: int(v) for k, v in _table(doc, "counters").items()},
                         baselines={k: int(v) for k, v in _table(doc, "baselines").items()},
-                        boot_id=str(doc.get("boot_id", "")))
+                        boot_id=str(doc.get("boot_id", "")), refused=refused)
     except StateCorrupt:
         raise
     except (UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError,
             AttributeError, RecursionError) as e:
         raise StateCorrupt(f"{path}: cannot read the state file: {type(e).__name__}: {e}") from None
+
+
+def _leases(entries: list[dict]) -> tuple[list[Lease], list[str]]:
+    """The lease entries that can be used, and a message for each one that cannot (issue 26:
+    one bad entry costs only itself)."""
+    leases, refused = [], []
+    for i, d in enumerate(entries):
+        try:
+            leases.append(_lease_from(d))
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
+            why = f"missing {e.args[0]}" if isinstance(e, KeyError) else str(e)
+            name = f" (id {d.get('id')!r:.60}, engine {d.get('engine')!r:.60})"
+            refused.append(f"leases[{i}]{name}: {why}")
+    return leases, refused
 
 
 def _table(doc: dict, key: str) -> dict:

@@ -11,7 +11,8 @@ from typing import Iterable
 __all__ = [
     "FrontState", "EDGES", "TRANSITIONS", "HOLDING_STATES", "READ_METHODS", "HOP_BY_HOP",
     "DEADLINE_HEADERS", "DEADLINE_MARGIN_S", "IllegalFrontTransition", "error_answer",
-    "client_deadline_s", "default_is_write", "strip_headers",
+    "client_deadline_s", "default_is_write", "strip_headers", "BOARD_COOKIE",
+    "without_board_cookie",
 ]
 
 
@@ -129,6 +130,18 @@ def client_deadline_s(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
     return best
 
 
+#: The board's operator session cookie (berth.daemon.web): a browser sends it to every port of
+#: the board's host, so fronts and the gateway strip it from what they relay (issue 26).
+BOARD_COOKIE = "berth_board"
+_BOARD = BOARD_COOKIE.encode()
+
+
+def without_board_cookie(value: bytes) -> bytes:
+    """A ``Cookie`` header's value without :data:`BOARD_COOKIE` (``b""`` when nothing is left)."""
+    return b"; ".join(c for c in (p.strip() for p in value.split(b";"))
+                      if c and c.partition(b"=")[0].strip() != _BOARD)
+
+
 _HOP = frozenset(h.encode() for h in HOP_BY_HOP)
 REQUEST_DROP = _HOP | {b"host", b"expect", b"content-length"}
 ANSWER_DROP = _HOP
@@ -136,7 +149,7 @@ ANSWER_DROP = _HOP
 
 # What strip_headers does with a header, by its name as sent (names repeat from request to
 # request, so each is lowered and classified once; bounded, as a client could send any names)
-_KEEP, _DROP, _LENGTH, _LENGTH_DROP, _TE, _CONNECTION, _EXPECT = range(7)
+_KEEP, _DROP, _LENGTH, _LENGTH_DROP, _TE, _CONNECTION, _EXPECT, _COOKIE = range(8)
 _KINDS: dict[frozenset[bytes], dict[bytes, int]] = {}
 _KINDS_MAX = 1024
 
@@ -151,6 +164,8 @@ def _kind(name: bytes, drop: frozenset[bytes]) -> int:
         return _CONNECTION
     if low == b"expect" and low in drop:
         return _EXPECT
+    if low == b"cookie":
+        return _COOKIE
     if low in drop or low.startswith(b"proxy-"):
         return _DROP
     return _KEEP
@@ -159,7 +174,8 @@ def _kind(name: bytes, drop: frozenset[bytes]) -> int:
 def strip_headers(headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]
                   ) -> tuple[list[bytes], int | None, bool, bool]:
     """Header lines (``b"Name: value\\r\\n"``) of ``headers`` without hop-by-hop ones: those in
-    ``drop``, ``proxy-*``, and those named in ``Connection``; plus the ``Content-Length``
+    ``drop``, ``proxy-*``, and those named in ``Connection``; without the board's session
+    cookie (:data:`BOARD_COOKIE`); plus the ``Content-Length``
     (None when absent), whether ``Transfer-Encoding`` ends in ``chunked``, and whether an
     ``Expect: 100-continue`` was dropped. Names keep their case; the parser has already refused
     malformed lines. Raises ``ValueError`` for a Content-Length that is not a number."""
@@ -190,6 +206,11 @@ def strip_headers(headers: list[tuple[bytes, bytes]], drop: frozenset[bytes]
                 listed = tokens if listed is None else listed | tokens
         elif kind == _EXPECT:
             expect = expect or value.strip().lower() == b"100-continue"
+        elif kind == _COOKIE:
+            if _BOARD in value:
+                value = without_board_cookie(value)
+            if value:
+                lines.append(b"%s: %s\r\n" % (name, value))
     if listed is not None:   # rare: names listed in Connection go too
         lines = [line for line in lines if line.partition(b":")[0].lower() not in listed]
     return lines, length, chunked, expect

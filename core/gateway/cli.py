@@ -62,6 +62,17 @@ def start_line(gw) -> str:
             f"(models: {', '.join(names) or 'none yet'}){comfy}{peers}")
 
 
+def _warn_exposed(gw) -> None:
+    """A warning for a listener other machines can reach (issue 26)."""
+    from berth.exposed import warn_if_exposed
+    log = logging.getLogger("berth.gateway")
+    what = "they send requests to every model routed here, without authentication"
+    warn_if_exposed(log, "berth gateway --listen", f"{gw.host}:{gw.port}", what)
+    if gw.comfy:
+        warn_if_exposed(log, "berth gateway --comfyui-listen", f"{gw.comfy.host}:{gw.comfy.port}",
+                        "they use ComfyUI's whole surface, without authentication")
+
+
 async def _serve(gw) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -73,6 +84,7 @@ async def _serve(gw) -> int:
         print(f"berth gateway: cannot listen: {e.strerror or e}", file=sys.stderr)
         return 1
     print(start_line(gw), flush=True)
+    _warn_exposed(gw)
     try:
         await stop.wait()
     finally:

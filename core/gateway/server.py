@@ -175,7 +175,8 @@ class Gateway:
         await hub.start()
         stack.push_async_callback(hub.stop)
         app = web.Application()
-        app.add_subapp("/board/", board_app(hub, self.cfg.board.key))
+        app.add_subapp("/board/", board_app(hub, self.cfg.board.key,
+                                             self.cfg.board.session_limit))
         app.router.add_get("/board", _to_board)
         app.router.add_get("/{tail:.*}", self._websocket)
         return app

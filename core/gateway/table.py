@@ -201,6 +201,8 @@ class LocalTable:
         now = time.monotonic()
         live = set()
         for le in st.get("leases", []):
+            if not (le.get("owner_checked") and le.get("front_checked")):
+                continue            # berthd: not the name's owner, or a front elsewhere (issue 26)
             live.add(le["id"])
             self._lease_route(le, routes, now)
         self._aliases = {k: v for k, v in self._aliases.items() if k in live}

@@ -17,6 +17,7 @@ from typing import Callable
 
 import aiohttp
 from aiohttp import web
+from berth.front.rules import without_board_cookie
 from berth.gateway.errors import error
 from yarl import URL
 
@@ -72,6 +73,18 @@ class HandOff:
         return len(self._server.connections) if self._server is not None else 0
 
 
+def _passed(request: web.Request) -> dict[str, str]:
+    """The client's headers a websocket's upstream gets: its cookies (the board's session left
+    out, issue 26), authorization and origin."""
+    out = {}
+    for k, v in request.headers.items():
+        if k.lower() == "cookie":
+            v = without_board_cookie(v.encode("latin-1")).decode("latin-1")
+        if v and k.lower() in ("cookie", "authorization", "origin"):
+            out[k] = v
+    return out
+
+
 async def relay_ws(request: web.Request, session: aiohttp.ClientSession, base: str,
                    on_open: Callable[[], None] | None = None,
                    on_close: Callable[[], None] | None = None) -> web.WebSocketResponse:
@@ -83,9 +96,7 @@ async def relay_ws(request: web.Request, session: aiohttp.ClientSession, base: s
     protocols = tuple(p.strip() for p in proto.split(",")) if proto else ()
     try:
         up = await session.ws_connect(url, protocols=protocols, autoping=True,
-                                      headers={k: v for k, v in request.headers.items()
-                                               if k.lower() in ("cookie", "authorization",
-                                                                "origin")})
+                                      headers=_passed(request))
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
         raise Unreachable(f"{base}: {e or type(e).__name__}") from None
     ws = web.WebSocketResponse(protocols=protocols, autoping=True)

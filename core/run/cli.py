@@ -53,6 +53,9 @@ class RunOptions:
     release_grace_s: float | None = None
     wake_limit_s: float | None = None
     require_berthd: bool = False
+    # With berthd unreachable and the engine not fitting beside what the cards hold: how long
+    # the run waits for berthd before it gives up (issue 26).
+    start_limit_s: float = 120.0
     options: dict = field(default_factory=dict)
     aliases: list[str] = field(default_factory=list)
 
@@ -170,7 +173,8 @@ def _options(args, cmd: list[str]) -> RunOptions:
         term_grace_s=parse_duration(args.term_grace, field="--term-grace"),
         release_grace_s=_positive(args.release_grace, "--release-grace"),
         wake_limit_s=_positive(args.wake_limit, "--wake-limit"),
-        require_berthd=args.require_berthd, options=options, aliases=args.alias or [])
+        require_berthd=args.require_berthd, options=options, aliases=args.alias or [],
+        start_limit_s=_positive(args.start_limit, "--start-limit"))
 
 
 def _cmd_run(args) -> int:
@@ -243,6 +247,10 @@ def arguments(p) -> None:
     p.add_argument("--require-berthd", action="store_true",
                    help="wait for berthd instead of running the engine unleased (fail-open) "
                         "when it cannot be reached")
+    p.add_argument("--start-limit", default="120s",
+                   help="with berthd unreachable, the engine starts unleased only if it fits "
+                        "beside what the card holds; otherwise the run waits this long for "
+                        "berthd, then gives up (default 120s)")
     p.add_argument("--option", action="append", metavar="KEY=VALUE",
                    help="a mechanism option (e.g. model=ID for llama.cpp's router)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")

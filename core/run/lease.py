@@ -5,7 +5,9 @@ confirms every release with a driver read; the run's word is never proof).
 
 1. :meth:`LeaseClient.acquire`: ask for the lease and wait for the grant; the front answers
    reads with 503 and holds writes meanwhile. With berthd down the run fails open (the engine
-   runs unleased, with a warning) unless ``--require-berthd``.
+   runs unleased, with a warning) only where it fits beside what the card holds
+   (:mod:`berth.run.failopen`), else it waits for berthd up to ``--start-limit``; with
+   ``--require-berthd`` it always waits.
 2. :meth:`LeaseClient.attach` the engine's pid and start time, :meth:`LeaseClient.ready` once
    it answers (its minimum turn starts).
 3. :meth:`LeaseClient.follow`: long-poll berthd's instructions and hand each to the actions, one
@@ -33,6 +35,7 @@ from berth.decide.units import format_size
 from berth.front import Front
 from berth.process import ProcessId
 from berth.run.engine import EngineProcess
+from berth.run.failopen import FailOpen, Room
 from berth.run.waits import WaitWords
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
@@ -126,22 +129,21 @@ class LeaseClient:
 
     # -- asking for the lease ------------------------------------------------------------------
     async def acquire(self) -> dict | None:
-        """Request the lease and wait for the grant. ``None``: stopped or refused. With berthd
-        unreachable, returns ``{}`` and the run goes on unleased (fails open)."""
-        said = False
+        """Request the lease and wait for the grant. ``None``: stopped, refused, or past
+        ``--start-limit``. With berthd unreachable: ``{}`` where the engine fits unleased
+        (:class:`~berth.run.failopen.FailOpen`: its cards kept as a grant's)."""
+        fail_open = FailOpen(self.o)
         while True:
             try:
                 r = await self.client.request_lease(request_body(self.o))
                 break
             except BerthdUnavailable as e:
-                if not self.o.require_berthd:
-                    log.warning("%s; running %s UNLEASED (fail-open): Berth cannot protect this "
-                                "card until berthd is back (--require-berthd waits instead)",
-                                e, self.o.engine)
+                room = await fail_open.step(e)
+                if room is None:
+                    return None
+                if isinstance(room, Room):
+                    self.cards, self.driver = room.cards, room.driver
                     return {}
-                if not said:
-                    log.warning("%s; waiting for it (--require-berthd)", e)
-                    said = True
                 try:
                     await asyncio.wait_for(self.stop_event.wait(), 1.0)
                     return None
@@ -387,7 +389,7 @@ async def _reattach(lease: LeaseClient, engine: EngineProcess) -> None:
     try:
         r = await lease.client.request_lease(body)
     except BerthdUnavailable:
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(0.25)   # registers first once berthd is back (issue 26)
         return
     except ApiError as e:
         log.warning("berthd refused to lease the running %s: %s; still UNLEASED, asking "

@@ -7,6 +7,11 @@ The agent carries out berthd's instructions itself (it holds ComfyUI's lease); t
 any other caller that speaks the protocol (``berth run --park hook`` in front of a ComfyUI, an
 operator with curl) do the same, through the same steps. A 200 is never proof: berthd confirms
 a park with a driver read (rule 1).
+
+Park and wake change state, and a web page elsewhere can send a browser's "simple" cross-site
+POST to ComfyUI's port without asking first (issue 26): a request whose ``Origin`` is not
+ComfyUI's own (or whose ``Sec-Fetch-Site`` says cross-site) gets a 403. Callers that are not
+browsers send no ``Origin`` and pass.
 """
 
 from __future__ import annotations
@@ -17,7 +22,30 @@ from aiohttp import web
 
 from .states import GateState
 
-__all__ = ["add_routes"]
+__all__ = ["add_routes", "cross_site"]
+
+
+def cross_site(request: web.Request) -> str | None:
+    """Why ``request`` comes from another site's page (``None``: it does not): its ``Origin``
+    is not this server's (scheme, host and port as the request names them), or the browser
+    says ``Sec-Fetch-Site: cross-site``."""
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        own = f"{request.scheme}://{request.host}".lower()
+        if origin.lower().rstrip("/") != own:
+            return f"Origin {origin[:100]!r} is not this ComfyUI ({own})"
+    if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
+        return "Sec-Fetch-Site: cross-site"
+    return None
+
+
+def _refused(request: web.Request) -> web.Response | None:
+    why = cross_site(request)
+    if why is None:
+        return None
+    return web.json_response({"error": {"message": f"{request.path} refused: {why}; park and "
+                                                   f"wake are not for other sites' pages",
+                                        "type": "forbidden", "code": 403}}, status=403)
 
 
 def add_routes(routes: web.RouteTableDef, agent) -> None:
@@ -25,6 +53,9 @@ def add_routes(routes: web.RouteTableDef, agent) -> None:
 
     @routes.post("/berth/v1/park")
     async def park(request: web.Request) -> web.Response:
+        refused = _refused(request)
+        if refused is not None:
+            return refused
         ok, detail = await asyncio.wrap_future(agent.call(agent.park()))
         if not ok:
             return web.json_response({"error": {"message": detail, "type": "park_failed",
@@ -33,6 +64,9 @@ def add_routes(routes: web.RouteTableDef, agent) -> None:
 
     @routes.post("/berth/v1/wake")
     async def wake(request: web.Request) -> web.Response:
+        refused = _refused(request)
+        if refused is not None:
+            return refused
         if not await asyncio.wrap_future(agent.call(agent.wake())):
             return web.json_response({"error": {"message": agent.gate.stop_reason,
                                                 "type": "drained", "code": 409}}, status=409)

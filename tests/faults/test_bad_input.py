@@ -1,5 +1,6 @@
 """Bad input (issue 18, hole 5 and "bad input"): corrupt state files of every shape are moved
-aside and berthd starts; deeply nested, oversized and loosely typed bodies get a 4xx, never a
+aside and berthd starts; a lease entry that cannot be used (a wrong type, a negative size:
+issue 26) is refused alone, the rest of the state kept; deeply nested, oversized and loosely typed bodies get a 4xx, never a
 5xx; every config error names a key and the value; a config priority is capped at ±1000."""
 
 from __future__ import annotations
@@ -22,15 +23,6 @@ CORRUPT = {
     "baselines_list": 'version = 1\nbaselines = [1, 2]\n',
     "waiting_string": 'version = 1\nwaiting = "x"\n',
     "waiting_bad_kind": 'version = 1\n[[waiting]]\nlease_id = "a"\nkind = "nope"\nsince = 1.0\n',
-    "lease_id_int": 'version = 1\n[[leases]]\nid = 1\nengine = "e"\nshares = []\n',
-    "lease_shares_string": 'version = 1\n[[leases]]\nid = "a"\nengine = "e"\nshares = "x"\n',
-    "lease_caps_string": 'version = 1\n[[leases]]\nid = "a"\nengine = "e"\nshares = []\ncaps = 3\n',
-    "share_state_bad": ('version = 1\n[[leases]]\nid = "a"\nengine = "e"\n[[leases.shares]]\n'
-                        'card = "0000:01:00.0"\nsize_bytes = 1\nstate = "melted"\n'),
-    "share_card_int": ('version = 1\n[[leases]]\nid = "a"\nengine = "e"\n[[leases.shares]]\n'
-                       'card = 7\nsize_bytes = 1\nstate = "active"\n'),
-    "lease_pid_string": ('version = 1\n[[leases]]\nid = "a"\nengine = "e"\npid = "1"\n'
-                         'shares = []\n'),
     "no_version": 'leases = []\n',
     "not_toml": "{{{{",
     "binary": b"\x00\xff\xfe garbage",
@@ -38,6 +30,67 @@ CORRUPT = {
     "truncated": 'version = 1\n[[leases]]\nid = "a',
     "deep": "version = 1\nx = " + "[" * 3000 + "]" * 3000 + "\n",
 }
+
+
+#: Lease entries that cannot be used: each is refused alone, the rest of the state kept
+#: (issue 26: a negative ``size_bytes`` was restored).
+_SHARE = '[[leases.shares]]\ncard = "0000:01:00.0"\n'
+BAD_LEASES = {
+    "lease_id_int": 'id = 1\nengine = "e"\nshares = []\n',
+    "lease_shares_string": 'id = "a"\nengine = "e"\nshares = "x"\n',
+    "lease_caps_string": 'id = "a"\nengine = "e"\nshares = []\ncaps = 3\n',
+    "lease_pid_string": 'id = "a"\nengine = "e"\npid = "1"\nshares = []\n',
+    "share_state_bad": f'id = "a"\nengine = "e"\n{_SHARE}size_bytes = 1\nstate = "melted"\n',
+    "share_card_int": 'id = "a"\nengine = "e"\n[[leases.shares]]\ncard = 7\nsize_bytes = 1\n'
+                      'state = "active"\n',
+    "share_size_negative": f'id = "a"\nengine = "e"\n{_SHARE}size_bytes = -5\nstate = "active"\n',
+    "share_used_negative": f'id = "a"\nengine = "e"\n{_SHARE}size_bytes = 1\nused_bytes = -1\n'
+                           'state = "active"\n',
+    "share_parked_float": f'id = "a"\nengine = "e"\n{_SHARE}size_bytes = 1\nparked_bytes = 1.5\n'
+                          'state = "parked"\n',
+    "lease_need_negative": f'id = "a"\nengine = "e"\nneed_bytes = {{ x = -1 }}\n{_SHARE}'
+                           'size_bytes = 1\nstate = "active"\n',
+    "share_no_size": f'id = "a"\nengine = "e"\n{_SHARE}state = "active"\n',
+}
+GOOD_LEASE = f'[[leases]]\nid = "good"\nengine = "g"\n{_SHARE}size_bytes = 1024\nstate = "active"\n'
+
+
+@pytest.mark.parametrize("name", sorted(BAD_LEASES))
+def test_a_bad_lease_entry_is_refused_alone(tmp_path, name, caplog):
+    path = tmp_path / "state.toml"
+    path.write_text(f"version = 1\n{GOOD_LEASE}[[leases]]\n{BAD_LEASES[name]}")
+    loaded = restore.load(path)
+    assert loaded.quarantined is None and path.exists(), name
+    assert [le.id for le in loaded.snap.leases] == ["good"], name
+    assert len(loaded.snap.refused) == 1 and loaded.snap.refused[0].startswith("leases[1]")
+    assert "leases[1]" in caplog.text and "the rest of the state kept" in caplog.text
+    assert list(tmp_path.glob("state.toml.refused-*")), "the file as it was is kept"
+
+
+def test_a_negative_size_is_refused_with_a_message_naming_it(tmp_path):
+    path = tmp_path / "state.toml"
+    path.write_text(f"version = 1\n{GOOD_LEASE}[[leases]]\n{BAD_LEASES['share_size_negative']}")
+    refused = restore.load(path).snap.refused
+    assert refused == ["leases[1] (id 'a', engine 'e'): shares[0].size_bytes: expected 0 or "
+                       "more bytes, got -5"], refused
+
+
+def test_berthd_restores_the_rest_of_a_state_file_with_a_negative_size(tmp_path):
+    import os
+
+    import psutil
+    state = tmp_path / "state"
+    state.mkdir()
+    me = f"owner_pid = {os.getpid()}\nowner_start_time = {psutil.Process().create_time()}\n"
+    good = GOOD_LEASE.replace('engine = "g"\n', 'engine = "g"\n' + me)
+    bad = BAD_LEASES["share_size_negative"].replace('engine = "e"\n', 'engine = "e"\n' + me)
+    (state / "state.toml").write_text(f"version = 1\n{good}[[leases]]\n{bad}")
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "8GiB")])).start()
+    try:
+        assert [le["id"] for le in d.status()["leases"]] == ["good"]
+        assert "shares[0].size_bytes: expected 0 or more bytes, got -5" in d.log.read_text()
+    finally:
+        d.stop()
 
 
 @pytest.mark.parametrize("name", sorted(CORRUPT))

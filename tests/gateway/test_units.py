@@ -119,6 +119,10 @@ def test_states_and_addresses():
     assert address_url("a word: not 1") is None
 
 
+#: berthd's verdict on a lease the gateway may route to (issue 26: names are owned).
+CHECKED = {"owner_checked": True, "front_checked": True}
+
+
 def test_the_comfyui_nodes_lease_routes_to_the_url_it_names(tmp_path):
     """The node registers its front as ``comfyui-node URL[; FLAG ...]``; the gateway sent
     ComfyUI's API to ``http://comfyui-node http://127.0.0.1:8188`` (a 502), even over an
@@ -130,7 +134,7 @@ def test_the_comfyui_nodes_lease_routes_to_the_url_it_names(tmp_path):
     def target(entry: dict, front: str) -> str | None:
         t = LocalTable(parse({"engines": {"comfyui": entry}}), Client(socket=tmp_path / "x"))
         st = {"leases": [{"id": "comfyui-1-1", "engine": "comfyui",
-                          "capabilities": {"front": front},
+                          "capabilities": {"front": front}, **CHECKED,
                           "shares": [{"state": "active"}]}], "waiting": []}
         return {r.name: r.target for r in t._build(st)}["comfyui"]
 
@@ -169,7 +173,7 @@ def test_runs_keep_their_routes_while_berthd_is_down(tmp_path):
     t = LocalTable(parse({"engines": {"cfg": {"url": "http://127.0.0.1:9"}}}),
                    Client(socket=tmp_path / "no-berthd.sock"))
     t.routes = t._build({"leases": [{"id": "llama-1-1", "engine": "llama",
-                                     "capabilities": {"front": "127.0.0.1:17102"},
+                                     "capabilities": {"front": "127.0.0.1:17102"}, **CHECKED,
                                      "shares": [{"state": "active"}]}], "waiting": []})
     asyncio.run(t.refresh())
     assert t.berthd_up is False

@@ -37,13 +37,19 @@ def no_berthd(tmp_path, monkeypatch):
                  "BERTH_SOCKET": tmp_path / "absent.sock", "BERTH_SIM_DIR": tmp_path / "sim"
                  }.items():
         monkeypatch.setenv(k, str(v))
+    import subprocess
+
+    from tests.berthd import BERTH
+    subprocess.run([BERTH, "sim", "init", "--card", "gpu0=24GiB@0000:01:00.0", "--dir",
+                    str(tmp_path / "sim")], check=True, capture_output=True)
     yield
     sweep(tmp_path)
 
 
 def _run(port: int, code: str) -> EngineRun:
     return EngineRun(RunOptions(cmd=[sys.executable, "-c", code, "{port}"], engine="e",
-                                front=f"127.0.0.1:{port}", term_grace_s=1.0))
+                                sizes=[(None, "1GiB")], front=f"127.0.0.1:{port}",
+                                term_grace_s=1.0))
 
 
 async def _left_behind() -> tuple[list[asyncio.Task], bool]:

@@ -17,21 +17,27 @@ import logging
 from aiohttp import web
 from berth.daemon.web.app import CSP, OPS, board_app, operator_of
 from berth.daemon.web.hub import BrokerSource, Hub, SocketSource, WaitTimes
+from berth.daemon.web.listen import GuardedSite, Limits
 
 __all__ = ["Hub", "BrokerSource", "SocketSource", "WaitTimes", "board_app", "operator_of",
-           "serve", "CSP", "OPS"]
+           "serve", "CSP", "OPS", "Limits"]
 
 log = logging.getLogger("berth.daemon.web")
 
 
-async def serve(hub: Hub, listen: str, key: str | None) -> web.AppRunner | None:
-    """Serve the board on ``listen`` (``HOST:PORT``). A port already taken is logged and the
-    board is left out (``None``): berthd's job does not depend on its page."""
-    runner = web.AppRunner(board_app(hub, key), access_log=None, handle_signals=False)
+async def serve(hub: Hub, listen: str, key: str | None, limits: Limits | None = None,
+                session_s: float = 8 * 3600.0) -> web.AppRunner | None:
+    """Serve the board on ``listen`` (``HOST:PORT``), its clients under ``limits`` (a slow
+    request head, an idle connection, too many connections: :mod:`.listen`); an operator's
+    sign-in lasts ``session_s`` seconds. A port already taken is logged and the board is left
+    out (``None``): berthd's job does not depend on its page."""
+    runner = web.AppRunner(board_app(hub, key, session_s), access_log=None,
+                           handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     host, _, port = listen.rpartition(":")
     try:
-        await web.TCPSite(runner, host or "127.0.0.1", int(port), shutdown_timeout=1.0).start()
+        await GuardedSite(runner, host or "127.0.0.1", int(port), limits or Limits(),
+                          handler_args={"access_log": None}).start()
     except OSError as e:
         log.warning("the board cannot listen on %s (%s); berthd runs on without it "
                     "(set [board] listen to another HOST:PORT, or \"off\")", listen, e)

@@ -13,13 +13,20 @@ the page's URLs are relative so either works):
 ``GET  /events``          server-sent events: ``hello`` (operator flag and the hour of history),
                           then ``board`` at each change; ``retry: 1000`` so a page reconnects
                           within a second of berthd coming back
-``POST /login``           ``{"name", "key"}``: with the right key, sets the operator cookie (an
-                          HMAC of the name under the key; 403 otherwise)
-``POST /logout``          forgets the cookie
+``POST /login``           ``{"name", "key"}``: with the right key, starts an operator session and
+                          sets its cookie (403 otherwise)
+``POST /logout``          ends the session and forgets the cookie
 ``POST /operator/{op}``   ``{"target"}``: park, wake, drain, hold, release-hold. Needs the operator
                           cookie and the ``X-Berth-Board`` header (a cross-site form cannot set
                           it), or ``Authorization: Bearer <key>``; 403 without. Logged with who.
 ========================  =========================================================================
+
+An operator session (issue 26) is a random token (256 bits) that berthd keeps with the name and
+an expiry (``[board] session_limit``, default 8 h); sign-out ends it, and a token not in the table
+(expired, signed out, from before a restart) is no session. Its cookie (``berth_board``:
+HttpOnly, SameSite=Strict, ``Max-Age`` the limit) is scoped to the board's path (``/`` on
+berthd's own listener, ``/board`` under the gateway), and fronts and the gateway strip it from
+what they relay (:data:`berth.front.rules.BOARD_COOKIE`).
 
 Every answer carries a strict Content-Security-Policy (no inline script or style, scripts only
 from the board itself). Engine names reach the page only as data; the page sets them with
@@ -29,11 +36,12 @@ from the board itself). Engine names reach the page only as data; the page sets 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import json
 import logging
 import re
+import secrets
+import time
 from importlib import resources
 
 from aiohttp import web
@@ -46,11 +54,16 @@ log = logging.getLogger("berth.daemon.web")
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 OPS = ("park", "wake", "drain", "hold", "release-hold")
-COOKIE = "berth_operator"
+#: The session cookie; berth.front.rules.BOARD_COOKIE (which fronts strip) names the same.
+COOKIE = "berth_board"
+#: Sessions kept at most (the oldest goes first): a flood of sign-ins cannot grow berthd.
+MAX_SESSIONS = 256
 _NAME = re.compile(r"^[A-Za-z0-9._@-]{1,40}$")
 _FILES = {"board.js": "application/javascript", "board.css": "text/css"}
 HUB = web.AppKey("board_hub", Hub)
 KEY = web.AppKey("board_key", str)
+SESSIONS = web.AppKey("board_sessions", dict)     # token -> (name, expires at, monotonic s)
+SESSION_S = web.AppKey("board_session_s", float)
 
 
 @web.middleware
@@ -68,10 +81,6 @@ async def _headers(request: web.Request, handler):
     return resp
 
 
-def _sign(key: str, name: str) -> str:
-    return hmac.new(key.encode(), f"berth-board:{name}".encode(), hashlib.sha256).hexdigest()
-
-
 def operator_of(request: web.Request) -> str | None:
     """Who the caller is as an operator (the name they logged in with, or ``"bearer key"``),
     or ``None``: no key configured, no valid cookie or bearer key."""
@@ -81,10 +90,35 @@ def operator_of(request: web.Request) -> str | None:
     bearer = request.headers.get("Authorization", "")
     if bearer.startswith("Bearer ") and hmac.compare_digest(bearer[7:], key):
         return "bearer key"
-    name, _, sig = request.cookies.get(COOKIE, "").partition(":")
-    if name and sig and hmac.compare_digest(sig, _sign(key, name)):
-        return name
-    return None
+    token = request.cookies.get(COOKIE)
+    found = request.app[SESSIONS].get(token) if token else None
+    if found is None:
+        return None
+    name, until = found
+    if time.monotonic() >= until:
+        del request.app[SESSIONS][token]
+        return None
+    return name
+
+
+def _cookie_path(request: web.Request) -> str:
+    """The board's own path: where it is mounted (``/`` on berthd's listener, ``/board`` when
+    the gateway mounts it at ``/board/``), so the cookie goes to no other page of the host."""
+    canonical = request.match_info.route.resource.canonical     # ".../login", ".../logout"
+    prefix = canonical.rpartition("/")[0]
+    return prefix or "/"
+
+
+def _new_session(request: web.Request, name: str) -> str:
+    sessions = request.app[SESSIONS]
+    now = time.monotonic()
+    for token in [t for t, (_, until) in sessions.items() if until <= now]:
+        del sessions[token]
+    while len(sessions) >= MAX_SESSIONS:
+        del sessions[next(iter(sessions))]
+    token = secrets.token_urlsafe(32)
+    sessions[token] = (name, now + request.app[SESSION_S])
+    return token
 
 
 def _file(name: str) -> bytes:
@@ -178,14 +212,18 @@ async def login(request: web.Request) -> web.Response:
         return _err(403, "wrong key")
     log.info("board: operator %s logged in from %s", name, request.remote)
     resp = web.json_response({"operator": True, "who": name})
-    resp.set_cookie(COOKIE, f"{name}:{_sign(key, name)}", httponly=True, samesite="Strict",
-                    path="/")
+    resp.set_cookie(COOKIE, _new_session(request, name), httponly=True, samesite="Strict",
+                    path=_cookie_path(request), max_age=int(request.app[SESSION_S]))
     return resp
 
 
 async def logout(request: web.Request) -> web.Response:
+    token = request.cookies.get(COOKIE)
+    who = request.app[SESSIONS].pop(token, None) if token else None
+    if who is not None:
+        log.info("board: operator %s signed out from %s", who[0], request.remote)
     resp = web.json_response({"operator": False})
-    resp.del_cookie(COOKIE, path="/")
+    resp.del_cookie(COOKIE, path=_cookie_path(request))
     return resp
 
 
@@ -215,12 +253,16 @@ async def operator(request: web.Request) -> web.Response:
     return web.json_response({**answer, "by": who})
 
 
-def board_app(hub: Hub, key: str | None = None) -> web.Application:
+def board_app(hub: Hub, key: str | None = None, session_s: float = 8 * 3600.0
+              ) -> web.Application:
     """The board as an aiohttp application reading ``hub``; operator actions need ``key``
-    (none: the board is read-only for everyone). Its ``on_shutdown`` ends the streams."""
+    (none: the board is read-only for everyone); a sign-in lasts ``session_s`` seconds. Its
+    ``on_shutdown`` ends the streams."""
     app = web.Application(middlewares=[_headers], client_max_size=64 << 10)
     app[HUB] = hub
     app[KEY] = key or ""
+    app[SESSIONS] = {}
+    app[SESSION_S] = float(session_s)
     r = app.router
     r.add_get("/", index)
     r.add_get("/static/{name}", static)

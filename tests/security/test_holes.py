@@ -12,24 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 from tests.berthd import berth_run, wait_for
 from tests.faults.conftest import as_user, berth_cmd
-
-ATTACKER = str(Path(__file__).with_name("attacker.py"))
-SYS_PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-
-
-def _attack(user, d, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    args = [SYS_PY, ATTACKER, str(d.sock), method, path]
-    if body is not None:
-        args.append(json.dumps(body))
-    out = as_user(user, args)
-    assert out.returncode == 0, out.stderr
-    status, _, text = out.stdout.strip().partition(" ")
-    return int(status), json.loads(text)
+from tests.security.users import ATTACKER, SYS_PY
+from tests.security.users import attack as _attack
 
 
 def _victim(d, runs, engine="victim"):
