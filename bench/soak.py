@@ -98,7 +98,8 @@ class Soak:
             f'state_dir = "{tmp / "state"}"\n[driver]\nkind = "sim"\nsim_dir = "{tmp / "sim"}"\n'
             'free_delay = "0.5s"\ncheckpoint_rate = "70GB"\n'
             '[[driver.cards]]\npci = "0000:01:00.0"\nname = "gpu0"\ntotal = "24GiB"\n'
-            '[cards.gpu0]\nreserve = "1GiB"\n[policy]\nmin_turn = "0s"\n'
+            '[cards.gpu0]\nreserve = "1GiB"\n[board]\nlisten = "off"\n'
+            '[policy]\nmin_turn = "0s"\n'
             'ram_budget = "64GiB"\nrelease_grace = "10s"\nread_interval = "0.2s"\n')
         self.env = {**os.environ, "BERTH_STATE_DIR": str(tmp / "state"),
                     "BERTH_SOCKET": str(self.sock), "BERTH_SIM_DIR": str(tmp / "sim"),

@@ -16,10 +16,7 @@ FREE_DELAY_S = 3.0
 
 
 def test_a_drained_engine_that_dies_without_freeing_is_waited_for(berthd, runs):
-    d = berthd(start=False)
-    d.config.write_text(d.config.read_text().replace(
-        'free_delay = "0.5s"', f'free_delay = "{FREE_DELAY_S:g}s"'))
-    d.start()
+    d = berthd(free_delay=f"{FREE_DELAY_S:g}s")
     engine_run(d, runs, "A", engine_args=("--crash-on-term",))
     wait_for(lambda: serving(d, "A"), 20, "A serving")
     a_pid = d.lease_of("A")["pid"]

@@ -46,9 +46,7 @@ def test_a_wake_that_does_not_answer_counts_as_a_fallback(berthd, runs):
 def test_a_release_being_confirmed_is_the_reason(berthd, holders, tmp_path):
     """Main: while A's memory was still being confirmed free, B's reason read "no holder can
     make room"."""
-    d = berthd(start=False)
-    d.config.write_text(d.config.read_text().replace('free_delay = "0.5s"', 'free_delay = "3s"'))
-    d.start()
+    d = berthd(free_delay="3s")
     eng = holders()
     code, r = d.call("POST", "/v1/leases", {"engine": "A", "shares": [{"size": "14GiB"}]})
     assert code == 201 and r["state"] == "active", r

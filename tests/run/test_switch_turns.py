@@ -58,6 +58,9 @@ total = "24GiB"
 [cards.gpu0]
 reserve = "1GiB"
 
+[board]
+listen = "off"
+
 [policy]
 read_interval = "0.25s"
 """
