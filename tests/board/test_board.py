@@ -22,6 +22,10 @@ from playwright.sync_api import sync_playwright
 from tests.berthd import BERTH, Berthd, api, berth_run, sim_config, wait_for
 from tests.helpers import stop_all
 
+# One worker runs the module in order: its tests share one berthd and one browser, and a later
+# test reads what an earlier one did (alpha's switch costs).
+pytestmark = pytest.mark.xdist_group("board")
+
 CHROMIUM = os.environ.get("BERTH_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]

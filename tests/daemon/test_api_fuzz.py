@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 from tests.berthd import Berthd, api, sim_config
 from tests.helpers import stop_all
 
+# One worker runs the module: its tests share one module-scoped berthd.
+pytestmark = pytest.mark.xdist_group("api_fuzz")
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
     | st.text(max_size=30),

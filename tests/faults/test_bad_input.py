@@ -16,6 +16,9 @@ from tests.berthd import Berthd, api, sim_config, wait_for
 from tests.faults.conftest import LONG
 from tests.helpers import stop_all
 
+# One worker runs the module: its control-API tests share one module-scoped berthd.
+pytestmark = pytest.mark.xdist_group("bad_input")
+
 #: State files that parse as TOML (or not at all) but have the wrong shape.
 CORRUPT = {
     "leases_string": 'version = 1\nleases = "x"\n',

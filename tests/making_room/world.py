@@ -119,7 +119,7 @@ class Live:
             return le
         return None
 
-    def wait_serving(self, engine: str, timeout: float = 30.0) -> dict:
+    def wait_serving(self, engine: str, timeout: float = 60.0) -> dict:
         return wait_for(lambda: self.serving(engine), timeout, f"{engine} granted and serving")
 
     def counters(self) -> dict:
