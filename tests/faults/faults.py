@@ -12,7 +12,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.berthd import BERTH, BIN, FREE_DELAY, READ_INTERVAL, Berthd
+from tests.berthd import BERTH, BIN, FREE_DELAY, READ_INTERVAL, RELEASE_GRACE, Berthd
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")
 GiB = 1 << 30
@@ -24,7 +24,7 @@ def config(tmp: Path, *, total: str = "24GiB", checkpoint_rate: str = "6GB",
     cuda-checkpoint's speed (6 GB/s: a 9 GiB move takes about 1.6 s, long enough to land a fault
     inside it)."""
     pol = {"min_turn": "0s", "juggle_window": "0s", "ram_budget": "64GiB",
-           "release_grace": "10s", "read_interval": READ_INTERVAL, **(policy or {})}
+           "release_grace": RELEASE_GRACE, "read_interval": READ_INTERVAL, **(policy or {})}
     text = (f'state_dir = "{tmp / "state"}"\n'
             f'[driver]\nkind = "sim"\nsim_dir = "{tmp / "sim"}"\nfree_delay = "{free_delay}"\n'
             f'checkpoint_rate = "{checkpoint_rate}"\n'

@@ -112,7 +112,12 @@ def test_sigkill_of_berthd_while_a_share_is_lending_settles(tmp_path, runs, lend
             wait_for(lambda: _use_of(d, hpid) <= 12 * GiB, 60, "the lend to leave the card")
         d.start()
         want = "lent" if lend_lands == "before_the_restart" else "active"
-        wait_for(lambda: d.state_of("H") == want, 60, f"H to settle {want}")
+        # What H settled to at the restart, by its re-attach entry: the state itself may move on
+        # at once (B still waits, so a lend is planned again), too soon for a poll to see it.
+        back = wait_for(lambda: [e for e in d.timeline()
+                                 if e["kind"] == "reattach" and e["engine"] == "H"], 60,
+                        "H re-attached")
+        assert back[-1]["text"].endswith(f"gpu0 {want}"), back
         if lend_lands == "after_the_restart":
             assert _use_of(d, hpid) >= 20 * GiB          # what the driver showed at the restart
             os.kill(hpid, signal.SIGCONT)

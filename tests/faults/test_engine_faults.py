@@ -57,7 +57,7 @@ def test_an_engine_crashing_while_parked_ends_its_lease(live):  # noqa: F811
 
 def test_an_engine_crashing_while_restoring_answers_its_held_request(live):  # noqa: F811
     lv = live(CARD, ram_budget="16GiB")
-    h = lv.run("H", PARK, ["--weights", "3GiB"], env={"BERTH_SIM_CHECKPOINT_BPS": "5e8"})
+    h = lv.run("H", PARK, ["--weights", "3GiB"], env={"BERTH_SIM_CHECKPOINT_BPS": "1e9"})
     hl = lv.wait_serving("H")
     served(h.front)
     assert lv.operator("park", "H")[0] == 200
@@ -66,7 +66,7 @@ def test_an_engine_crashing_while_restoring_answers_its_held_request(live):  # n
     held = threading.Thread(target=lambda: answer.append(chat(h.front, timeout_s=90)),
                             daemon=True)
     t0 = time.monotonic()
-    held.start()                                    # wakes H: a 3 GiB restore at 0.5 GB/s
+    held.start()                                    # wakes H: a 3 GiB restore at 1 GB/s
     wait_for(lambda: lv.states("H") == {"gpu0": "resuming"}, 30, "H resuming")
     _crash(hl["pid"])
     held.join(60)
