@@ -25,11 +25,12 @@ __all__ = ["wait_for", "ours", "sweep", "stop_group", "stop_all", "sweep_run", "
 RUN_ENV = "BERTH_TEST_RUN"
 
 
-def wait_for(check, timeout_s: float = 60.0, what: str = "condition", every_s: float = 0.02):
+def wait_for(check, timeout_s: float = 60.0, what: str = "condition", every_s: float = 0.05):
     """Call ``check()`` every ``every_s`` seconds until it returns something truthy, and return
     that. Raises ``AssertionError`` after ``timeout_s`` seconds, naming ``what`` and the last
     value. The default deadline is long: it bounds a failure on a loaded machine, and a passing
-    wait returns as soon as its condition holds."""
+    wait returns as soon as its condition holds. Most checks ask berthd for its whole board, so
+    the poll is not faster than 20 a second: the suite runs several tests at once."""
     deadline = time.monotonic() + timeout_s
     while True:
         last = check()
