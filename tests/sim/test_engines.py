@@ -151,9 +151,9 @@ def _stream_lines(url: str, body: bytes, out: queue.Queue) -> None:
 def test_checkpointed_engine_blocks_in_flight_generation_and_resumes(kit):
     eng = kit.start("--tokens-per-s", "100", weights="2GiB")
     chunks: queue.Queue = queue.Queue()
-    # 800 tokens at 100 per second: the stream lasts 8 s, so the checkpoint tool (a process of
+    # 400 tokens at 100 per second: the stream lasts 4 s, so the checkpoint tool (a process of
     # its own, slow to start on a loaded machine) lands inside it
-    body = b'{"messages":[{"role":"user","content":"go"}],"max_tokens":800,"stream":true}'
+    body = b'{"messages":[{"role":"user","content":"go"}],"max_tokens":400,"stream":true}'
     reader = threading.Thread(target=_stream_lines, daemon=True,
                               args=(eng.url + "/v1/chat/completions", body, chunks))
     reader.start()
