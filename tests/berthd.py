@@ -48,17 +48,41 @@ def api(sock: str | Path, method: str, path: str, body=None, raw: bytes | None =
         conn.close()
 
 
+#: The simulated driver's free delay for test berthds: how long a dead process's memory stays
+#: counted after a read first sees it gone. Short, because it is not what most tests are about;
+#: a test about the delay passes its own (``free_delay=``).
+FREE_DELAY_S = 0.1
+FREE_DELAY = f"{FREE_DELAY_S:g}s"
+#: How often a test berthd reads the driver when nothing happens (policy ``read_interval``;
+#: 50 ms is the least berthd accepts). Short for the same reason.
+READ_INTERVAL = "0.1s"
+#: A test berthd's release grace: it bounds a park, lend or drain that does not free the memory
+#: (a failure), and the stand-in cuda-checkpoint's calls, a Python process each, took over 10 s
+#: together on a loaded two-core machine.
+RELEASE_GRACE = "30s"
+
+
 def sim_config(tmp: Path, cards: list[tuple[str, str]], *, reserve: str = "1GiB",
-               policy: dict | None = None, extra: str = "") -> Path:
+               policy: dict | None = None, extra: str = "",
+               free_delay: str = FREE_DELAY) -> Path:
+    """``tmp/berth.toml`` for a berthd on simulated ``cards`` (``(name, total)``), state and
+    sim directories under ``tmp``. The board is off (``[board] listen = "off"``) unless
+    ``extra`` has a ``[board]`` table of its own: test berthds never bind the default port.
+    ``policy`` entries override the test defaults (no minimum turn, ``READ_INTERVAL``, and a
+    30 s release grace: a park's several checkpoint-tool processes take seconds on a loaded
+    machine, and a test about the fallback sets its own); ``extra`` is TOML appended at the end,
+    tables only."""
     lines = [f'state_dir = "{tmp / "state"}"', "[driver]", 'kind = "sim"',
-             f'sim_dir = "{tmp / "sim"}"', 'free_delay = "0.5s"']
+             f'sim_dir = "{tmp / "sim"}"', f'free_delay = "{free_delay}"']
     for i, (name, total) in enumerate(cards):
         lines += ["[[driver.cards]]", f'pci = "0000:{i + 1:02x}:00.0"', f'name = "{name}"',
                   f'total = "{total}"']
     for name, _ in cards:
         lines += [f"[cards.{name}]", f'reserve = "{reserve}"']
-    pol = {"min_turn": "0s", "juggle_window": "0s", "release_grace": "10s",
-           "read_interval": "0.2s", **(policy or {})}
+    if "[board]" not in extra:
+        lines += ["[board]", 'listen = "off"']
+    pol = {"min_turn": "0s", "juggle_window": "0s", "release_grace": RELEASE_GRACE,
+           "read_interval": READ_INTERVAL, **(policy or {})}
     lines.append("[policy]")
     for k, v in pol.items():
         lines.append(f"{k} = {json.dumps(v)}")

@@ -1,6 +1,14 @@
-"""Shared test settings, and the suite's OOM check.
+"""Shared test settings, the suite's fixtures, its OOM check, and its stop on SIGTERM.
 
 ``BERTH_HYPOTHESIS=deep`` runs the property tests much longer.
+
+The fixtures every folder uses (``berthd``, ``runs``) live in :mod:`tests.fixtures`.
+
+Stop on SIGTERM: every process the suite starts inherits ``BERTH_TEST_RUN`` (a token made once
+per run; an xdist worker's children get ``TOKEN/WORKER``), so a pytest stopped by SIGTERM
+(``timeout``, a CI runner giving up) first SIGKILLs every process of its run, then dies of the
+signal as it would have. A worker ends those it started; the controller ends every one, workers
+included.
 
 The OOM check (issue 12, "zero simulated OOM across the whole suite"): Berth promises that no
 engine under it is crashed by another's memory, so no test may leave a simulated CUDA OOM behind
@@ -10,19 +18,28 @@ of simulated cards, in any process the suite starts, appends its directory to th
 are found as well. After each test's teardown the counters of every card whose state changed
 are read again: an OOM counted while a test without the marker ran fails that test (as a
 teardown error naming the card, its directory and the count); one counted after the last test
-fails the run at its end. The summary line says how many OOMs were seen and expected.
+fails the run at its end. The summary line says how many OOMs were seen and expected. Under
+pytest-xdist each worker runs the check on the tests it runs (its own registry) and sends its
+figures to the controller, which prints the sums and fails the run for an OOM after the last
+test of any worker.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.fixtures import berthd, runs  # noqa: F401  (the suite's fixtures, for every folder)
+from tests.helpers import RUN_ENV, sweep_run
 
 settings.register_profile("ci", max_examples=150, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -49,6 +66,8 @@ class _OomCheck:
     dirs: dict[Path, _Cards] = field(default_factory=dict)
     expected: int = 0
     unexpected: list[str] = field(default_factory=list)
+    from_workers: int = 0       # card directories the xdist workers read
+    late: bool = False          # an OOM counted after the last test: the run fails
 
     def find(self, tmp_path: Path | None) -> None:
         """Directories declared since the last look, and state files under ``tmp_path``."""
@@ -91,6 +110,25 @@ class _OomCheck:
 _CHECK = pytest.StashKey[_OomCheck]()
 
 
+def _worker(config: pytest.Config) -> str | None:
+    """The xdist worker id of this process, None in the controller or a run without xdist."""
+    return getattr(config, "workerinput", {}).get("workerid")
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM: SIGKILL every process of this run (in a worker, those the worker started), then
+    die of the signal with the default handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    token = os.environ[RUN_ENV]
+
+    def on_sigterm(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)   # a second SIGTERM ends pytest at once
+        sweep_run(token)
+        os.kill(os.getpid(), signal.SIGTERM)
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{LONG_MARK}: a long form (minutes), run only with {LONG_ENV}=long; the "
@@ -98,10 +136,29 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", f"{EXPECT_OOM}: the test makes a simulated card run out of memory on purpose; "
                    f"without it, any simulated OOM counted while the test runs fails it")
+    worker = _worker(config)
+    if worker is None or RUN_ENV not in os.environ:
+        # A run of its own (a pytest that a test starts is one too).
+        os.environ[RUN_ENV] = secrets.token_hex(8)
+    else:
+        # A worker: what it starts carries the controller's token and the worker's id.
+        os.environ[RUN_ENV] = f"{os.environ[RUN_ENV]}/{worker}"
+    _stop_on_sigterm()
     fd, path = tempfile.mkstemp(prefix="berth-sim-registry-", suffix=".txt")
     os.close(fd)
     os.environ["BERTH_SIM_REGISTRY"] = path
     config.stash[_CHECK] = _OomCheck(Path(path))
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    """True in the controller of an xdist run (its workers run the tests, it starts nothing)."""
+    return _worker(config) is None and bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # What the fixtures left (nothing, when they work) goes with the run.
+    if not _is_controller(config):
+        sweep_run(os.environ[RUN_ENV])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -143,8 +200,27 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus) -> None:
     for directory, name, n in check.counted():
         check.unexpected.append(f"after the last test: {n} simulated OOM on card {name} "
                                 f"({directory})")
+        check.late = True
+    if check.late:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     Path(check.registry).unlink(missing_ok=True)
+    if hasattr(session.config, "workeroutput"):      # an xdist worker: tell the controller
+        session.config.workeroutput["berth_oom"] = {
+            "dirs": len(check.dirs), "expected": check.expected,
+            "unexpected": check.unexpected, "late": check.late}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist, in the controller: add a worker's OOM figures to the run's."""
+    check = node.config.stash.get(_CHECK, None)
+    got = getattr(node, "workeroutput", {}).get("berth_oom")
+    if check is None or got is None:
+        return
+    check.from_workers += got["dirs"]
+    check.expected += got["expected"]
+    check.unexpected += got["unexpected"]
+    check.late = check.late or got["late"]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
@@ -156,5 +232,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         for line in check.unexpected:
             terminalreporter.line(line, red=True)
     terminalreporter.write_line(
-        f"simulated OOM: {len(check.dirs)} card directories read, {check.expected} OOM expected "
-        f"(@pytest.mark.{EXPECT_OOM}), {len(check.unexpected)} not expected")
+        f"simulated OOM: {len(check.dirs) + check.from_workers} card directories read, "
+        f"{check.expected} OOM expected (@pytest.mark.{EXPECT_OOM}), "
+        f"{len(check.unexpected)} not expected")

@@ -1,25 +1,36 @@
-"""Helpers every test folder shares: one poll with a deadline, one sweep of a test's processes.
+"""Helpers every test folder shares: one poll with a deadline, and one way to stop what a test
+started (its process groups killed and reaped, then a sweep of what they left).
 
 Nothing sleeps to synchronise: a wait polls an observable condition until a deadline, and the
 deadline only bounds a failure (a passing test returns as soon as the condition holds).
+
+Every process the suite starts carries ``BERTH_TEST_RUN`` (a token made once per pytest run; an
+xdist worker's children carry ``TOKEN/WORKER``): :func:`sweep_run` finds them by it when pytest
+itself is stopped by SIGTERM (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import psutil
 
-__all__ = ["wait_for", "ours", "sweep"]
+__all__ = ["wait_for", "ours", "sweep", "stop_group", "stop_all", "sweep_run", "run_marks", "RUN_ENV"]
+
+#: The environment variable naming one pytest run (its value: a random token).
+RUN_ENV = "BERTH_TEST_RUN"
 
 
-def wait_for(check, timeout_s: float = 20.0, what: str = "condition", every_s: float = 0.02):
+def wait_for(check, timeout_s: float = 60.0, what: str = "condition", every_s: float = 0.05):
     """Call ``check()`` every ``every_s`` seconds until it returns something truthy, and return
     that. Raises ``AssertionError`` after ``timeout_s`` seconds, naming ``what`` and the last
-    value."""
+    value. The default deadline is long: it bounds a failure on a loaded machine, and a passing
+    wait returns as soon as its condition holds. Most checks ask berthd for its whole board, so
+    the poll is not faster than 20 a second: the suite runs several tests at once."""
     deadline = time.monotonic() + timeout_s
     while True:
         last = check()
@@ -49,12 +60,73 @@ def ours(tmp: Path) -> list[psutil.Process]:
     return found
 
 
-def sweep(tmp: Path) -> None:
-    """SIGKILL every process :func:`ours` finds under ``tmp`` and reap them (5 s at most)."""
-    left = ours(tmp)
-    for p in left:
+def _kill_and_wait(procs: list[psutil.Process], timeout_s: float = 5.0) -> None:
+    for p in procs:
         try:
             p.send_signal(signal.SIGKILL)
         except psutil.Error:
             pass
-    psutil.wait_procs(left, timeout=5)
+    psutil.wait_procs(procs, timeout=timeout_s)
+
+
+def sweep(tmp: Path) -> None:
+    """SIGKILL every process :func:`ours` finds under ``tmp`` and wait for them (5 s at most)."""
+    _kill_and_wait(ours(tmp))
+
+
+def stop_group(p: subprocess.Popen, timeout_s: float = 10.0) -> int | None:
+    """Stop a process the test started, whatever it was doing: SIGKILL its process group (it
+    leads one when started with ``start_new_session=True``; otherwise it alone is killed) and
+    reap it. Returns its exit code, or None if it did not exit within ``timeout_s`` seconds.
+
+    A process already reaped is left alone: its group id may belong to another group by now
+    (what its group left behind is :func:`sweep`'s)."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:          # not a group leader: it alone
+            try:
+                p.kill()
+            except ProcessLookupError:
+                pass
+        except PermissionError:             # a group leader run as another user: not ours
+            pass
+    try:
+        return p.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def stop_all(procs, tmp: Path | None = None) -> None:
+    """:func:`stop_group` each of ``procs`` (``subprocess.Popen``), then :func:`sweep` ``tmp``:
+    the one way a fixture stops what its test started."""
+    for p in procs:
+        if p is not None:
+            stop_group(p)
+    if tmp is not None:
+        sweep(tmp)
+
+
+def run_marks() -> dict[str, str]:
+    """The environment entry that marks a process as this pytest run's (for a process started
+    with an environment of its own rather than a copy of ``os.environ``)."""
+    return {RUN_ENV: os.environ[RUN_ENV]} if RUN_ENV in os.environ else {}
+
+
+def sweep_run(token: str) -> int:
+    """SIGKILL every process started by this pytest run: its environment carries
+    ``BERTH_TEST_RUN`` equal to ``token`` or under it (``token/…``: an xdist worker's mark, so
+    the controller's token covers its workers and all they started). The calling process is
+    spared. Returns how many were found."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == os.getpid():
+            continue
+        try:
+            mark = p.environ().get(RUN_ENV)
+        except (psutil.Error, OSError):
+            continue
+        if mark is not None and (mark == token or mark.startswith(token + "/")):
+            found.append(p)
+    _kill_and_wait(found)
+    return len(found)

@@ -1,11 +1,15 @@
-"""The suite's OOM check (tests/conftest.py) on a small suite of its own, run as a pytest process:
-an OOM that a test does not declare fails it, a declared one does not, and one counted after the
-last test fails the run."""
+"""The suite's OOM check (tests/conftest.py) on a small suite of its own, run as a pytest process,
+alone and under pytest-xdist: an OOM that a test does not declare fails it, a declared one does
+not, and one counted after the last test fails the run."""
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 SUITE = '''
 import subprocess, sys
@@ -37,26 +41,30 @@ def test_quiet(card):
     SimCards(card).alloc("0000:01:00.0", GiB)
 '''
 
-#: A plugin whose session-end hook runs before the check's: an OOM after the last test.
+#: A plugin whose session-end hook runs before the check's: an OOM after the last test, in the
+#: process (the one pytest, or the xdist worker) that ran ``test_quiet``.
 LATE = '''
+from pathlib import Path
 import pytest
 from test_suite import overfill
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session):
-    overfill(next(session.config.rootpath.glob("*/test_quiet0/sim")))
+    for sim in Path(session.config.option.basetemp).glob("test_quiet0/sim"):
+        overfill(sim)
 '''
 
 
-def test_an_undeclared_oom_fails_its_test_and_a_declared_one_does_not(tmp_path):
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["alone", "xdist"])
+def test_an_undeclared_oom_fails_its_test_and_a_declared_one_does_not(tmp_path, xdist):
     (tmp_path / "conftest.py").write_text((Path(__file__).parent / "conftest.py").read_text())
     (tmp_path / "test_suite.py").write_text(SUITE)
     (tmp_path / "late.py").write_text(LATE)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "-p", "late", "--rootdir", str(tmp_path),
+                          "-p", "late", *xdist, "--rootdir", str(tmp_path),
                           f"--basetemp={tmp_path / 'base'}", str(tmp_path / "test_suite.py")],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"})
     out = run.stdout
     assert run.returncode == 1, out
     assert "3 passed, 1 error" in out, out     # test_undeclared passes, then errs

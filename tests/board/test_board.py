@@ -19,7 +19,12 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.berthd import BERTH, Berthd, api, berth_run, sim_config, stop_proc, wait_for
+from tests.berthd import BERTH, Berthd, api, berth_run, sim_config, wait_for
+from tests.helpers import stop_all
+
+# One worker runs the module in order: its tests share one berthd and one browser, and a later
+# test reads what an earlier one did (alpha's switch costs).
+pytestmark = pytest.mark.xdist_group("board")
 
 CHROMIUM = os.environ.get("BERTH_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -84,9 +89,7 @@ def world(tmp_path_factory):
         "shares": [{"card": "gpu0", "size": "1GiB"}]})
     assert code == 201, out
     yield w
-    for p in w.runs:
-        stop_proc(p)
-    d.stop()
+    stop_all([*w.runs, d.proc], w.d.tmp)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,9 @@
-"""Fixtures for the broker tests: a real berthd on simulated cards, ``berth run``
-lines with stub engines, and holder processes (stowaways, or an engine's load driven by the test)
-that are all ended at the end, pass or fail."""
+"""Fixtures for the broker tests: holder processes (stowaways, or an engine's load driven by
+the test), ended at the end, pass or fail; ``berth run`` lines with stub engines and chats
+through their fronts. The ``berthd`` and ``runs`` fixtures are the suite's (tests/fixtures.py)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.berthd import Berthd, sim_config
+from tests.berthd import FREE_DELAY_S, Berthd
+from tests.helpers import stop_all
 
 HOLDER = str(Path(__file__).with_name("holder.py"))
 PCI = "0000:01:00.0"
@@ -63,34 +62,7 @@ def holders(tmp_path):
         made.append(h)
         return h
     yield make
-    for h in made:
-        h.kill()
-
-
-@pytest.fixture
-def berthd(tmp_path):
-    made: list[Berthd] = []
-
-    def make(cards=(("gpu0", "24GiB"),), start=True, **kw) -> Berthd:
-        d = Berthd(tmp_path, sim_config(tmp_path, list(cards), **kw))
-        made.append(d)
-        return d.start() if start else d
-    yield make
-    for d in made:
-        d.stop()
-
-
-@pytest.fixture
-def runs():
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(5)
+    stop_all([h.p for h in made], tmp_path)
 
 
 def declare_sim(tmp: Path, cards=(("gpu0", 24 * GiB),)) -> None:
@@ -98,7 +70,7 @@ def declare_sim(tmp: Path, cards=(("gpu0", 24 * GiB),)) -> None:
     can be on the card when berthd first reads it."""
     from berth.sim.cards import CardSpec, SimCards
     specs = [CardSpec.make(n, t, pci=f"0000:{i + 1:02x}:00.0") for i, (n, t) in enumerate(cards)]
-    SimCards.init(tmp / "sim", specs, free_delay_s=0.5)
+    SimCards.init(tmp / "sim", specs, free_delay_s=FREE_DELAY_S)
 
 
 # -- berth run lines and chats ---------------------------------------------------------------------

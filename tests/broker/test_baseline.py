@@ -21,7 +21,8 @@ def test_a_stowaway_from_before_berthd_leaves_with_its_bytes(tmp_path, berthd, h
     d = berthd()
     card = d.status()["cards"][0]
     assert card["baseline_bytes"] == 0, card
-    wait_for(lambda: d.status()["cards"][0]["stowaway_bytes"] == 8 * GiB, 5, "8 GiB of stowaway")
+    wait_for(lambda: d.status()["cards"][0]["stowaway_bytes"] == 8 * GiB, 30,
+             "8 GiB of stowaway")
     stow = d.status()["cards"][0]["stowaways"]
     assert stow == [{"pid": early.pid, "bytes": 8 * GiB}], stow
     board = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
@@ -29,12 +30,12 @@ def test_a_stowaway_from_before_berthd_leaves_with_its_bytes(tmp_path, berthd, h
     assert f"stowaways 8.0GiB (pid {early.pid} 8.0GiB)" in board.stdout, board.stdout
     early.exit()
     from berth.sim.cards import SimCards
-    wait_for(lambda: SimCards(tmp_path / "sim").snapshot().cards[0].free_bytes == 24 * GiB, 5,
+    wait_for(lambda: SimCards(tmp_path / "sim").snapshot().cards[0].free_bytes == 24 * GiB, 30,
              "the driver to show the card free")
     code, r = d.call("POST", "/v1/leases", {"engine": "big",
                                             "shares": [{"card": "gpu0", "size": "20GiB"}]})
     assert code == 201, r
-    code, g = d.call("GET", f"/v1/leases/{r['id']}/grant?timeout=3")
+    code, g = d.call("GET", f"/v1/leases/{r['id']}/grant?timeout=30", timeout=60)
     assert code == 200 and g["granted"], g
     card = d.status()["cards"][0]
     assert card["stowaway_bytes"] == 0 and card["stowaways"] == [], card

@@ -15,9 +15,9 @@ def test_a_park_that_the_ram_budget_holds_once_is_a_park_not_a_drain(berthd, run
     # the plugin's margin (10 % + 1 GiB) need 15.6 GiB of it.
     d = berthd(policy={"ram_budget": "18GiB"})
     engine_run(d, runs, "A", front=free_port(), park=True)
-    wait_for(lambda: serving(d, "A"), 20, "A serving")
+    wait_for(lambda: serving(d, "A"), 60, "A serving")
     engine_run(d, runs, "B", front=free_port(), park=True)
-    wait_for(lambda: serving(d, "B"), 30, "B serving once A made room")
+    wait_for(lambda: serving(d, "B"), 60, "B serving once A made room")
     a = d.lease_of("A")
     assert a is not None and [s["state"] for s in a["shares"]] == ["parked"], \
         (a, run_log(d, "A")[-1500:])

@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.berthd import wait_for
 from tests.broker.conftest import GiB
+
+# A race inside 50 ms: with the suite's other timing tests, one at a time on one worker.
+pytestmark = pytest.mark.xdist_group("timing")
 
 RACES = 20
 WITHIN_S = 0.050
@@ -23,7 +28,7 @@ def test_no_grant_against_a_stale_read(berthd, holders):
     stowaway, engine = holders(), holders()
     raced = tried = granted = ooms = later_grants = 0
     oom_before = d.sim_oom()
-    while raced < RACES and tried < 2 * RACES:
+    while raced < RACES and tried < 10 * RACES:     # a loaded machine misses more of the 50 ms
         tried += 1
         t0 = time.monotonic()
         assert stowaway.alloc(3 * GiB + GiB // 4)
@@ -53,15 +58,16 @@ def test_no_grant_against_a_stale_read(berthd, holders):
             stowaway.free()
             if raced % 10 == 0:
                 # Once the stowaway has gone, a later read grants it, and the load fits.
-                code, g = d.call("GET", f"/v1/leases/{lid}/grant?timeout=5")
+                code, g = d.call("GET", f"/v1/leases/{lid}/grant?timeout=30", timeout=60)
                 assert g["granted"], g
                 later_grants += 1
                 assert d.call("POST", f"/v1/leases/{lid}/attach", {"pid": engine.pid})[0] == 200
                 assert engine.alloc(22 * GiB), "a grant after the stowaway left must fit"
                 engine.free()
-        code, rel = d.call("POST", f"/v1/leases/{lid}/release?wait=3", {"reason": "race done"})
+        code, rel = d.call("POST", f"/v1/leases/{lid}/release?wait=30", {"reason": "race done"},
+                           timeout=60)
         assert code == 200 and rel["ended"], rel
-        wait_for(lambda: not d.status()["leases"], 5, "the lease gone")
+        wait_for(lambda: not d.status()["leases"], 30, "the lease gone")
     print(f"case 1: {raced} races within {WITHIN_S * 1000:.0f} ms ({tried} tried): "
           f"{granted} granted at once, {ooms} OOM; {later_grants} granted after the stowaway left")
     assert raced >= RACES, f"only {raced} of {tried} tries sent the request within 50 ms"

@@ -12,6 +12,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.berthd import Berthd, api, sim_config
+from tests.helpers import stop_all
+
+# One worker runs the module: its tests share one module-scoped berthd.
+pytestmark = pytest.mark.xdist_group("api_fuzz")
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
@@ -45,7 +49,7 @@ def berthd(tmp_path_factory):
     assert code == 201
     d.seed_id = r["id"]
     yield d
-    d.stop()
+    stop_all([d.proc], tmp)
 
 
 def board(d: Berthd) -> str:

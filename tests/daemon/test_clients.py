@@ -48,8 +48,11 @@ def test_berthd_stops_promptly_while_runs_long_poll_it(berthd, runs):
     wait_for(lambda: d.state_of("A") == "active" and d.state_of("B") == "active", what="runs")
     wait_for(lambda: all(le["ready"] for le in d.status()["leases"]), what="both serving")
     t0 = time.monotonic()
-    d.stop()
-    assert time.monotonic() - t0 < 5, "berthd waited out its clients' long polls"
+    d.proc.terminate()
+    code = d.proc.wait(60)
+    # The runs' long polls last 20 s: a berthd that waited them out takes that long.
+    assert time.monotonic() - t0 < 15, "berthd waited out its clients' long polls"
+    assert code == 0, code
 
 
 def test_the_policy_wait_limit_applies_to_the_runs_front(berthd, runs):
@@ -65,7 +68,7 @@ def test_the_policy_wait_limit_applies_to_the_runs_front(berthd, runs):
     # asks to wait (X-Berth-Deadline) is held to the wait limit; others hear at once (issue 12).
     status, body = _post(port, {"X-Berth-Deadline": "60"})
     assert status == 503 and body["reason"] == "wait_limit"
-    assert time.monotonic() - t0 < 5            # 1 s from berth.toml, not the 120 s default
+    assert time.monotonic() - t0 < 30           # 1 s from berth.toml, not the 120 s default
 
 
 def test_a_wake_nobody_waits_for_is_withdrawn(berthd, runs):

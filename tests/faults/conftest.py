@@ -1,5 +1,6 @@
-"""Fixtures for the fault tests: second Unix users made by the test, a berthd
-whose socket such a user can reach, and ``berth run`` processes killed whatever the outcome.
+"""Fixtures for the fault tests: second Unix users made by the test, and a berthd whose socket
+such a user can reach, stopped whatever the outcome. The ``berthd`` and ``runs`` fixtures are the
+suite's (tests/fixtures.py).
 
 The short forms run in the default suite; ``BERTH_RELIABILITY=long`` selects the long forms."""
 
@@ -9,7 +10,6 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.berthd import Berthd, sim_config
+from tests.helpers import run_marks, stop_all
 
 LONG = os.environ.get("BERTH_RELIABILITY") == "long"
 
@@ -62,7 +63,8 @@ def as_user(user: pwd.struct_passwd, args: list[str], env: dict | None = None,
             timeout: float = 30, **kw) -> subprocess.CompletedProcess:
     """Run ``args`` as ``user`` (its uid and primary group, no other groups)."""
     base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp",
-            "PYTHONDONTWRITEBYTECODE": "1"}
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **run_marks()}      # so that a SIGTERM to pytest ends these too
     return subprocess.run(args, env={**base, **(env or {})}, user=user.pw_uid,
                           group=user.pw_gid, extra_groups=[], capture_output=True, text=True,
                           timeout=timeout, cwd="/", **kw)
@@ -113,35 +115,6 @@ def shared_berthd():
         return d
     yield make
     for d in made:
-        d.stop()
+        stop_all([d.proc], d.tmp)
     for p in dirs:
         shutil.rmtree(p, ignore_errors=True)
-
-
-@pytest.fixture
-def berthd(tmp_path):
-    made: list[Berthd] = []
-
-    def make(cards=(("gpu0", "24GiB"),), **kw) -> Berthd:
-        d = Berthd(tmp_path, sim_config(tmp_path, list(cards), **kw)).start()
-        made.append(d)
-        return d
-    yield make
-    for d in made:
-        d.stop()
-
-
-@pytest.fixture
-def runs():
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(15)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass

@@ -12,24 +12,24 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.berthd import BERTH, BIN, Berthd
+from tests.berthd import BERTH, BIN, FREE_DELAY, READ_INTERVAL, RELEASE_GRACE, Berthd
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")
 GiB = 1 << 30
 
 
 def config(tmp: Path, *, total: str = "24GiB", checkpoint_rate: str = "6GB",
-           free_delay: str = "0.5s", policy: dict | None = None) -> Path:
+           free_delay: str = FREE_DELAY, policy: dict | None = None) -> Path:
     """berth.toml for one simulated card ``gpu0``; ``checkpoint_rate`` per second is the stand-in
     cuda-checkpoint's speed (6 GB/s: a 9 GiB move takes about 1.6 s, long enough to land a fault
     inside it)."""
     pol = {"min_turn": "0s", "juggle_window": "0s", "ram_budget": "64GiB",
-           "release_grace": "10s", "read_interval": "0.2s", **(policy or {})}
+           "release_grace": RELEASE_GRACE, "read_interval": READ_INTERVAL, **(policy or {})}
     text = (f'state_dir = "{tmp / "state"}"\n'
             f'[driver]\nkind = "sim"\nsim_dir = "{tmp / "sim"}"\nfree_delay = "{free_delay}"\n'
             f'checkpoint_rate = "{checkpoint_rate}"\n'
             f'[[driver.cards]]\npci = "0000:01:00.0"\nname = "gpu0"\ntotal = "{total}"\n'
-            f'[cards.gpu0]\nreserve = "1GiB"\n[policy]\n'
+            f'[cards.gpu0]\nreserve = "1GiB"\n[board]\nlisten = "off"\n[policy]\n'
             + "".join(f'{k} = "{v}"\n' for k, v in pol.items()))
     path = tmp / "berth.toml"
     path.write_text(text)

@@ -15,6 +15,10 @@ from hypothesis import strategies as st
 
 from tests.berthd import Berthd, api, sim_config, wait_for
 from tests.faults.conftest import LONG
+from tests.helpers import stop_all
+
+# One worker runs the module: its control-API tests share one module-scoped berthd.
+pytestmark = pytest.mark.xdist_group("bad_input")
 
 #: State files that parse as TOML (or not at all) but have the wrong shape.
 CORRUPT = {
@@ -136,7 +140,7 @@ def live(tmp_path_factory):
     code, body = d.call("POST", "/v1/leases", {"engine": "fixed", "shares": [{"size": "1GiB"}]})
     assert code == 201, body
     yield d, body["id"]
-    d.stop()
+    stop_all([d.proc], tmp)
 
 
 @pytest.mark.parametrize("depth", [10, 900, 5000, 100_000])

@@ -28,7 +28,7 @@ def test_a_failing_checkpoint_tool_falls_back_to_drain(live):  # noqa: F811
     served(h.front)
     t0 = time.monotonic()
     lv.run("W", ["--size", "4GiB"], ["--weights", "3GiB"])
-    fb = fallbacks._fell_back_to_drain(lv, h, hl, "W", within_s=10, since=t0)
+    fb = fallbacks._fell_back_to_drain(lv, h, hl, "W", within_s=30, since=t0)
     assert "park failed" in fb["text"], fb
 
 
@@ -43,16 +43,16 @@ def test_an_engine_crashing_while_parked_ends_its_lease(live):  # noqa: F811
     hl = lv.wait_serving("H")
     served(h.front)
     assert lv.operator("park", "H")[0] == 200
-    wait_for(lambda: lv.states("H") == {"gpu0": "parked"}, 15, "H parked")
+    wait_for(lambda: lv.states("H") == {"gpu0": "parked"}, 30, "H parked")
     _crash(hl["pid"])
-    wait_for(lambda: h.exited() is not None, 15, "the run to see its engine gone")
-    wait_for(lambda: lv.lease("H") is None, 15, "H's lease to end")
+    wait_for(lambda: h.exited() is not None, 30, "the run to see its engine gone")
+    wait_for(lambda: lv.lease("H") is None, 30, "H's lease to end")
     t0 = time.monotonic()
     assert lv.card_use("gpu0") == {} and lv.oom_events() == 0
     # A new engine gets the whole card: nothing of H is left half asleep.
     lv.run("W", ["--size", "7GiB"], ["--weights", "6GiB"])
-    lv.wait_serving("W", 20)
-    assert time.monotonic() - t0 < 20
+    lv.wait_serving("W", 60)
+    assert time.monotonic() - t0 < 60
 
 
 def test_an_engine_crashing_while_restoring_answers_its_held_request(live):  # noqa: F811
@@ -61,20 +61,20 @@ def test_an_engine_crashing_while_restoring_answers_its_held_request(live):  # n
     hl = lv.wait_serving("H")
     served(h.front)
     assert lv.operator("park", "H")[0] == 200
-    wait_for(lambda: lv.states("H") == {"gpu0": "parked"}, 20, "H parked")
+    wait_for(lambda: lv.states("H") == {"gpu0": "parked"}, 60, "H parked")
     answer: list = []
-    held = threading.Thread(target=lambda: answer.append(chat(h.front, timeout_s=60)),
+    held = threading.Thread(target=lambda: answer.append(chat(h.front, timeout_s=90)),
                             daemon=True)
     t0 = time.monotonic()
     held.start()                                    # wakes H: a 3 GiB restore at 1 GB/s
-    wait_for(lambda: lv.states("H") == {"gpu0": "resuming"}, 10, "H resuming")
+    wait_for(lambda: lv.states("H") == {"gpu0": "resuming"}, 30, "H resuming")
     _crash(hl["pid"])
-    held.join(40)
+    held.join(60)
     assert not held.is_alive(), "the held request hangs"
     status, body = answer[0]
     assert status in (502, 503) and body.get("src") == "berth", (status, body)
-    assert time.monotonic() - t0 < 40
-    wait_for(lambda: lv.lease("H") is None, 20, "H's lease to end")
+    assert time.monotonic() - t0 < 60
+    wait_for(lambda: lv.lease("H") is None, 30, "H's lease to end")
     assert gone(hl["pid"]) and lv.card_use("gpu0") == {} and lv.oom_events() == 0
 
 
@@ -91,15 +91,15 @@ def test_a_lend_acknowledged_but_never_freed_falls_back_to_drain(live):  # noqa:
     served(h.front)
     t0 = time.monotonic()
     b = lv.run("B", ["--size", "8GiB"], ["--weights", "7GiB"])
-    wait_for(lambda: h.exited() is not None, 15, "H's run to stop its engine")
-    assert time.monotonic() - t0 < 15
+    wait_for(lambda: h.exited() is not None, 30, "H's run to stop its engine")
+    assert time.monotonic() - t0 < 30
     assert gone(hl["pid"]), "H's engine still runs"
-    lv.wait_serving("B", 20)
+    lv.wait_serving("B", 60)
     fb = lv.entry("H", "fallback")
     assert "lend not confirmed by the driver within release_grace (2s)" in fb["text"], fb
     assert fb["seq"] < lv.entry("B", "grant")["seq"]
     c = lv.counters()
     assert c["lends"] == 1 and c["fallbacks_to_drain"] == 1 and c["drains"] == 1, c
-    status, body = chat(b.front, timeout_s=30)
+    status, body = chat(b.front, timeout_s=60)
     assert status == 200, body
     assert lv.oom_events() == 0

@@ -59,14 +59,14 @@ def sigkill_run_and_check(d, harness: subprocess.Popen, who: str, uid: int | Non
     free again; whatever happens, the harness and what it started are ended."""
     try:
         run_pid = int(harness.stdout.readline())
-        wait_for(lambda: (d.lease_of("e") or {}).get("pid"), 30, f"{who} to attach")
-        eng = wait_for(lambda: _sim_engine_under(run_pid), 10, f"{who}'s pid")
+        wait_for(lambda: (d.lease_of("e") or {}).get("pid"), 60, f"{who} to attach")
+        eng = wait_for(lambda: _sim_engine_under(run_pid), 30, f"{who}'s pid")
         if uid is not None:
             assert psutil.Process(eng).uids().real == uid
         lid = d.lease_of("e")["id"]
         psutil.Process(run_pid).send_signal(signal.SIGKILL)
-        wait_for(lambda: _gone(eng), 10, f"{who} {eng} to die with its run")
-        wait_for(lambda: d.lease_of("e") is None, 20, f"lease {lid} to end")
+        wait_for(lambda: _gone(eng), 30, f"{who} {eng} to die with its run")
+        wait_for(lambda: d.lease_of("e") is None, 60, f"lease {lid} to end")
         used = sum(c.get("used_bytes") or 0 for c in d.status()["cards"])
         assert used < 1 << 30, d.status()["cards"]
     finally:

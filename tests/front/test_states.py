@@ -159,7 +159,7 @@ async def test_held_request_ends_at_the_wait_limit():
             assert r.status == 503 and r.headers["Retry-After"] == "1"
             body = await r.json()
         check_503(body, "wait_limit")
-        assert 0.3 <= took < 2.0
+        assert 0.3 <= took < 5.0            # the 0.3 s wait limit, on a loaded machine too
         assert front.held == 1 and front.held_timeouts == 1 and front.holding == 0
         assert up.seen == []
 
@@ -178,7 +178,7 @@ def test_held_request_ends_at_the_clients_own_deadline(header: str):
                 took = loop.time() - t0
                 assert r.status == 503
                 check_503(await r.json(), "client_deadline")
-            assert 0.2 <= took < 2.0   # answered just before the client's 0.4 s
+            assert 0.2 <= took < 5.0   # answered just before the client's 0.4 s (not at 30 s)
             assert front.held_timeouts == 1
     scenario()
 

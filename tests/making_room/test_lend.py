@@ -22,7 +22,7 @@ def test_a_borrower_runs_beside_a_lending_holder_and_the_return_waits_for_the_dr
     lv = live(min_turn="0s", release_grace="5s")      # min_turn 0: H may make room at once
     h = lv.run("H", HOLDER_RUN, HOLDER_ENGINE)
     hl = lv.wait_serving("H")
-    wait_for(lambda: lv.card_use("gpu0").get(hl["pid"]) == HOLDER_USE, 20, "H loaded")
+    wait_for(lambda: lv.card_use("gpu0").get(hl["pid"]) == HOLDER_USE, 60, "H loaded")
     served(h.front)
 
     b = lv.run("B", ["--size", "8GiB"], ["--weights", "7GiB"])
@@ -51,7 +51,7 @@ def test_a_borrower_runs_beside_a_lending_holder_and_the_return_waits_for_the_dr
 
     # The borrower exits; the holder grows back only after the driver read shows B gone.
     assert b.stop() == 0
-    wait_for(lambda: lv.serving("H") and lv.counters()["returns"] == 1, 20, "H grown back")
+    wait_for(lambda: lv.serving("H") and lv.counters()["returns"] == 1, 60, "H grown back")
     freed = lv.entry("B", "freed")
     returning = lv.entry("H", "returning")
     grew = lv.entry("H", "return", after=returning["seq"])
@@ -64,7 +64,8 @@ def test_a_borrower_runs_beside_a_lending_holder_and_the_return_waits_for_the_dr
     assert "grows back" in returning["text"] and "grew back" in grew["text"]
     hs = lv.lease("H")["shares"][0]
     assert hs["state"] == "active" and hs["lent_bytes"] == 0 and hs["lent_to"] is None, hs
-    wait_for(lambda: lv.card_use("gpu0") == {hl["pid"]: HOLDER_USE}, 10, "H holds its pool again")
+    wait_for(lambda: lv.card_use("gpu0") == {hl["pid"]: HOLDER_USE}, 30,
+             "H holds its pool again")
     served(h.front)
     assert lv.oom_events() == 0
     assert h.stop() == 0

@@ -25,7 +25,7 @@ def test_a_five_card_lease_lends_from_one_card_while_the_other_four_serve(live):
     maya = lv.run("Maya", MAYA_RUN, MAYA_ENGINE)
     ml = lv.wait_serving("Maya")
     assert sorted(sh["card_name"] for sh in ml["shares"]) == CARDS
-    wait_for(lambda: all(lv.card_use(c).get(ml["pid"]) == PER_CARD for c in CARDS), 30,
+    wait_for(lambda: all(lv.card_use(c).get(ml["pid"]) == PER_CARD for c in CARDS), 60,
              "Maya loaded on all five cards")
     served(maya.front)
 
@@ -60,9 +60,10 @@ def test_a_five_card_lease_lends_from_one_card_while_the_other_four_serve(live):
 
     # The borrower leaves; gpu3 grows back after the driver read, and all five are active.
     assert img.stop() == 0
-    wait_for(lambda: lv.serving("Maya") and lv.counters()["returns"] == 1, 20, "Maya grown back")
+    wait_for(lambda: lv.serving("Maya") and lv.counters()["returns"] == 1, 60,
+             "Maya grown back")
     assert lv.entry("img", "freed")["seq"] < lv.entry("Maya", "returning")["seq"]
-    wait_for(lambda: all(lv.card_use(c) == {ml["pid"]: PER_CARD} for c in CARDS), 10,
+    wait_for(lambda: all(lv.card_use(c) == {ml["pid"]: PER_CARD} for c in CARDS), 30,
              "Maya holds its pool on all five cards again")
     served(maya.front)
     assert lv.oom_events() == 0

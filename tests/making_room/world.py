@@ -10,7 +10,6 @@ environment names the test's state directory (engines, watchdogs, checkpoint too
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 import psutil
 
 from tests.berthd import BERTH, BIN, Berthd, GiB, api, sim_config
-from tests.helpers import sweep, wait_for
+from tests.helpers import stop_all, stop_group, wait_for
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")
 MiB = 1 << 20
@@ -81,15 +80,7 @@ class Run:
         return self.proc.poll()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
+        stop_group(self.proc)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -128,7 +119,7 @@ class Live:
             return le
         return None
 
-    def wait_serving(self, engine: str, timeout: float = 30.0) -> dict:
+    def wait_serving(self, engine: str, timeout: float = 60.0) -> dict:
         return wait_for(lambda: self.serving(engine), timeout, f"{engine} granted and serving")
 
     def counters(self) -> dict:
@@ -161,10 +152,7 @@ class Live:
         return api(self.d.sock, "POST", f"/v1/operator/{op}", {"target": target})
 
     def close(self) -> None:
-        for r in self.runs:
-            r.kill()
-        self.d.stop()
-        sweep(self.tmp)
+        stop_all([*(r.proc for r in self.runs), self.d.proc], self.tmp)
 
 
 def gone(pid: int) -> bool:

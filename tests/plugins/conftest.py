@@ -35,7 +35,7 @@ async def serve(app: web.Application) -> AsyncIterator[str]:
 
 def ctx(mechanism: str, **kw) -> ActionContext:
     """An :class:`ActionContext` for engine ``"e"`` with a short bound unless given."""
-    kw.setdefault("timeout_s", 10.0)
+    kw.setdefault("timeout_s", 60.0)      # bounds a failure: the tool calls are processes
     return ActionContext(engine="e", mechanism=mechanism, **kw)
 
 

@@ -125,8 +125,10 @@ def test_wake_error_quotes_vllm_and_a_sleep_that_never_settles_fails_in_time(kit
                                                        room_confirmed=True))
         stuck = FakeVLLM(kit.store, never_sleeps=True)
         async with serve(stuck.app()) as url:
-            with pytest.raises(MechanismError, match="/is_sleeping still read false within 0.5 s"):
-                await run_action(pm, "berth_park", ctx("vllm", engine_url=url, timeout_s=0.5))
+            # 3 s: time for the reads to happen on a loaded machine (with 0.5 s the budget could
+            # run out before the first read answered, a different error)
+            with pytest.raises(MechanismError, match="/is_sleeping still read false within 3 s"):
+                await run_action(pm, "berth_park", ctx("vllm", engine_url=url, timeout_s=3.0))
         for task in fake.tasks | stuck.tasks:
             task.cancel()
     asyncio.run(scenario())

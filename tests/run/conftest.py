@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import sweep
+from tests.helpers import stop_all
 from tests.run.world import World
 
 
@@ -19,11 +19,7 @@ def make_world(tmp_path):
         made.append(w)
         return w
     yield make
-    for w in made:
-        for m in w.models:
-            m.kill()
-        w.d.stop()
-    sweep(tmp_path)
+    stop_all([m.proc for w in made for m in w.models] + [w.d.proc for w in made], tmp_path)
 
 
 @pytest.fixture

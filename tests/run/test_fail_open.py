@@ -24,8 +24,8 @@ def test_berthd_down_at_start_the_run_warns_and_serves_unleased(world):
         assert ans.content_chunks == 6 and ans.finish_reason == "length", ans
     # berthd comes up: the run leases its running engine (it keeps serving meanwhile).
     d = world.start_berthd()
-    le = wait_for(lambda: d.lease_of("A"), 20, "the run's lease")
-    wait_for(lambda: d.state_of("A") == "active" and (d.lease_of("A") or {}).get("pid"), 20,
+    le = wait_for(lambda: d.lease_of("A"), 60, "the run's lease")
+    wait_for(lambda: d.state_of("A") == "active" and (d.lease_of("A") or {}).get("pid"), 60,
              "the lease granted and attached")
     assert d.lease_of("A")["pid"] == world.engine_pid("A") == le["pid"]
     # The engine ran before berthd measured the card: its bytes left the baseline on adoption.
@@ -54,11 +54,11 @@ def test_berthd_killed_the_run_keeps_serving_and_reattaches_when_it_is_back(worl
     out = subprocess.run([BERTH, "park", "A"], env=world.env, capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: d.state_of("A") == "parked", 20, "A parked through the new berthd")
+    wait_for(lambda: d.state_of("A") == "parked", 60, "A parked through the new berthd")
     # ...and a write to the front wakes it through the new berthd.
     ans = chat(a.port, "A", max_tokens=6)
     assert ans.content_chunks == 6 and ans.finish_reason == "length", ans
-    wait_for(lambda: d.state_of("A") == "active", 5, "A's wake reported")
+    wait_for(lambda: d.state_of("A") == "active", 30, "A's wake reported")
     assert [c.oom_events for c in world.sim().cards] == [0]
     st = a.stop()
     assert st.exit_code == 0 and not st.killed and st.elapsed_s < UNLOAD_TIMEOUT_S, st

@@ -59,8 +59,8 @@ def test_a_write_held_past_the_wait_limit_gets_a_503_naming_the_limit(world):
     assert code == 201 and r["state"] == "active", r
     b = world.model("B", run_cmd("B", park=False, run_args=("--wait-limit", "1s")))
     b.spawn()
-    wait_for(lambda: d.state_of("B") == "waiting", 20, "B waiting for its lease")
-    wait_for(lambda: b.health() == 503, 20, "B's front listening")
+    wait_for(lambda: d.state_of("B") == "waiting", 60, "B waiting for its lease")
+    wait_for(lambda: b.health() == 503, 60, "B's front listening")
     # Nothing under way can end B's wait (the holder has the higher priority): a client that
     # asks to wait (X-Berth-Deadline) is held to the wait limit (issue 12 case 6).
     status, body, headers, elapsed = _request(b.port, "POST", "/v1/chat/completions", CHAT,
@@ -69,7 +69,7 @@ def test_a_write_held_past_the_wait_limit_gets_a_503_naming_the_limit(world):
     _berth_503(body, "wait_limit")
     assert "wait limit" in body["error"]["message"] and "1 s" in body["error"]["message"], body
     assert headers.get("retry-after") == "1"
-    assert 0.9 <= elapsed < 3.0, elapsed
+    assert 0.9 <= elapsed < 20, elapsed        # the 1 s wait limit, not the client's 60 s
     # The same answer through the OpenAI client: an APIStatusError, not a hang.
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{b.port}/v1", api_key="x", max_retries=0,
                            timeout=30, default_headers={"X-Berth-Deadline": "60"})
@@ -77,14 +77,14 @@ def test_a_write_held_past_the_wait_limit_gets_a_503_naming_the_limit(world):
     with pytest.raises(openai.APIStatusError) as exc:
         client.chat.completions.create(model="B", messages=CHAT["messages"], max_tokens=4,
                                        stream=True)
-    assert exc.value.status_code == 503 and time.monotonic() - t0 < 3.0
+    assert exc.value.status_code == 503 and time.monotonic() - t0 < 20
     _berth_503(exc.value.response.json(), "wait_limit")
     client.close()
     assert d.state_of("B") == "waiting"
     # llama-swap's stop while the run still waits: it withdraws its lease and exits at once.
     st = b.stop()
     assert st.exit_code == 143 and not st.killed and st.elapsed_s < UNLOAD_TIMEOUT_S, st
-    wait_for(lambda: d.lease_of("B") is None, 10, "B's lease withdrawn")
+    wait_for(lambda: d.lease_of("B") is None, 30, "B's lease withdrawn")
 
 
 def test_a_read_never_wakes_a_parked_engine(world):
@@ -93,7 +93,7 @@ def test_a_read_never_wakes_a_parked_engine(world):
     a.start()
     code, r = world.operator("park", "A")
     assert code == 200, r
-    wait_for(lambda: d.state_of("A") == "parked", 20, "A parked")
+    wait_for(lambda: d.state_of("A") == "parked", 60, "A parked")
     seq = max(e["seq"] for e in d.timeline())
     # A write moves the front to "waking" before it answers anything, so a read that woke the
     # engine would make every later read say "waking": each one must still say "asleep".
@@ -118,12 +118,12 @@ def test_a_read_never_wakes_a_parked_engine(world):
     # The control: a write does wake it, and is answered in full.
     ans = chat(a.port, "A", max_tokens=4)
     assert ans.content_chunks == 4 and ans.finish_reason == "length"
-    wait_for(lambda: d.state_of("A") == "active", 5, "A's wake reported")
+    wait_for(lambda: d.state_of("A") == "active", 30, "A's wake reported")
     assert [c.oom_events for c in world.sim().cards] == [0]
 
 
 def _state(port: int) -> dict:
-    status, body, _, _ = _request(port, "GET", "/berth/v1/state", timeout_s=5)
+    status, body, _, _ = _request(port, "GET", "/berth/v1/state", timeout_s=30)
     assert status == 200, body
     return body
 
@@ -152,7 +152,7 @@ def test_a_client_gone_mid_stream_stops_the_engines_generation(world):
     assert st["in_flight"] == 1 and st["kv_bytes"] > kv0, st      # it is generating, KV grows
     conn.sock.close()                        # the client goes away mid-stream
     conn.close()
-    wait_for(lambda: _state(a.port)["in_flight"] == 0, 5, "the engine's request cancelled")
+    wait_for(lambda: _state(a.port)["in_flight"] == 0, 30, "the engine's request cancelled")
     # Stopped, not paused: over the next second (50 more tokens, 3 KV blocks if it went on)
     # the KV cache does not grow.
     kv_end = _state(a.port)["kv_bytes"]

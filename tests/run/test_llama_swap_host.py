@@ -51,7 +51,8 @@ def test_two_models_alternate_on_one_card_every_chat_answered_idle_one_parked(wo
         # so the idle one is parked the moment the answer is complete. The target's share turns
         # active on the run's report, sent as its front opens (possibly after a short answer).
         assert d.state_of(idle) == "parked"
-        wait_for(lambda target=target: d.state_of(target) == "active", 5, f"{target}'s wake reported")
+        wait_for(lambda target=target: d.state_of(target) == "active", 30,
+                 f"{target}'s wake reported")
         new = _since(d, seq)
         park = _first(new, idle, "park", "parks by checkpoint")
         parked = _first(new, idle, "parked")
@@ -65,7 +66,7 @@ def test_two_models_alternate_on_one_card_every_chat_answered_idle_one_parked(wo
     for m in (a, b):
         st = m.stop()
         assert st.exit_code == 0 and not st.killed and st.elapsed_s < UNLOAD_TIMEOUT_S, st
-    wait_for(lambda: d.status()["leases"] == [], 10, "both leases ended")
+    wait_for(lambda: d.status()["leases"] == [], 30, "both leases ended")
 
 
 def test_llama_swap_stop_ends_within_unload_timeout_with_the_engines_exit_code(world):
@@ -87,7 +88,7 @@ def test_llama_swap_stop_ends_within_unload_timeout_with_the_engines_exit_code(w
     assert st.exit_code == 128 + signal.SIGKILL and not st.killed, st
     assert st.elapsed_s < UNLOAD_TIMEOUT_S, st
     assert not psutil.pid_exists(pid3) and not psutil.pid_exists(pidt)
-    wait_for(lambda: d.status()["leases"] == [], 10, "both leases ended")
+    wait_for(lambda: d.status()["leases"] == [], 30, "both leases ended")
 
 
 def test_stop_with_a_stream_in_flight_lets_it_finish_within_the_grace_and_exits_in_time(world):
@@ -98,7 +99,7 @@ def test_stop_with_a_stream_in_flight_lets_it_finish_within_the_grace_and_exits_
     answers: list[str] = []
     t = threading.Thread(target=lambda: answers.append(_try_chat(a.port, "A", 200)))
     t.start()
-    wait_for(lambda: (d.lease_of("A") or {}).get("pid") and _in_flight(a.port), 10,
+    wait_for(lambda: (d.lease_of("A") or {}).get("pid") and _in_flight(a.port), 30,
              "the stream in flight")
     st = a.stop()
     t.join(30)
@@ -114,19 +115,19 @@ def test_kill9_of_berth_run_leaves_no_engine_and_no_card_memory(world):
     a = world.model("A", run_cmd("A"))
     a.start()
     pid = world.engine_pid("A")
-    wait_for(lambda: world.sim().cards[0].used_bytes >= 13 * GiB, 10, "the weights loaded")
+    wait_for(lambda: world.sim().cards[0].used_bytes >= 13 * GiB, 30, "the weights loaded")
     lease_id = d.lease_of("A")["id"]
     os.kill(a.pid, signal.SIGKILL)                      # the run alone, not its group
     a.proc.wait(10)
-    wait_for(lambda: not _alive(pid), 10, "the engine gone (parent-death signal / watchdog)")
-    wait_for(lambda: world.sim().cards[0].used_bytes == 0, 10,
+    wait_for(lambda: not _alive(pid), 30, "the engine gone (parent-death signal / watchdog)")
+    wait_for(lambda: world.sim().cards[0].used_bytes == 0, 30,
              "the simulated card freed the engine's memory")
-    wait_for(lambda: d.lease_of("A") is None, 10, "berthd dropped the lease")
+    wait_for(lambda: d.lease_of("A") is None, 30, "berthd dropped the lease")
     kinds = [e["kind"] for e in d.timeline() if e["lease"] == lease_id]
     assert "exit" in kinds and "freed" in kinds, kinds
     assert world.sim().cards[0].oom_events == 0
     # Nothing of the run is left: engine, watchdog (only berthd remains of this test's processes).
-    wait_for(lambda: [p.pid for p in ours(world.tmp)] == [d.proc.pid], 10,
+    wait_for(lambda: [p.pid for p in ours(world.tmp)] == [d.proc.pid], 30,
              "only berthd left")
 
 
@@ -147,7 +148,7 @@ def _engine(mode: str, code: str) -> list[str]:
 
 def _in_flight(port: int) -> bool:
     """The stub engine (``--protocol``) has a request in flight, asked through the front."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         conn.request("GET", "/berth/v1/state")
         r = conn.getresponse()

@@ -3,13 +3,20 @@
 Two stub engines of 14 GiB behind ``berth run --park checkpoint`` on one simulated 24 GiB card
 (1 GiB reserve), with the default policy (minimum turn 10 s, juggle guard 4 swaps in 120 s; only
 the reads are made faster, as in ``berth demo``). A client alternates requests between them back
-to back for two minutes: every request goes to the parked engine, so every one is a switch
-(park the other, restore this one). Nobody competes (the holder has nothing in flight and nothing
-queued when the other's request arrives), so neither the minimum turn nor the juggle guard may
-hold a switch. Since issue 24 an idle holder keeps its card while it has been idle less than a
-switch back would cost (rent or buy: its measured restore plus the other's park, about the
-mechanism's own time here), so each first byte comes within twice the mechanism's own time (the
-ski-rental bound: never worse than twice the best choice in hindsight) plus 2 s.
+to back: every request goes to the parked engine, so every one is a switch (park the other,
+restore this one). Nobody competes (the holder has nothing in flight and nothing queued when the
+other's request arrives), so neither the minimum turn nor the juggle guard may hold a switch.
+Since issue 24 an idle holder keeps its card while it has been idle less than a switch back would
+cost (rent or buy: its measured restore plus the other's park, about the mechanism's own time
+here), so each first byte comes within twice the mechanism's own time (the ski-rental bound:
+never worse than twice the best choice in hindsight) plus 2 s.
+
+The default form makes six switches, all inside one juggle window (so the fifth and sixth are
+past the guard's four swaps, and every one is inside the previous engine's minimum turn); the
+long form (``BERTH_RELIABILITY=long``) alternates for two minutes, as the issue's acceptance did.
+In the default form the stand-in cuda-checkpoint moves 70 GB/s (10x the demo's 7 GB/s, which
+the long form keeps): its time is subtracted, so its speed is not what the test checks, and a
+faster one keeps the default form short.
 
 The mechanism's time is what bench/switch.py subtracts: the wall time of every call of the
 stand-in cuda-checkpoint on both engines during the switch, timed by a shim around the tool.
@@ -50,7 +57,7 @@ state_dir = "{tmp}/state"
 kind = "sim"
 sim_dir = "{tmp}/sim"
 free_delay = "0.5s"
-checkpoint_rate = "7000000000"
+checkpoint_rate = "{rate}"
 host_ram = "64GiB"
 
 [[driver.cards]]
@@ -61,10 +68,15 @@ total = "24GiB"
 [cards.gpu0]
 reserve = "1GiB"
 
+[board]
+listen = "off"
+
 [policy]
 read_interval = "0.25s"
 """
-RUN_S = 120.0
+LONG_RUN_S = 120.0                      # the long form: two minutes of switches
+SWITCHES = 6                            # the default form: past the guard's 4 swaps
+JUGGLE_WINDOW_S = 120.0                 # the default policy's juggle_window
 SLACK_S = 2.0
 
 
@@ -114,9 +126,14 @@ def _tool_s(log: Path, t0: float, t1: float) -> tuple[float, set[str]]:
     return total, what
 
 
-@pytest.mark.timeout(RUN_S + 150)        # two minutes of switches, plus the start and the end
-def test_back_to_back_switches_wait_for_nothing_but_the_mechanism(tmp_path):
-    (tmp_path / "berth.toml").write_text(CONFIG.format(tmp=tmp_path))
+@pytest.mark.xdist_group("timing")
+@pytest.mark.timeout(LONG_RUN_S + 150)   # two minutes of switches at most, the start, the end
+@pytest.mark.parametrize("run_s", [pytest.param(None, id="six-switches"),
+                                   pytest.param(LONG_RUN_S, id="two-minutes",
+                                                marks=pytest.mark.long)])
+def test_back_to_back_switches_wait_for_nothing_but_the_mechanism(tmp_path, run_s):
+    rate = 7e9 if run_s else 70e9           # bytes per second
+    (tmp_path / "berth.toml").write_text(CONFIG.format(tmp=tmp_path, rate=f"{rate:.0f}"))
     calls = tmp_path / "checkpoint-calls.log"
     shim = tmp_path / "cuda-checkpoint-shim"
     shim.write_text(SHIM.format(tool=TOOL, log=calls))
@@ -140,10 +157,15 @@ def test_back_to_back_switches_wait_for_nothing_but_the_mechanism(tmp_path):
                      and d.state_of(n) == "active", 60, f"{name} serving")
         wait_for(lambda: d.state_of("A") == "parked", 60, "A parked for B")
         rows = []
-        target, end = "A", time.monotonic() + RUN_S
-        while time.monotonic() < end:
+        target, start = "A", time.monotonic()
+
+        def more() -> bool:
+            if run_s is None:
+                return len(rows) < SWITCHES
+            return time.monotonic() < start + run_s
+        while more():
             wait_for(lambda t=target: d.state_of(t) == "parked"
-                     and d.state_of("B" if t == "A" else "A") == "active", 30,
+                     and d.state_of("B" if t == "A" else "A") == "active", 60,
                      f"{target} parked, the other serving")
             t0, t1 = _chat(ports[target], target)
             tool, what = _tool_s(calls, t0, t1)
@@ -154,6 +176,8 @@ def test_back_to_back_switches_wait_for_nothing_but_the_mechanism(tmp_path):
         late = [r for r in rows if r[1] > 2 * r[2] + SLACK_S]
         # (target, first byte s, mechanism s, the rest s) per switch
         assert len(rows) >= 5 and not late, rows
+        if run_s is None:       # all inside one juggle window, or the guard was never tested
+            assert time.monotonic() - start < JUGGLE_WINDOW_S, rows
         assert d.status()["counters"]["drains"] == 0
     finally:
         for p in runs:

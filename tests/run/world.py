@@ -13,7 +13,7 @@ from pathlib import Path
 
 import openai
 
-from tests.berthd import BERTH, BIN, Berthd, api
+from tests.berthd import BERTH, BIN, FREE_DELAY, READ_INTERVAL, RELEASE_GRACE, Berthd, api
 from tests.helpers import wait_for
 from tests.run.llamaswap import LlamaSwapModel
 
@@ -26,13 +26,13 @@ def config(tmp: Path, *, total: str = "24GiB", reserve: str = "1GiB",
     """berth.toml for one simulated card ``gpu0``. The stand-in cuda-checkpoint moves
     ``checkpoint_rate`` per second (10x the demo's 7 GB/s: a 13 GiB move takes 0.2 s, so the suite
     stays short; the mechanism's speed is not what these tests check)."""
-    pol = {"min_turn": "0s", "juggle_window": "0s", "ram_budget": "64GiB", "release_grace": "10s",
-           "read_interval": "0.2s", **(policy or {})}
+    pol = {"min_turn": "0s", "juggle_window": "0s", "ram_budget": "64GiB",
+           "release_grace": RELEASE_GRACE, "read_interval": READ_INTERVAL, **(policy or {})}
     text = (f'state_dir = "{tmp / "state"}"\n'
-            f'[driver]\nkind = "sim"\nsim_dir = "{tmp / "sim"}"\nfree_delay = "0.5s"\n'
+            f'[driver]\nkind = "sim"\nsim_dir = "{tmp / "sim"}"\nfree_delay = "{FREE_DELAY}"\n'
             f'checkpoint_rate = "{checkpoint_rate}"\n'
             f'[[driver.cards]]\npci = "0000:01:00.0"\nname = "gpu0"\ntotal = "{total}"\n'
-            f'[cards.gpu0]\nreserve = "{reserve}"\n[policy]\n'
+            f'[cards.gpu0]\nreserve = "{reserve}"\n[board]\nlisten = "off"\n[policy]\n'
             + "".join(f'{k} = "{v}"\n' for k, v in pol.items()))
     path = tmp / "berth.toml"
     path.write_text(text)

@@ -22,9 +22,9 @@ from tests.security.users import attack as _attack
 
 def _victim(d, runs, engine="victim"):
     runs.append(berth_run(d, engine, "--size", "4GiB"))
-    wait_for(lambda: d.state_of(engine) == "active", 30, f"{engine} to be active")
+    wait_for(lambda: d.state_of(engine) == "active", 60, f"{engine} to be active")
     le = d.lease_of(engine)
-    wait_for(lambda: d.lease_of(engine).get("pid"), 20, f"{engine}'s engine to attach")
+    wait_for(lambda: d.lease_of(engine).get("pid"), 60, f"{engine}'s engine to attach")
     return le["id"]
 
 

@@ -228,12 +228,13 @@ WELL_INSIDE_S = 12.0
 
 def _an_llm_asks(world, d):
     """Start a 14 GiB LLM under ``berth run`` (it does not fit beside ComfyUI's 11 GiB);
-    returns when berthd has its lease waiting, with the time it saw it."""
+    returns when berthd has its lease, with the time it saw it. (Not "when it waits": an idle
+    ComfyUI's park by hook can grant it within 30 ms, too soon for a poll to see it wait.)"""
     import time
 
     from tests.berthd import berth_run
     world.procs.append(berth_run(d, "llm", "--size", "14GiB", weights="13GiB"))
-    wait_for(lambda: d.state_of("llm") == "waiting", 20, "the LLM's lease waiting for room")
+    wait_for(lambda: d.lease_of("llm") is not None, 60, "the LLM's lease")
     return time.monotonic()
 
 

@@ -20,6 +20,7 @@ from berth.config import load
 from berth.daemon.main import open_driver
 from berth_hosts.supervisor.rpc import Endpoint, ProcessInfo, Supervisor, SupervisorError
 
+from tests.berthd import FREE_DELAY, READ_INTERVAL
 from tests.helpers import wait_for
 
 PY = sys.executable
@@ -87,7 +88,7 @@ class Stack:
         self.progs = progs
         self.listener_cmd = (listener_cmd or "{py} -m berth.cli supervisor listen "
                              "--config {config}").format(py=PY, config=self.toml)
-        self.policy = {"read_interval": "0.2s", "release_grace": "3s", "min_turn": "300s",
+        self.policy = {"read_interval": READ_INTERVAL, "release_grace": "3s", "min_turn": "300s",
                        **(policy or {})}
         self.env = {**os.environ, "BERTH_SIM_DIR": str(self.sim),
                     "BERTH_STATE_DIR": str(self.state), "BERTH_SOCKET": str(self.bsock),
@@ -99,11 +100,11 @@ class Stack:
     # -- configs ---------------------------------------------------------------------------
     def write(self) -> None:
         lines = [f'state_dir = "{self.state}"', "[driver]", 'kind = "sim"',
-                 f'sim_dir = "{self.sim}"', 'free_delay = "0.5s"', "[[driver.cards]]",
+                 f'sim_dir = "{self.sim}"', f'free_delay = "{FREE_DELAY}"', "[[driver.cards]]",
                  f'pci = "{PCI}"', 'name = "gpu0"', 'total = "24GiB"',
                  # Engines start with berthd: a measured baseline would swallow their memory.
                  "[cards.gpu0]", 'reserve = "512MiB"', 'baseline = "0"',
-                 "[api]", f'socket = "{self.bsock}"',
+                 "[api]", f'socket = "{self.bsock}"', "[board]", 'listen = "off"',
                  "[hosts.supervisor]", f'url = "unix://{self.sock}"', "[policy]"]
         lines += [f"{k} = {json.dumps(v)}" for k, v in self.policy.items()]
         for p in self.progs:
