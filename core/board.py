@@ -90,11 +90,11 @@ def render(st: dict) -> str:
 
 def _until(le: dict) -> str:
     """`` · turn until 14:03:05 (8.00s) · keep_warm until 14:07:30 (4.5m)``: when the holder's
-    protections end (``berth.daemon.status.protection``); the turn only while it serves."""
+    protections end (``berth.daemon.status.protection``), each while it lasts."""
     out = ""
     for key, label in (("turn", "turn"), ("keep_warm", "keep_warm")):
         left, at = le.get(f"{key}_left_s"), le.get(f"{key}_until")
-        if left is None or at is None or (key == "turn" and le.get("idle")):
+        if left is None or at is None:
             continue
         out += (f" · {label} until {time.strftime('%H:%M:%S', time.localtime(at))} "
                 f"({format_duration(left)})")

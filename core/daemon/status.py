@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from berth.decide.admission import Policy, WaitKind
+from berth.decide.ladder import turn_end
 from berth.decide.ledger import RESIDUAL_SLACK_BYTES, counted_bytes
 from berth.decide.measures import reserve_fraction, suggested_reserve
 from berth.decide.model import Lease, Share, ShareState
@@ -87,9 +88,9 @@ def protection(lease: Lease, policy: Policy, now: float, wall: float) -> dict:
     """When an active holder's protections end, as ``berth.decide.ladder.displaceable`` (3)
     and (4) apply them (a test holds the two together), like ``ollama ps``'s "until":
 
-    - ``turn_left_s`` / ``turn_until``: its minimum turn (at least what its last switch cost),
-      counted from when it could serve; it keeps the card against equal and lower priorities
-      while it serves (``idle``: nothing in flight, so the turn protects nothing);
+    - ``turn_left_s`` / ``turn_until``: its turn against an equal-priority waiter asking now
+      (:func:`berth.decide.ladder.turn_end`: the first-request window, an idle holder's rent,
+      the minimum turn, a busy holder's turn up to ``max_turn``); ``idle``: nothing in flight;
     - ``keep_warm_left_s`` / ``keep_warm_until``: ``keep_warm`` after its last request; its
       priority keeps the card against lower priorities that long once idle (while it serves,
       always).
@@ -102,13 +103,10 @@ def protection(lease: Lease, policy: Policy, now: float, wall: float) -> dict:
                  "keep_warm_left_s": None, "keep_warm_until": None}
     if not active:
         return out
-    granted = lease.granted_at or 0.0
-    ready = lease.ready_at if lease.ready_at is not None and lease.ready_at >= granted \
-        else granted + policy.wake_limit_s
-    ends = {"turn": max(ready, lease.resumed_at) + max(policy.min_turn_s, lease.switch_cost_s),
+    ends = {"turn": turn_end(lease, policy, now),
             "keep_warm": lease.last_used_at + lease.keep_warm_s}
     for name, end in ends.items():
-        if end > now:
+        if end is not None and end > now:
             out[f"{name}_left_s"] = round(end - now, 3)
             out[f"{name}_until"] = round(wall + (end - now), 3)
     return out

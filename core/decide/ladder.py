@@ -179,6 +179,31 @@ def rent_s(holder: Lease, waiter: Lease) -> float:
     return holder.switch_cost_s + (waiter.park_cost_s or holder.park_cost_s)
 
 
+def turn_end(holder: Lease, policy: Policy, now: float) -> float | None:
+    """When step (4) of :func:`displaceable` stops keeping the card for ``holder`` against an
+    equal-priority waiter that asks at ``now`` with no park cost measured yet (the board's and
+    ``berth status``'s "until", issue 29), on the broker's clock in seconds; ``None`` when the
+    turn keeps it for nothing from ``now``. It follows :func:`_turn` case by case (a test holds
+    the two together): the first-request window, the rent of an idle holder, the minimum turn,
+    and a busy holder's turn up to ``max_turn`` while the front reports its jobs. A request the
+    holder serves that is older than the waiter's keeps the card longer (up to ``max_job``)."""
+    start, said = turn_start(holder, policy)
+    longest = max(policy.max_turn_s, policy.min_turn_s, holder.switch_cost_s)
+    if holder.idle():
+        first = start + policy.first_request_s if said and (
+            holder.last_job_at is None or holder.last_job_at < start) else 0.0
+        idle_from = max(holder.idle_since if holder.idle_since is not None else now,
+                        start if said else 0.0)
+        end = max(first, min(idle_from + rent_s(holder, holder), start + longest))
+    else:
+        end = start + max(policy.min_turn_s, holder.switch_cost_s)
+        if holder.jobs_reported:
+            outlives = holder.oldest_job_at + max_job_s(holder, policy.max_job_s) \
+                if holder.oldest_job_at is not None else start + longest
+            end = max(end, min(start + longest, outlives))
+    return end if end > now else None
+
+
 def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
           since: float | None) -> str | None:
     """Step (4) of :func:`displaceable`: why the holder's turn keeps its card, or ``None``."""

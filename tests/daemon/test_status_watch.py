@@ -30,20 +30,41 @@ def _holder(priority: int = 0, in_flight: int = 1) -> Lease:
     return le
 
 
-@pytest.mark.parametrize("min_turn_s", [30.0, 1.0])
-def test_the_turn_ends_where_the_ladder_stops_keeping_it(min_turn_s):
+@pytest.mark.parametrize("min_turn_s,max_turn_s,reported", [
+    (30.0, 30.0, True), (1.0, 30.0, True), (1.0, 30.0, False), (40.0, 5.0, True),
+    (1.0, 2.0, True)])
+def test_the_turn_ends_where_the_ladder_stops_keeping_it(min_turn_s, max_turn_s, reported):
     """A busy holder against an equal-priority waiter: protected until ``turn_until``, not
-    after (the turn is at least the holder's switch cost, 3 s)."""
-    policy = Policy(min_turn_s=min_turn_s, juggle_window_s=0)
+    after. The turn is at least the holder's switch cost (3 s) and its minimum turn, and, while
+    its front reports its jobs, up to ``max_turn`` (rent or buy: a busy holder serves its turn)."""
+    policy = Policy(min_turn_s=min_turn_s, max_turn_s=max_turn_s, juggle_window_s=0)
     h, w = _holder(), Lease("w", "waiter", {PCI: Share(PCI, GiB)})
+    h.jobs_reported = reported
     now = 111.0
     p = protection(h, policy, now, wall=1_000.0)
     end = now + p["turn_left_s"]
-    assert end == pytest.approx(110.0 + max(min_turn_s, 3.0))
+    turn = max(min_turn_s, 3.0, max_turn_s if reported else 0.0)
+    assert end == pytest.approx(110.0 + turn)
     assert p["turn_until"] == pytest.approx(1_000.0 + p["turn_left_s"])
-    assert "minimum turn" in (displaceable(h, w, policy, end - 0.01) or "")
+    assert displaceable(h, w, policy, end - 0.01) is not None
     assert displaceable(h, w, policy, end + 0.01) is None
     assert protection(h, policy, end + 0.01, 0.0)["turn_until"] is None
+
+
+@pytest.mark.parametrize("idle_for_s,parked_cost_s", [(0.0, 2.0), (1.0, 0.5), (0.0, 40.0)])
+def test_an_idle_holders_turn_ends_where_its_rent_does(idle_for_s, parked_cost_s):
+    """An idle holder keeps its card while idle for less than a switch back would cost (its
+    restore, 3 s, plus a park), never past its longest turn; the first-request window after it
+    became ready is over (it served a job)."""
+    policy = Policy(juggle_window_s=0)
+    h, w = _holder(in_flight=0), Lease("w", "waiter", {PCI: Share(PCI, GiB)})
+    now = 120.0
+    h.park_cost_s, h.last_job_at, h.idle_since = parked_cost_s, 115.0, now - idle_for_s
+    p = protection(h, policy, now, wall=0.0)
+    end = now + p["turn_left_s"]
+    assert end == pytest.approx(min(h.idle_since + 3.0 + parked_cost_s, 110.0 + 30.0))
+    assert displaceable(h, w, policy, end - 0.01) is not None
+    assert displaceable(h, w, policy, end + 0.01) is None
 
 
 def test_keep_warm_ends_where_the_ladder_stops_keeping_an_idle_higher_priority():
@@ -83,12 +104,12 @@ def serving(tmp_path):
 def test_status_json_says_when_the_turn_and_keep_warm_end(serving):
     d = serving
     # A holder is idle once its front has reported no requests (not before its first report).
-    wait_for(lambda: d.lease_of("llm")["idle"], 30, "llm's front to report it idle")
-    t0 = time.time()
+    # Idle: its minimum turn (300 s) keeps nothing; only the first-request window and its rent
+    # (a switch back's cost) do, and both end within seconds.
+    wait_for(lambda: d.lease_of("llm")["idle"] and d.lease_of("llm")["turn_left_s"] is None,
+             30, "llm's front to report it idle, its first-request window and rent over")
     le = d.lease_of("llm")
-    assert 250 < le["turn_left_s"] <= 300, le
     assert 250 < le["keep_warm_left_s"] <= 300, le         # keep_warm's default: 5 minutes
-    assert abs(le["turn_until"] - (t0 + le["turn_left_s"])) < 30, (t0, le)
     out = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
                          timeout=30).stdout
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("llm"))
@@ -106,6 +127,9 @@ def test_status_json_says_when_the_turn_and_keep_warm_end(serving):
         resp = conn.getresponse()
         assert resp.status == 200
         wait_for(lambda: not d.lease_of("llm")["idle"], 30, "llm busy")
+        t0, le = time.time(), d.lease_of("llm")
+        assert 250 < le["turn_left_s"] <= 300, le          # its minimum turn, from its start
+        assert abs(le["turn_until"] - (t0 + le["turn_left_s"])) < 30, (t0, le)
         out = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
                              timeout=30).stdout
     finally:
