@@ -179,10 +179,8 @@ class Live:
                 f"application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
         try:
             with socket.create_connection(("127.0.0.1", self.ports[name]), timeout=200) as s:
-                s.settimeout(leave_s if leave_s is not None else 200)
                 s.sendall(head.encode() + body)
-                data = s.recv(65536)
-                row.first = time.monotonic()
+                data = self._first_event(s, row, leave_s)
                 s.settimeout(200)
                 while b"data: [DONE]" not in data and b" 200 " in data[:20]:
                     more = s.recv(65536)
@@ -195,6 +193,23 @@ class Live:
             row.status = "left"
         except OSError as e:
             row.status = f"{type(e).__name__}: {e}"
+
+    @staticmethod
+    def _first_event(s: socket.socket, row: Row, leave_s: float | None) -> bytes:
+        """Bytes up to the engine's first event (or a status other than 200): a held stream
+        gets the front's headers and keep-alive comments first, which are not an answer, so a
+        client with ``leave_s`` leaves when no event came by then (``TimeoutError``)."""
+        until = time.monotonic() + (leave_s if leave_s is not None else 200)
+        data = b""
+        while True:
+            s.settimeout(max(0.01, until - time.monotonic()))
+            more = s.recv(65536)
+            data += more
+            if not more or b"data: " in data or (len(data) >= 12 and b" 200 " not in data[:20]):
+                row.first = time.monotonic()
+                return data
+            if time.monotonic() >= until:
+                raise TimeoutError
 
     def _at(self, t_s: float) -> None:
         delay = self.t0 + t_s - time.monotonic()
