@@ -76,13 +76,14 @@ def _granted(st: State, w: Waiter, now: float) -> list[Effect]:
     rung = room.plan.rung.value if room else Rung.FIT.value
     if room is not None and room.fell_back:
         rung = Rung.DRAIN.value       # the room came from a drain after all (rule 4)
+    lent_fx: list[Effect] = []
     if room is not None:
         for step in room.plan.steps:
             # The juggle guard counts only swaps where both sides had demand (issue 16).
             if step.lease_id in room.contested:
                 st.swaps.record(lease.engine, step.engine, now)
             if step.action is Action.LEND:
-                _link_lend(st, step, lease)
+                lent_fx += _link_lend(st, step, lease, now)
     need = ", ".join(f"{card_name(st, p)} {format_size(b)}" for p, b in w.need.items())
     if w.kind is WaitKind.GRANT:
         st.counters.grants += 1
@@ -90,14 +91,14 @@ def _granted(st: State, w: Waiter, now: float) -> list[Effect]:
             rung = Rung.BESIDE_RESIDUAL.value
         return [Granted(w.lease_id, dict(w.need), rung),
                 Note(w.lease_id, "grant", f"{lease.engine} granted {need} ({rung})",
-                     {"rung": rung, "waited_s": now - w.since})]
+                     {"rung": rung, "waited_s": now - w.since})] + lent_fx
     if w.kind is WaitKind.RESUME:
         for pci in w.need:
             st.deadlines[(w.lease_id, pci, Op.WAKE)] = now + st.policy.wake_limit_s
         return [Instruct(w.lease_id, Op.WAKE, tuple(w.need), st.next_seq(),
                          reason="room confirmed"),
                 Note(w.lease_id, "resume", f"{lease.engine} resuming ({rung})",
-                     {"rung": rung, "waited_s": now - w.since})]
+                     {"rung": rung, "waited_s": now - w.since})] + lent_fx
     if w.kind is WaitKind.RETURN:
         for pci in w.need:
             st.deadlines[(w.lease_id, pci, Op.RETURN)] = now + st.policy.wake_limit_s
@@ -105,9 +106,10 @@ def _granted(st: State, w: Waiter, now: float) -> list[Effect]:
                          reason="the borrower's memory is confirmed gone"),
                 Note(w.lease_id, "returning", f"{lease.engine} grows back "
                      + ", ".join(f"{card_name(st, p)}:{b}" for p, b in w.need.items()),
-                     {"cards": dict(w.need), "waited_s": now - w.since})]
+                     {"cards": dict(w.need), "waited_s": now - w.since})] + lent_fx
     st.counters.extensions += 1
-    return [Note(w.lease_id, "extend", f"{lease.engine} reservation extended by {need}")]
+    return [Note(w.lease_id, "extend", f"{lease.engine} reservation extended by {need}")] \
+        + lent_fx
 
 
 def _take_over(st: State, w: Waiter) -> Room | None:
@@ -123,17 +125,25 @@ def _take_over(st: State, w: Waiter) -> Room | None:
     return None
 
 
-def _link_lend(st: State, step: Step, borrower: Lease) -> None:
+def _link_lend(st: State, step: Step, borrower: Lease, now: float) -> list[Effect]:
+    """Link a finished lend to the lease granted on it. A lend is exactly its borrower's need;
+    a room taken over by a waiter of another size (:func:`_take_over`) leaves the lend to
+    nobody, so the lender asks its bytes back (rule 2) instead of a borrower whose release
+    would give back the wrong amount."""
     lender = st.ledger.leases.get(step.lease_id)
     if lender is None:
-        return
+        return []
     pci = step.cards[0]
     lsh = lender.shares[pci]
     bsh = borrower.shares.get(pci)
-    if lsh.state is S.LENT and lsh.lent_to is None and bsh is not None \
-            and borrower.is_waiting() is False:
-        lsh.lent_to = borrower.id
-        bsh.borrowed_from = lender.id
+    if lsh.state is not S.LENT or lsh.lent_to is not None or bsh is None \
+            or borrower.is_waiting() is not False:
+        return []
+    if bsh.reserved_bytes != lsh.lent_bytes:
+        return want_return(st, lender, now)
+    lsh.lent_to = borrower.id
+    bsh.borrowed_from = lender.id
+    return []
 
 
 def make_room(st: State, w: Waiter, now: float) -> list[Effect]:

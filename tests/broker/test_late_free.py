@@ -52,9 +52,11 @@ def test_a_late_free_after_the_pid_left_the_drivers_list_is_waited_for_and_grant
     free. The drained engine's release is then confirmed (its PID is gone) while its bytes still
     show used: that is a release under way, so B's held request waits and is answered 200 once
     the memory frees, never the immediate 503 ("nothing under way can change that") it got."""
-    d = berthd(start=False)
-    d.config.write_text(d.config.read_text().replace(
-        'free_delay = "0.5s"', f'free_delay = "{FREE_DELAY_S:g}s"\nlist_exited = false'))
+    d = berthd(start=False, free_delay=f"{FREE_DELAY_S:g}s")
+    text = d.config.read_text()
+    line = f'free_delay = "{FREE_DELAY_S:g}s"'
+    assert line in text, text               # the driver table this test changes
+    d.config.write_text(text.replace(line, f"{line}\nlist_exited = false"))
     d.start()
     engine_run(d, runs, "A", engine_args=("--crash-on-term",))
     wait_for(lambda: serving(d, "A"), 20, "A serving")

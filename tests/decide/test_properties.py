@@ -152,3 +152,29 @@ def test_random_sequences_scan(data):
 def test_random_sequences_strict(data):
     w = run_sequence(data, QueuePolicy.STRICT, check_order=True)
     drain_to_empty(w)
+
+
+def test_a_lend_taken_over_by_a_waiter_of_another_size_goes_back_to_its_lender():
+    """Found by test_random_sequences_scan: l2 lends 2 GiB for l3; l4 (priority 1, 1 GiB)
+    arrives and, ranking first, is granted on the room made for l3 (issue 24). The lend was
+    linked to l4 although l4 holds 1 GiB of it, so l4's release would have given l2 back the
+    wrong amount. Now the lend belongs to nobody and l2 asks its 2 GiB back."""
+    policy = Policy(queue=QueuePolicy.SCAN, scan_max_skips=0, scan_max_wait_s=5.0,
+                    min_turn_s=0.0, juggle_window_s=0.0, juggle_max_swaps=2,
+                    release_grace_s=20, wake_limit_s=30)
+    w = World([17 * GiB], policy)
+    p = pci_of(0)
+    for lid, size, prio, lend in (("l1", 2, 0, False), ("l2", 15, 0, True), ("l3", 2, 0, False),
+                                  ("l4", 1, 1, False)):
+        w.request(lid, f"e{lid[1]}", {p: size * GiB}, priority=prio, lend=lend,
+                  bound=Bound.DECLARED, need={p: max(GiB, size * GiB // 2)}, growth=GiB)
+        w.check()
+    w.do(0, ok=True, frees=True)
+    w.request("l5", "e5", {p: GiB}, bound=Bound.DECLARED, need={p: GiB}, growth=GiB)
+    w.confirm(0)
+    w.check()
+    lender, l4 = w.s.ledger.leases["l2"].shares[p], w.s.ledger.leases["l4"].shares[p]
+    assert l4.state is S.ACTIVE and l4.borrowed_from is None, l4
+    assert lender.state is S.LENT and lender.lent_to is None
+    assert "l2" in w.s.queue, "the lender asks its lend back"
+    drain_to_empty(w)
