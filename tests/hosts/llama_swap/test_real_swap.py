@@ -234,8 +234,8 @@ def test_with_cuda_checkpoint_found_wraps_defaults_park_the_real_engines(real_sw
 
 
 #: llama-swap's health poll (``internal/process/process_command.go``, ``doStart``): its first
-#: check 250 ms after the spawn, then one a second until one answers 200.
-POLL_FIRST_S, POLL_EVERY_S = 0.25, 1.0
+#: check 250 ms after the spawn, then one every second until one answers 200.
+POLL_EVERY_S = 1.0
 
 
 def timeline(swap) -> list[dict]:
