@@ -100,7 +100,11 @@ class Model:
     the memory it holds on the simulated card when it serves (the router's own part is ``size``
     less ``child_size``), and its berth.toml size. ``run``:
     ``berth run`` flags of its own (the cmd is then written wrapped; wrap leaves it so).
-    ``server``: more ``llama-server`` flags. ``ttl``: llama-swap's ``ttl``."""
+    ``server``: more ``llama-server`` flags. ``ttl``: llama-swap's ``ttl``. ``front_health``:
+    ``False`` writes the cmd wrapped as a hand-written run line without ``--front-health`` and
+    ``--keep-front`` (wrap leaves it so): llama-swap's health check then passes only once the
+    engine serves, so its request waits in llama-swap for the next poll after the front opens,
+    and a drained run exits."""
 
     id: str
     gguf: str | None = "tiny-a.gguf"
@@ -111,6 +115,12 @@ class Model:
     run: tuple[str, ...] = ()
     server: tuple[str, ...] = ()
     priority: int | None = None
+    front_health: bool = True
+
+    @property
+    def wrapped(self) -> bool:
+        """Whether its cmd is written as a ``berth run`` line already."""
+        return bool(self.run) or not self.front_health
 
 
 @dataclass
@@ -206,7 +216,7 @@ class Swap:
         srv = [str(self.tools.llama_server)]
         srv += ["-m", str(self.tools.models / m.gguf)] if m.gguf else [
             "--models-dir", str(self.tools.models), "--models-max", "1"]
-        srv += ["--port", "${PORT}" if not m.run else "{port}", "--host", "127.0.0.1",
+        srv += ["--port", "{port}" if m.wrapped else "${PORT}", "--host", "127.0.0.1",
                 "-c", str(m.ctx), "-t", "1", *m.server]
         if not self.charge:
             return srv
@@ -218,10 +228,10 @@ class Swap:
 
     def _cmd(self, m: Model) -> str:
         words = self._server(m)
-        if m.run:
+        if m.wrapped:
+            front = ["--front-health", "--keep-front"] if m.front_health else []
             words = [str(BIN / "berth"), "run", "--engine", m.id, "--front",
-                     "127.0.0.1:${PORT}", "--front-health", "--keep-front", *m.run, "--",
-                     *words]
+                     "127.0.0.1:${PORT}", *front, *m.run, "--", *words]
         return " ".join(words)
 
     def write(self) -> None:

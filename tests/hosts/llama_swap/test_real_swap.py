@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -229,4 +230,74 @@ def test_with_cuda_checkpoint_found_wraps_defaults_park_the_real_engines(real_sw
     ok(swap.chat("tiny-a"))        # restored, not started again
     assert swap.leases() == {"tiny-a": "active", "tiny-b": "parked"}
     assert len(swap.processes("llama-server")) == 2
+    assert swap.sim_card()["oom_events"] == 0
+
+
+#: llama-swap's health poll (``internal/process/process_command.go``, ``doStart``): its first
+#: check 250 ms after the spawn, then one every second until one answers 200.
+POLL_EVERY_S = 1.0
+
+
+def timeline(swap) -> list[dict]:
+    """berthd's timeline (each entry's ``at`` is ``time.monotonic`` on this machine)."""
+    from tests.berthd import api
+    status, body = api(swap.state / "berthd.sock", "GET", "/v1/timeline")
+    assert status == 200, body
+    return body["entries"]
+
+
+def chats_at_once(swap, models: list[str], timeout_s: float = 120.0) -> dict:
+    """One chat per model, sent together from threads; model -> :class:`Answer`."""
+    out: dict = {}
+    threads = [threading.Thread(target=lambda m=m: out.__setitem__(m, swap.chat(
+        m, timeout=timeout_s)), daemon=True) for m in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 10)
+    assert set(out) == set(models), f"no answer for {set(models) - set(out)}"
+    return out
+
+
+def check_fresh_round(swap, models: list[str], t0: float) -> None:
+    """One round of the fresh-engine shape: both models asked at once; every drain (entries
+    after ``t0``) comes after the drained engine answered; both 200, two grants, one drain."""
+    answers = chats_at_once(swap, models)
+    tl = [e for e in timeline(swap) if e["at"] >= t0]
+    ready = {}
+    for e in tl:
+        if e["kind"] == "ready":
+            ready.setdefault(e["lease"], e["at"])
+    drains = [e for e in tl if e["kind"] == "drain"]
+    for e in drains:
+        ans = answers[e["engine"]]
+        answered_at = ans.sent_at + ans.first_s
+        # Drained only once its request had reached it, never while llama-swap's poll held it.
+        assert e["lease"] in ready and answered_at < e["at"], (
+            f"{e['engine']} drained {e['at'] - ready.get(e['lease'], e['at']):.2f}s after its "
+            f"front opened (llama-swap polls every {POLL_EVERY_S:g}s), "
+            f"{e['at'] - answered_at:+.2f}s from its answer ({ans.status}); timeline: "
+            + "; ".join(f"{x['at'] - ans.sent_at:.2f} {x['engine']} {x['kind']}" for x in tl))
+    for m, ans in answers.items():
+        assert ans.status == 200, (m, ans.status, ans.body[:300])
+    grants = sorted(e["engine"] for e in tl if e["kind"] == "grant")
+    assert grants == models and len(drains) == 1, [(e["engine"], e["kind"]) for e in tl]
+
+
+@pytest.mark.timeout(400)
+def test_a_fresh_engine_is_not_drained_before_llama_swaps_poll_hands_it_its_request(real_swap):
+    """Issue 24, the fresh engine: two models asked together on a card they cannot share. The
+    run lines are written by hand without ``--front-health``, so llama-swap's health check
+    reaches the engine and passes only once its front is open: the granted one's request waits
+    inside llama-swap for the next poll (up to 1 s) after its front opens. Before (no
+    ``first_request`` hold): it was drained as idle for the other about 0.25 s after its front
+    opened, its run exited, and its client got llama-swap's 500 "upstream command exited
+    prematurely". Three rounds: where the front opens in llama-swap's poll cycle varies."""
+    models = ["tiny-a", "tiny-b"]
+    swap = real_swap([Model(m, f"{m}.gguf", front_health=False) for m in models]).start()
+    for _ in range(3):
+        check_fresh_round(swap, models, time.monotonic())
+        assert swap.unload() == 200
+        wait_until(lambda: not others(swap) and swap.leases() == {}, 60,
+                   "nothing left after the unload")
     assert swap.sim_card()["oom_events"] == 0
