@@ -40,7 +40,6 @@ from berth.decide.admission import Policy as CoreKnobs
 from berth.decide.admission import QueuePolicy
 from berth.decide.ledger import Ledger
 from berth.decide.measures import reserve_fraction
-from berth.decide.placement import Ask
 from berth.decide.model import (
     Bound,
     Capabilities,
@@ -51,6 +50,7 @@ from berth.decide.model import (
     Share,
     ShareState,
 )
+from berth.decide.placement import Ask
 from berth.decide.scheduler import (
     CardRead,
     Ended,
