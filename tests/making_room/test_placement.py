@@ -40,3 +40,21 @@ def test_best_fit_places_all_four_with_nothing_displaced(live):
     assert lv.oom_events() == 0
     grant = lv.entry("P", "grant")
     assert "placed on gpu0: it fits there" in grant["text"] and "best fit" in grant["text"], grant
+
+
+def test_any_two_cards_go_where_they_fit_now(live):
+    """An engine that asks for any 2 cards (``--size 12GiB --size 12GiB``) on four, two of them
+    held by engines that cannot park, is granted the two free ones, and its engine allocates
+    there; nothing is drained."""
+    lv = live((("gpu0", "24GiB"), ("gpu1", "24GiB"), ("gpu2", "24GiB"), ("gpu3", "24GiB")))
+    _start(lv, "A", "16GiB@gpu0", 15)
+    _start(lv, "B", "16GiB@gpu2", 15)
+    lv.wait_serving("A")
+    lv.wait_serving("B")
+    lv.run("T", ["--size", "12GiB", "--size", "12GiB"], ["--weights", "11GiB"])
+    t = lv.wait_serving("T", 40)
+    assert lv.states("T") == {"gpu1": "active", "gpu3": "active"}
+    ctx = 256 * MiB
+    assert lv.card_use("gpu1") == {t["pid"]: 11 * GiB + ctx}
+    assert lv.card_use("gpu3") == {t["pid"]: 11 * GiB + ctx}
+    assert lv.counters()["drains"] == 0 and lv.oom_events() == 0
