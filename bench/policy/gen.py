@@ -34,6 +34,7 @@ import argparse
 import math
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -179,7 +180,9 @@ def workload_b(seed: int) -> Workload:
     rng = random.Random(seed)
     big_note = ("spans three cards; multi-process TP/PP, so no park (cuda-checkpoint #27, #30, "
                 "#45: NCCL jobs hang, TP>1 restores fail)")
-    engines = (
+    # Every engine may be placed on any cards by a policy that places (issue 25); the cards
+    # named here are where a policy that cannot place runs it (an operator's static choice).
+    engines = tuple(replace(e, free=True) for e in (
         _engine("coder-14", [0], 14, 10.5, slots=4, note="KV 160 KiB/token"),
         _engine("chat-8", [0], 8, 6.5, slots=4, note="KV 64 KiB/token"),
         _engine("embed-1.5", [0], 1.5, 1.25, slots=8, note="embeddings: short batches"),
@@ -188,7 +191,7 @@ def workload_b(seed: int) -> Workload:
         _engine("chat-12", [2], 12, 9, slots=4, note="KV 128 KiB/token"),
         _engine("whisper-4", [3], 4, 3, slots=1, note="transcription jobs"),
         _engine("vision-10", [3], 10, 8, slots=2, note="vision-language; KV 96 KiB/token"),
-    )
+    ))
     reqs: list[RequestSpec] = []
     T = 3600.0
     big = dict(user_tokens=(30, 1500), reply_tokens=(60, 900), kv_bytes_per_token=320 * KiB,

@@ -46,6 +46,9 @@ class Recorder:
         self.engines = [e.name for e in wl.engines]
         self.cards = [c.pci for c in wl.cards]
         self.card_total = {c.pci: c.total_bytes for c in wl.cards}
+        self.card_name = {c.pci: c.name for c in wl.cards}
+        #: loads per engine per set of cards (names joined by '+'; issue 25: placement)
+        self.placements: dict[str, Counter[str]] = {e: Counter() for e in self.engines}
         self.switches: Counter[str] = Counter()
         self.bytes_moved: Counter[str] = Counter()
         self.ooms: list[tuple[float, str, str, int, int]] = []
@@ -63,6 +66,10 @@ class Recorder:
     def switch(self, kind: str, n_bytes: int) -> None:
         self.switches[kind] += 1
         self.bytes_moved[kind] += n_bytes
+
+    def placed(self, engine: str, cards: tuple[str, ...]) -> None:
+        """A load of ``engine`` on ``cards`` (PCI addresses)."""
+        self.placements[engine]["+".join(sorted(self.card_name[p] for p in cards))] += 1
 
     def oom(self, now: float, pci: str, engine: str, used: int, asked: int) -> None:
         self.ooms.append((now, pci, engine, used, asked))
@@ -122,8 +129,22 @@ class Recorder:
             "p95_wait_by_engine_s": {e: round(percentiles(w)[1], 3)
                                      for e, w in self.waits_by_engine.items()},
             "end_s": round(end_s, 3),
+            "cards_by_engine": {e: dict(c.most_common()) for e, c in self.placements.items()},
         }
         self.summary.update(policy.extra())
+
+
+def cards_table(rows: list[tuple[str, str, dict]]) -> str:
+    """A Markdown table of each engine's cards per ``(workload, policy)`` row: the sets of
+    cards it was loaded on, with how many loads on each (issue 25)."""
+    out = ["| workload | policy | engines' cards (loads) |", "|---|---|---|"]
+    for wl, pol, s in rows:
+        cells = []
+        for e, by in s.get("cards_by_engine", {}).items():
+            cells.append(f"{e}: " + ", ".join(f"{c} ({n})" for c, n in by.items())
+                         if by else f"{e}: -")
+        out.append(f"| {wl} | {pol} | {'; '.join(cells)} |")
+    return "\n".join(out)
 
 
 def table(rows: list[tuple[str, str, dict]]) -> str:

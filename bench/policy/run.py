@@ -32,7 +32,7 @@ if __package__ in (None, ""):
 import berth  # noqa: E402
 
 from .gen import WORKLOADS as SEEDED  # noqa: E402
-from .metrics import table  # noqa: E402
+from .metrics import cards_table, table  # noqa: E402
 from .policies import DEFAULT, KNOBS, POLICIES, make  # noqa: E402
 from .shapes import SHAPES, build_shapes  # noqa: E402
 from .verdict import lines, verdict  # noqa: E402
@@ -164,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
             runs[f"{wl.name}/ideal"] = rec.summary
             rows.append((wl.name, "ideal (no memory limit)", rec.summary))
     print(table(rows))
+    free = {wl.name for wl in workloads if any(e.free for e in wl.engines)}
+    if free:
+        print("\nEach engine's cards, where a policy that places chose them (issue 25):")
+        print(cards_table([r for r in rows if r[0] in free]))
     verdicts = {}
     for wl in workloads:
         v = verdict(runs, wl.name)

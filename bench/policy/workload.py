@@ -57,6 +57,8 @@ class EngineSpec:
     holder after its last request; ``None``: Berth's default). ``drain``: ``False`` for an
     in-process host that nobody can stop (ComfyUI with its node: ``--highvram`` gives it no park
     either); a stop of it does nothing, and Berth leases it without the drain (issue 24).
+    ``free``: a policy that places (issue 25) may load it on any cards, as many as its own
+    (:meth:`on`); its own cards are where a policy that does not place loads it.
     """
 
     name: str
@@ -72,10 +74,21 @@ class EngineSpec:
     keep_warm_s: float | None = None
     drain: bool = True
     note: str = ""
+    free: bool = False
 
     @property
     def cards(self) -> tuple[str, ...]:
         return tuple(self.size_bytes)
+
+    def on(self, cards: tuple[str, ...]) -> "EngineSpec":
+        """The same engine placed on ``cards`` (PCI addresses, one for each of its own, in
+        order). Raises ``ValueError`` for the wrong count or a card named twice."""
+        if len(cards) != len(self.cards) or len(set(cards)) != len(cards):
+            raise ValueError(f"{self.name}: cards: expected {len(self.cards)} distinct cards, "
+                             f"got {cards!r}")
+        to = dict(zip(self.cards, cards, strict=True))
+        return replace(self, size_bytes={to[p]: b for p, b in self.size_bytes.items()},
+                       base_bytes={to[p]: b for p, b in self.base_bytes.items()})
 
     def growth_split(self, growth_bytes: int) -> dict[str, int]:
         """Spread one request's growth over the cards in proportion to ``size − base``."""
@@ -255,7 +268,9 @@ class Workload:
         growth_bytes, ramp_s, kind]``) so that diffs stay readable."""
         head = {k: v for k, v in asdict(self).items() if k != "requests"}
         head["cards"] = [asdict(c) for c in self.cards]
-        head["engines"] = [asdict(e) for e in self.engines]
+        # ``free`` is written only where it is set: files written before issue 25 stay as they were.
+        head["engines"] = [{k: v for k, v in asdict(e).items() if k != "free" or v}
+                           for e in self.engines]
         if self.clients:
             head["clients"] = [asdict(c) for c in self.clients]
         else:

@@ -229,6 +229,10 @@ class World:
         if proc.state not in (LOADING, READY, RESTORING):
             raise RuntimeError(f"forward {job.id} to {proc!r}: not loading, ready or restoring")
         job.proc = proc
+        if set(job.growth) != set(proc.spec.cards):
+            # An engine placed anew (issue 25): its requests grow it on its cards of now.
+            job.growth = proc.spec.growth_split(job.spec.growth_bytes)
+            job.alloc = {p: 0 for p in job.growth}
         proc.queue.append(job)
         self._serve(proc)
 
@@ -344,10 +348,17 @@ class World:
         self._post("on_mem", proc, pci)
 
     # -- mechanisms -----------------------------------------------------------------------------
-    def load(self, engine: str, tag=None, health_poll: bool = False) -> Proc:
+    def load(self, engine: str, tag=None, health_poll: bool = False,
+             cards: tuple[str, ...] | None = None) -> Proc:
         """Start ``engine`` cold; it becomes its engine's current process. Returns the process;
-        ``on_ready`` is posted when it serves."""
+        ``on_ready`` is posted when it serves. ``cards``: where a policy that places puts an
+        engine with ``free`` placement (``None``: its own cards)."""
         spec = self.specs[engine]
+        if cards is not None and tuple(cards) != spec.cards:
+            if not spec.free:
+                raise RuntimeError(f"load {engine} on {cards}: its placement is fixed")
+            spec = spec.on(tuple(cards))
+        self.stats.placed(engine, spec.cards)
         proc = Proc(next(self._pid), spec, tag, self.now)
         self.procs.append(proc)
         self.current[engine] = proc

@@ -95,7 +95,7 @@ def _lease_dict(le: Lease) -> dict:
         "last_used_at": le.last_used_at, "held": le.held,
         "restart_grace_s": le.restart_grace_s, "restarting_until": le.restarting_until,
         "max_job_s": le.max_job_s, "may_preempt": le.may_preempt,
-        "frees_nothing": le.frees_nothing,
+        "frees_nothing": le.frees_nothing, "movable": sorted(le.movable),
         "shares": [_share_dict(sh) for sh in le.shares.values()],
     })
 
@@ -159,6 +159,10 @@ def _lease_from(d: dict) -> Lease:
         raise TypeError(f"leases.caps: expected a table, got {caps!r:.80}")
     shares = [_share_from(s, f"shares[{i}]") for i, s in enumerate(d["shares"])]
     need = d.get("need_bytes", {})
+    movable = d.get("movable", [])
+    if not isinstance(movable, list) or not all(isinstance(p, str) for p in movable):
+        raise TypeError(f"leases.movable: expected an array of PCI addresses, got "
+                        f"{movable!r:.80}")
     return Lease(
         id=d["id"], engine=d["engine"], shares={s.card: s for s in shares},
         priority=int(d.get("priority", 0)), bound=Bound(d.get("bound", "declared")),
@@ -179,7 +183,8 @@ def _lease_from(d: dict) -> Lease:
         restarting_until=d.get("restarting_until"),
         max_job_s=float(d["max_job_s"]) if d.get("max_job_s") is not None else None,
         may_preempt=bool(d.get("may_preempt", False)),
-        frees_nothing=d.get("frees_nothing"))
+        frees_nothing=d.get("frees_nothing"),
+        movable=frozenset(p for p in movable if p in {s.card for s in shares}))
 
 
 def load(path: Path) -> Snapshot | None:

@@ -94,6 +94,9 @@ class WaitKind(enum.StrEnum):
     RETURN = "return"   # a lender whose borrower is gone grows back: lent -> returning
 
 
+#: ``place(waiter, room_of, blocked)``: see :func:`admission_pass`.
+Placer = Callable[["Waiter", Callable[[str], int], set[str]], None]
+
 _KIND_RANK = {WaitKind.EXTEND: 0, WaitKind.RETURN: 0, WaitKind.RESUME: 1, WaitKind.GRANT: 1}
 _seq = itertools.count()
 
@@ -248,7 +251,8 @@ class PassResult:
 def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
                    make_room: Callable[[Waiter], bool] | None = None,
                    room_in_flight: Callable[[Waiter], bool] | None = None,
-                   fresh: Callable[[str], bool] | None = None) -> PassResult:
+                   fresh: Callable[[str], bool] | None = None,
+                   place: Placer | None = None) -> PassResult:
     """One pass over the queue in order (priority, then age); grants what the policy admits.
 
     Room goes to the best waiter at the moment it appears, not to the one it was made for
@@ -270,10 +274,15 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
        fit even on its emptied cards (stowaways in the way, or holders Berth can never free:
        issue 24) holds nothing.
 
+    Before step 1, ``place`` may put a new lease's movable shares on other cards (issue 25:
+    placement at grant time, :func:`.placement.choose`): it is given the bytes the waiter may
+    be granted per card in this pass (what earlier waiters granted or about to be granted on a
+    read being taken left out) and the cards earlier waiters hold for other reasons.
+
     Decisions are made here, inside the single writer, never from a snapshot taken outside it.
     """
     order = list(queue)
-    p = _Pass(ledger, queue, policy, now, make_room, room_in_flight, fresh)
+    p = _Pass(ledger, queue, policy, now, make_room, room_in_flight, fresh, place)
     for w in order:
         for pci, b in ledger.earmarks.get(w.lease_id, {}).items():
             p.later[pci] = p.later.get(pci, 0) + b
@@ -296,8 +305,13 @@ class _Pass:
     make_room: Callable[[Waiter], bool] | None
     room_in_flight: Callable[[Waiter], bool] | None
     fresh: Callable[[str], bool] | None
+    place: Placer | None = None
     res: PassResult = field(default_factory=PassResult)
     held: set[str] = field(default_factory=set)
+    #: cards held for another reason than a read being taken (those waiters go at once)
+    hard: set[str] = field(default_factory=set)
+    #: bytes per card of waiters that fit and wait only for that read
+    promised: dict[str, int] = field(default_factory=dict)
     held_by: dict[str, str] = field(default_factory=dict)
     skippable: list[Waiter] = field(default_factory=list)
     #: earmarks (bytes per card) of the waiters not considered yet: they rank after the one
@@ -307,6 +321,9 @@ class _Pass:
     def consider(self, w: Waiter) -> None:
         """Steps (1)-(5) of :func:`admission_pass` for one waiter."""
         led = self.ledger
+        if self.place is not None and w.kind is WaitKind.GRANT:
+            self.place(w, lambda p: (led.available(p, w.lease_id, self.later.get(p, 0))
+                                     - self.promised.get(p, 0)), self.hard)
         need = waiter_need(led, w)
         cards = set(need)
         verdicts = {pci: verdict(led, pci, b, w.lease_id, self.later.get(pci, 0))
@@ -324,7 +341,9 @@ class _Pass:
         if fits and not (cards & self.held):                                     # (2)
             if self.fresh is not None and not all(self.fresh(p) for p in cards):
                 self.res.stale |= cards
-                self._hold(cards, w)
+                self._hold(cards, w, stale=True)
+                for p, b in need.items():
+                    self.promised[p] = self.promised.get(p, 0) + b
             else:
                 self._grant(w, cards)
             return
@@ -364,7 +383,9 @@ class _Pass:
         elif not hopeless:
             self.skippable.append(w)
 
-    def _hold(self, cards: set[str], w: Waiter) -> None:
+    def _hold(self, cards: set[str], w: Waiter, stale: bool = False) -> None:
         for pci in cards - self.held:
             self.held_by[pci] = w.lease_id
         self.held |= cards
+        if not stale:
+            self.hard |= cards

@@ -204,6 +204,38 @@ class Ledger:
         self._counted[pci] += counted_bytes(share) - before
         return share
 
+    def rehome(self, lease_id: str, moves: dict[str, str]) -> None:
+        """Put a waiting lease's shares on other cards: ``moves`` maps each share's PCI
+        address now to its new one (a permutation among the lease's shares may swap two).
+        Its ``need_bytes`` and ``movable`` follow. Only a lease whose every share waits may
+        move (it counts nothing anywhere); raises ``ValueError`` otherwise, ``KeyError`` for an
+        unknown card. Issue 25: placement is decided at grant time."""
+        lease = self.leases[lease_id]
+        if not lease.is_waiting():
+            raise ValueError(f"lease {lease_id}: only a waiting lease may move")
+        moves = {a: b for a, b in moves.items() if a != b}
+        if not moves:
+            return
+        for b in moves.values():
+            if b not in self.cards:
+                raise KeyError(f"lease {lease_id}: card {b!r} is not known")
+        new_keys = [moves.get(p, p) for p in lease.shares]
+        if len(set(new_keys)) != len(new_keys):
+            raise ValueError(f"lease {lease_id}: two shares would go to one card")
+        undrainable = not lease.caps.drain
+        for p in lease.shares:
+            self._on_card[p].pop(lease_id, None)
+            self._undrainable[p] = self._undrainable.get(p, 0) - undrainable
+        shares = {}
+        for p, sh in lease.shares.items():
+            sh.card = moves.get(p, p)
+            shares[sh.card] = sh
+            self._on_card[sh.card][lease_id] = lease
+            self._undrainable[sh.card] = self._undrainable.get(sh.card, 0) + undrainable
+        lease.shares = shares
+        lease.need_bytes = {moves.get(p, p): b for p, b in lease.need_bytes.items()}
+        lease.movable = frozenset(moves.get(p, p) for p in lease.movable)
+
     # -- earmarks -------------------------------------------------------------------------
     def earmark(self, lease_id: str, need: dict[str, int]) -> None:
         """Hold ``need`` ({pci: bytes}) free for waiter ``lease_id``; ``{}`` clears it."""

@@ -318,6 +318,9 @@ class Lease:
     instruction to the driver's confirmation); ``parking_since`` when that park began.
     ``frees_nothing``: why its park was seen to free nothing (a lease that cannot be drained
     then keeps its card, and waiters are told at once).
+    ``movable``: the PCI addresses of the shares that named no card; while the lease waits,
+    Berth places them anew at every admission pass (issue 25: placement at grant time). A
+    granted lease keeps its cards; a parked one wakes on them.
     """
 
     id: str
@@ -353,6 +356,7 @@ class Lease:
     park_cost_s: float = 0.0
     parking_since: float | None = None
     frees_nothing: str | None = None
+    movable: frozenset[str] = frozenset()
 
     def idle(self) -> bool:
         """Nothing in flight at its front, as its front last reported (issue 16: turns protect

@@ -12,6 +12,7 @@ from .causes import jobs_words
 from .effects import Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected
 from .ladder import Action, NoPlan, Plan, Rung, Step, plan
 from .model import Lease, Op, ShareState
+from .placement import choose
 from .state import Room, State, awaited, card_name, drop
 from .units import format_size
 
@@ -40,8 +41,11 @@ def admit(st: State, now: float) -> list[Effect]:
         at = st.ledger.cards[pci].read_at
         return at is not None and at >= now
 
+    def place(w: Waiter, room_of, blocked: set[str]) -> None:
+        _place(st, w, now, room_of, blocked)
+
     res = admission_pass(st.ledger, st.queue, st.policy, now, start_room, in_flight,
-                         fresh if st.read_before_grant else None)
+                         fresh if st.read_before_grant else None, place)
     if res.stale:
         fx.append(ReadCards("", tuple(sorted(res.stale))))
     st.behind = res.behind
@@ -51,6 +55,19 @@ def admit(st: State, now: float) -> list[Effect]:
     for w in res.granted:
         fx += _granted(st, w, now)
     return fx
+
+
+def _place(st: State, w: Waiter, now: float, room_of, blocked: set[str]) -> None:
+    """Put a waiter's movable shares on the best cards now (:func:`.placement.choose`;
+    issue 25), unless room is being made for it (its cards are fixed from then on)."""
+    lease = st.ledger.leases[w.lease_id]
+    if not lease.movable or w.lease_id in st.rooms or not lease.is_waiting():
+        return
+    busy = frozenset(p for r in st.rooms.values() if r.pending for p in r.cards)
+    ch = choose(st.ledger, w, st.policy, now, st.swaps, busy, room_of, blocked)
+    if ch is not None:
+        st.ledger.rehome(w.lease_id, ch.moves)
+        st.placed[w.lease_id] = ch.why
 
 
 def _never(st: State, w: Waiter, reason: str, now: float) -> list[Effect]:
@@ -89,9 +106,12 @@ def _granted(st: State, w: Waiter, now: float) -> list[Effect]:
         st.counters.grants += 1
         if rung == Rung.FIT.value and any(st.ledger.parked_on(p) for p in w.need):
             rung = Rung.BESIDE_RESIDUAL.value
+        placed = st.placed.pop(w.lease_id, None)
         return [Granted(w.lease_id, dict(w.need), rung),
-                Note(w.lease_id, "grant", f"{lease.engine} granted {need} ({rung})",
-                     {"rung": rung, "waited_s": now - w.since})] + lent_fx
+                Note(w.lease_id, "grant", f"{lease.engine} granted {need} ({rung})"
+                     + (f"; {placed}" if placed else ""),
+                     {"rung": rung, "waited_s": now - w.since,
+                      **({"placed": placed} if placed else {})})] + lent_fx
     if w.kind is WaitKind.RESUME:
         for pci in w.need:
             st.deadlines[(w.lease_id, pci, Op.WAKE)] = now + st.policy.wake_limit_s

@@ -59,7 +59,7 @@ from .ladder import SwapLog
 from .ledger import Ledger
 from .measures import Counters, GrowthMeter
 from .model import Lease, Op, ShareState
-from .placement import Ask, place, shares_for
+from .placement import Ask, movable_of, place, shares_for
 from .state import Room, State, card_name, find, wait_cause
 from .units import format_size
 
@@ -123,10 +123,14 @@ class Scheduler:
         choice (:func:`.placement.place`) is made here, inside the single writer, on the ledger
         as it is now. ``held``: bytes an adopted process holds per card (``{}``: none). Fills
         ``lease.shares`` and ``lease.need_bytes``; raises
-        :class:`~.placement.PlacementError` naming the share (nothing changes)."""
-        shares, need = shares_for(asks, place(self.ledger, asks, held), held)
+        :class:`~.placement.PlacementError` naming the share (nothing changes). A share that
+        names no card is movable: the admission pass places it anew until it is granted
+        (issue 25)."""
+        cards = place(self.ledger, asks, held)
+        shares, need = shares_for(asks, cards, held)
         lease.shares.update(shares)
         lease.need_bytes.update(need)
+        lease.movable = movable_of(asks, cards, held)
 
     def request(self, lease: Lease, now: float) -> list[Effect]:
         """Queue a new lease (all shares ``waiting``). Raises ``ValueError``/``KeyError``."""
@@ -141,7 +145,8 @@ class Scheduler:
         self.ledger.add_lease(lease)
         self.queue.push(Waiter(lease.id, WaitKind.GRANT, lease.priority, now, {}))
         fx: list[Effect] = [Note(lease.id, "request", f"{lease.engine} asks for "
-                                 + ", ".join(card_name(self.state, p) for p in lease.shares))]
+                                 + ", ".join(_asked(self.state, lease, p)
+                                             for p in lease.shares))]
         return fx + rooms.admit(self.state, now)
 
     def withdraw(self, lease_id: str, now: float, reason: str = "withdrawn") -> list[Effect]:
@@ -363,6 +368,14 @@ class Scheduler:
         """A lease by id, or the one lease of an engine by name. Raises ``KeyError`` for none and
         ``ValueError`` when several leases run that engine."""
         return find(self.state, key)
+
+
+def _asked(st: State, lease: Lease, pci: str) -> str:
+    """One share of a request in words: its card, or its size on any card."""
+    if pci not in lease.movable:
+        return card_name(st, pci)
+    sh = lease.shares[pci]
+    return "a whole card" if sh.whole_card else f"{format_size(sh.size_bytes)} on any card"
 
 
 def _check_parkable(lease: Lease) -> None:

@@ -62,6 +62,9 @@ class State:
         self.noplan_said: dict[str, tuple[str, bool]] = {}
         self.behind: dict[str, str] = {}
         self.over: set[tuple[str, str]] = set()
+        #: why a waiter's movable shares stand where they do, in words (issue 25; said at
+        #: its grant)
+        self.placed: dict[str, str] = {}
         #: Grant only on a driver read taken in the same step (rule 1); the broker reads the
         #: cards a ReadCards effect names and observes them at once.
         self.read_before_grant = True
@@ -99,6 +102,7 @@ def drop(st: State, lease_id: str) -> None:
     st.growth.forget(lease_id)
     st.wake_wanted.discard(lease_id)
     st.noplan_said.pop(lease_id, None)
+    st.placed.pop(lease_id, None)
     for key in [k for k in st.deadlines if k[0] == lease_id]:
         del st.deadlines[key]
 

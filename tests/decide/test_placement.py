@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from berth.decide.admission import Policy
-from berth.decide.model import Lease, ShareState
-from berth.decide.placement import Ask, PlacementError, place
-from berth.decide.scheduler import Granted
+from berth.decide.model import Capabilities, Lease, ParkMechanism, ShareState
+from berth.decide.placement import Ask, PlacementError, Score, place
+from berth.decide.scheduler import Granted, Instruct, Note
 
 from tests.decide.world import GiB, World, pci_of
 
@@ -39,6 +39,10 @@ class TestPlace:
         w = _world()
         assert place(w.s.ledger, [Ask(None, 20 * GiB)], {}) == [G0]
 
+    def test_two_shares_that_name_no_card_go_on_two_cards(self):
+        w = _world()
+        assert sorted(place(w.s.ledger, [Ask(None, GiB), Ask(None, GiB)], {})) == [G0, G1]
+
     def test_an_adopted_process_keeps_its_card(self):
         w = _world()
         assert place(w.s.ledger, [Ask(None, GiB)], {G0: 3 * GiB, G1: 0}) == [G0]
@@ -47,7 +51,7 @@ class TestPlace:
     @pytest.mark.parametrize("asks, field, words", [
         ([Ask("gpu7", GiB)], "shares.0.card", "gpu7"),
         ([Ask("gpu0", GiB), Ask(G0, GiB)], "shares.1.card", "named twice"),
-        ([Ask(None, GiB), Ask(None, GiB)], "shares.1.card", "two shares name no card"),
+        ([Ask(None, GiB)] * 3, "shares.2.card", "only 2 cards can hold"),
         ([Ask(None, 64 * GiB)], "shares.0.size", "larger than every card's capacity"),
         ([Ask("gpu0", 0)], "shares.0.size", "more than 0 bytes"),
     ])
@@ -59,15 +63,18 @@ class TestPlace:
 
 
 class TestSchedulerPlace:
-    def test_the_scheduler_places_then_the_request_is_granted_there(self):
+    def test_the_scheduler_places_then_the_grant_places_again_by_best_fit(self):
         w = _world()
         lease = Lease("small", "small", {})
         w.s.place(lease, [Ask(None, 2 * GiB, need_bytes=GiB)], {})
         assert list(lease.shares) == [G1] and lease.need_bytes == {G1: GiB}
+        assert lease.movable == {G1}
         assert lease.shares[G1].state is ShareState.WAITING
         w.apply(w.s.request(lease, w.now))
         grants = [e for e in w.effects if isinstance(e, Granted) and e.lease_id == "small"]
-        assert grants and list(grants[0].cards) == [G1]
+        # At the grant gpu0's 4 GiB hole is the best fit; gpu1's 16 GiB stays whole.
+        assert grants and list(grants[0].cards) == [G0]
+        assert lease.need_bytes == {G0: GiB}
 
     def test_a_refused_placement_changes_nothing(self):
         w = _world()
@@ -75,3 +82,148 @@ class TestSchedulerPlace:
         with pytest.raises(PlacementError):
             w.s.place(lease, [Ask("gpu9", GiB)], {})
         assert lease.shares == {} and "small" not in w.s.ledger.leases
+
+
+def _ask(w: World, lid: str, asks: list[Ask], *, park: ParkMechanism | None = None,
+         apply: bool = True) -> list:
+    """A lease asked for as berthd's control API does: placed, then requested."""
+    caps = Capabilities(park=park, front="127.0.0.1:1" if park else None)
+    lease = Lease(lid, lid, {}, caps=caps)
+    w.s.place(lease, asks, {})
+    fx = w.s.request(lease, w.now)
+    if apply:
+        w.apply(fx)
+    return fx
+
+
+def _cards_of(w: World, lid: str) -> list[str]:
+    return sorted(w.s.ledger.cards[p].name for p in w.s.ledger.leases[lid].shares)
+
+
+def _two_cards_x_on_gpu0() -> World:
+    """Issue 25's shape: two 24 GiB cards (1 GiB reserve each); X 16 GiB on gpu0 runs, and it
+    has no park (only a drain would move it)."""
+    w = World([24 * GiB, 24 * GiB], reserve=GiB)
+    _ask(w, "X", [Ask("gpu0", 16 * GiB)])
+    assert "X" in w.granted_order
+    return w
+
+
+def _displaced(w: World) -> list:
+    return [e for e in w.effects if isinstance(e, Instruct) and e.op in ("park", "drain")]
+
+
+class TestPlacedAtGrant:
+    """Issue 25: placement is decided at grant time, by the ladder's cost and then best fit."""
+
+    def test_best_fit_places_all_four_with_nothing_displaced(self):
+        w = _two_cards_x_on_gpu0()
+        for lid, size in (("N", 10), ("P", 6), ("Q", 12)):
+            _ask(w, lid, [Ask(None, size * GiB)])
+        w.do_all()
+        assert w.granted_order == ["X", "N", "P", "Q"]
+        assert {lid: _cards_of(w, lid) for lid in "XNPQ"} == {
+            "X": ["gpu0"], "N": ["gpu1"], "P": ["gpu0"], "Q": ["gpu1"]}
+        assert _displaced(w) == [] and not w.pending
+        w.check()
+
+    def test_the_same_when_all_three_wait_on_one_read(self):
+        """N, P and Q arrive before berthd's read (rule 1): the pass that holds them for it
+        counts what the earlier ones will take, so Q is not put where P goes."""
+        w = _two_cards_x_on_gpu0()
+        w.now += 1.0            # the last read is older than the requests now
+        fx = []
+        for lid, size in (("N", 10), ("P", 6), ("Q", 12)):
+            fx += _ask(w, lid, [Ask(None, size * GiB)], apply=False)
+        assert not any(isinstance(e, Granted) for e in fx)
+        w.read()
+        w.do_all()
+        assert sorted(w.granted_order) == ["N", "P", "Q", "X"]
+        assert {lid: _cards_of(w, lid) for lid in "NPQ"} == {
+            "N": ["gpu1"], "P": ["gpu0"], "Q": ["gpu1"]}
+        assert _displaced(w) == []
+        w.check()
+
+    def test_the_grant_says_where_and_why(self):
+        w = _two_cards_x_on_gpu0()
+        _ask(w, "N", [Ask(None, 10 * GiB)])
+        _ask(w, "P", [Ask(None, 6 * GiB)])
+        note = [e for e in w.effects if isinstance(e, Note) and e.kind == "grant"
+                and e.lease_id == "P"][0]
+        assert "placed on gpu0: it fits there with 1.0GiB left over, the best fit" in note.text
+        assert note.data["placed"].startswith("placed on gpu0")
+        req = [e for e in w.effects if isinstance(e, Note) and e.kind == "request"
+               and e.lease_id == "P"][0]
+        assert req.text == "P asks for 6.0GiB on any card"
+
+    def test_a_named_card_is_never_moved(self):
+        w = _two_cards_x_on_gpu0()
+        _ask(w, "N", [Ask("gpu0", 10 * GiB)])
+        assert "N" not in w.granted_order and _cards_of(w, "N") == ["gpu0"]
+
+    def test_room_made_fixes_the_cards(self):
+        """Once the ladder makes room for a waiter, it stays on those cards (a park under way
+        must not be wasted)."""
+        w = World([24 * GiB, 24 * GiB], reserve=GiB)
+        _ask(w, "A", [Ask("gpu0", 20 * GiB)], park=ParkMechanism.CHECKPOINT)
+        _ask(w, "B", [Ask("gpu1", 20 * GiB)], park=ParkMechanism.CHECKPOINT)
+        w.s.jobs("A", 0, w.now)
+        w.s.jobs("B", 0, w.now)
+        _ask(w, "C", [Ask(None, 10 * GiB)])
+        parks = [e for e in w.pending if e.op == "park"]
+        assert len(parks) == 1
+        victim_card = w.s.ledger.leases[parks[0].lease_id].cards
+        assert w.s.ledger.leases["C"].cards == victim_card
+        w.advance(1.0)
+        assert w.s.ledger.leases["C"].cards == victim_card
+        w.do_all()
+        assert "C" in w.granted_order and w.s.ledger.leases["C"].cards == victim_card
+
+
+class TestAnyTwoOfFour:
+    """A multi-card engine that asks for any 2 of 4 cards goes on the pair that can serve it
+    soonest (issue 25)."""
+
+    def _four(self) -> World:
+        """gpu0: D, which cannot park (a drain); gpu1: S, a slow park; gpu2: F, a fast
+        park; gpu3 empty. Every holder 16 GiB of 24, idle."""
+        w = World([24 * GiB] * 4, reserve=GiB)
+        _ask(w, "D", [Ask("gpu0", 16 * GiB)])
+        _ask(w, "S", [Ask("gpu1", 16 * GiB)], park=ParkMechanism.CHECKPOINT)
+        _ask(w, "F", [Ask("gpu2", 16 * GiB)], park=ParkMechanism.CHECKPOINT)
+        led = w.s.ledger
+        led.leases["S"].park_cost_s, led.leases["S"].switch_cost_s = 6.0, 6.0
+        led.leases["F"].park_cost_s, led.leases["F"].switch_cost_s = 1.0, 1.0
+        for lid in "DSF":
+            w.s.jobs(lid, 0, w.now)
+        w.advance(60.0)         # idle for longer than a switch back would cost (issue 24)
+        return w
+
+    def test_the_pair_with_the_cheapest_room(self):
+        w = self._four()
+        _ask(w, "T", [Ask(None, 12 * GiB), Ask(None, 12 * GiB)])
+        assert _cards_of(w, "T") == ["gpu2", "gpu3"]
+        assert [(e.op, e.lease_id) for e in w.pending] == [("park", "F")]
+        w.do_all()
+        assert "T" in w.granted_order and _displaced(w)[0].lease_id == "F"
+        assert {"D", "S"}.isdisjoint({e.lease_id for e in _displaced(w)})
+        w.check()
+
+    def test_a_pair_that_fits_now_beats_any_park(self):
+        w = self._four()
+        w.exit("S")
+        w.confirm_all()
+        _ask(w, "T", [Ask(None, 12 * GiB), Ask(None, 12 * GiB)])
+        assert "T" in w.granted_order and _cards_of(w, "T") == ["gpu1", "gpu3"]
+        assert _displaced(w) == []
+
+    def test_a_drain_of_an_engine_that_cannot_park_comes_last(self):
+        w = self._four()
+        _ask(w, "T", [Ask(None, 12 * GiB)] * 3)
+        assert _cards_of(w, "T") == ["gpu1", "gpu2", "gpu3"]
+        assert sorted(e.lease_id for e in w.pending) == ["F", "S"]
+
+
+def test_scores_order_by_tier_then_cost_then_fit():
+    assert Score(0, 0.0, 0, 5) < Score(0, 0.0, 0, 7) < Score(1, 0.0, 0, 0) \
+        < Score(2, 1.0, 0, 0) < Score(2, 6.0, 0, 0) < Score(4, 0.0, 0, 0)

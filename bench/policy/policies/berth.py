@@ -50,6 +50,7 @@ from berth.decide.model import (
     Share,
     ShareState,
 )
+from berth.decide.placement import Ask
 from berth.decide.scheduler import (
     CardRead,
     Ended,
@@ -233,10 +234,22 @@ class BerthPolicy(SimPolicy):
                       priority=spec.priority, bound=self.bound,
                       growth_allowance_bytes=spec.growth_allowance_bytes,
                       need_bytes=dict(spec.base_bytes), caps=caps)
+        if spec.free:
+            # As berthd's control API does for shares that name no card (issue 25): the
+            # scheduler places them, and places them anew at the grant.
+            lease.shares, lease.need_bytes = {}, {}
+            self.sched.place(lease, [Ask(None, spec.size_bytes[p], spec.base_bytes[p])
+                                     for p in spec.cards], {})
         if spec.keep_warm_s is not None:
             lease.keep_warm_s = spec.keep_warm_s
         self.lease_of[engine], self.engine_of[lid] = lid, engine
         self._apply(self.sched.request(lease, self.world.now))
+
+    def _cards(self, engine: str, g: Granted) -> tuple[str, ...] | None:
+        """Where the grant placed an engine of free placement (``None``: its own cards)."""
+        if not self.world.specs[engine].free:
+            return None
+        return tuple(g.cards)
 
     def on_job_end(self, job, ok: bool) -> None:
         self._pump(job.engine)
@@ -252,7 +265,8 @@ class BerthPolicy(SimPolicy):
         for f in fx:
             if isinstance(f, Granted):
                 e = self.engine_of[f.lease_id]
-                self.proc_of[f.lease_id] = self.world.load(e, tag=f.lease_id, health_poll=True)
+                self.proc_of[f.lease_id] = self.world.load(e, tag=f.lease_id, health_poll=True,
+                                                           cards=self._cards(e, f))
             elif isinstance(f, Instruct):
                 self._instruct(f)
             elif isinstance(f, Watch):
