@@ -103,7 +103,8 @@ def _unnamed(ledger: Ledger, i: int, ask: Ask, held: dict[str, int | None],
     left = [p for p in fits if p not in taken]
     if not left:
         raise PlacementError(f"shares.{i}.card", f"{i + 1} shares want a card of their own "
-                                                 f"and only {len(fits)} cards can hold "
+                                                 f"and only {len(fits)} "
+                                                 f"card{'s' if len(fits) != 1 else ''} can hold "
                                                  f"{format_size(ask.size_bytes)}; ask for "
                                                  f"fewer shares")
     return max(left, key=lambda p: (ledger.available(p), ledger.cards[p].capacity_bytes))
