@@ -14,12 +14,19 @@ granularity:
 4. Nothing reserves the engines' growth. Growth that collides is an OOM: the allocating engine
    dies, its requests fail and retry, and it restarts through (1).
 
+Placement (issue 25): an engine of ``free`` placement goes, at its admission, on the cards
+(as many as its own) where the last read shows its load free, the set with the most free bytes
+left over first (worst fit, as Ollama and Berth's first rule place: the most room for growth
+nobody reserved); when it fits on none, on the set where (3) stops the fewest idle engines (then
+the most free). Cards an earlier waiter holds are not candidates.
+
 This is the failure mode the issue names ("a broker that admits by current need alone crashes
 when memory grows"); LocalAI's LRU eviction without a per-model estimate is the closest peer.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 from ..world import EXITED, LOADING, READY, STOPPING
@@ -76,10 +83,10 @@ class CurrentNeedPolicy(SimPolicy):
         w = self.world
         held_cards: set[str] = set()
         for e in list(self.waiting):
-            spec = w.specs[e]
-            cards = set(spec.cards)
-            if cards & held_cards:                                              # (1)
+            spec = self._placed(w.specs[e], held_cards)
+            if spec is None:                                                    # (1)
                 continue
+            cards = set(spec.cards)
             cur = w.current[e]
             if cur is not None and cur.state in (LOADING, READY) and cur.after is None:
                 self.waiting.remove(e)
@@ -89,13 +96,40 @@ class CurrentNeedPolicy(SimPolicy):
                 continue    # its process is on its way out; it restarts from on_exit
             if all(self._free(p) >= spec.base_bytes[p] for p in cards):         # (2)
                 self.waiting.remove(e)
-                proc = w.load(e)
+                proc = w.load(e, cards=spec.cards if spec.free else None)
                 self._forward_held(proc)
                 continue
             self._make_room(spec)                                               # (3)
             held_cards |= cards
 
+    def _placed(self, spec, held: set[str]):
+        """The engine on the cards it goes on now (module docstring), ``None`` when an earlier
+        waiter holds them (every set of them, for an engine of free placement)."""
+        if not spec.free:
+            return None if set(spec.cards) & held else spec
+        sets = [spec.on(c) for c in itertools.combinations(sorted(self.world.total),
+                                                           len(spec.cards))
+                if not set(c) & held]
+        if not sets:
+            return None
+
+        def left(s) -> int:
+            return min(self._free(p) - b for p, b in s.base_bytes.items())
+
+        fit = [s for s in sets if left(s) >= 0]
+        if fit:
+            return max(fit, key=left)
+        return min(sets, key=lambda s: (self._room_plan(s)[0], -left(s)))
+
     def _make_room(self, spec) -> None:
+        n, chosen = self._room_plan(spec)
+        if n < len(self.world.procs) + 1:
+            for proc in chosen:
+                self.world.stop(proc)
+
+    def _room_plan(self, spec) -> tuple[int, list]:
+        """Step (3) worked out: how many idle engines must stop on ``spec``'s cards and which
+        (``len(procs) + 1`` and ``[]`` when stopping them all would not do)."""
         w = self.world
         coming = {p: self._free(p) for p in spec.cards}
         for proc in w.procs:
@@ -114,8 +148,8 @@ class CurrentNeedPolicy(SimPolicy):
             for p in spec.cards:
                 coming[p] += proc.res.get(p, 0)
         if all(coming[p] >= spec.base_bytes[p] for p in spec.cards):
-            for proc in chosen:
-                w.stop(proc)
+            return len(chosen), chosen
+        return len(w.procs) + 1, []
 
     def _forward_held(self, proc) -> None:
         q = self.held[proc.engine]

@@ -26,6 +26,19 @@ Eviction (the ``Swapper``):
   list every maximal set whose declared sizes fit each card's total. A request picks the set
   containing its model that evicts the fewest running models (every ``evict_cost`` is 1), ties
   to definition order (largest sets first, then by name).
+
+Placement (issue 25), ``swap-matrix`` only, for engines of ``free`` placement: a llama-swap
+model is one ``cmd`` with its ``CUDA_VISIBLE_DEVICES``, so an operator who lets an engine run on
+any card writes one model per card set (``coder-14@gpu0`` … ``@gpu3``), one variant at most per
+engine in each set, and a ``selectors:`` entry that maps the engine's name onto its variants.
+llama-swap's ``warm`` selector sends a request to a ready variant, then a starting one, and
+cold-starts its *first* target otherwise, which is fixed placement again. We read it
+charitably: the matrix itself picks the variant, over every maximal set of variants whose
+declared sizes fit each card, by the same rule as above (fewest running models evicted), ties to
+definition order (the engine's own cards first, then the other card sets in card order; among
+sets that keep as many, the first by name). :meth:`SwapPolicy.free_plan` solves it on demand
+instead of listing every set (a set that fits extends to a maximal one, so the cheapest
+eviction is the same). ``swap`` (groups) cannot place: a group member is one model.
 """
 
 from __future__ import annotations
@@ -77,12 +90,30 @@ def fitting_sets(wl) -> list[frozenset[str]]:
     return sorted(ok, key=lambda s: (-len(s), sorted(s)))
 
 
+def _variants(engine, cards: list[str]) -> list[tuple[str, ...]]:
+    """An engine's variants in definition order: its own cards first, then every other set of
+    as many cards, in card order (only its own for an engine of fixed placement)."""
+    own = engine.cards
+    if not engine.free:
+        return [own]
+    return [own, *(c for c in itertools.combinations(cards, len(own)) if c != own)]
+
+
+def _fits(sizes: list[dict[str, int]], total: dict[str, int]) -> bool:
+    per_card: Counter[str] = Counter()
+    for s in sizes:
+        per_card.update(s)
+    return all(b <= total[p] for p, b in per_card.items())
+
+
 @dataclass
 class _Swap:
     target: str
     evict: list[str]
     waiters: list = field(default_factory=list)
     stopping: set[int] = field(default_factory=set)
+    #: the target's cards when the matrix placed it (``None``: its own cards)
+    cards: tuple[str, ...] | None = None
 
 
 class SwapPolicy(SimPolicy):
@@ -97,12 +128,17 @@ class SwapPolicy(SimPolicy):
     def attach(self, world) -> None:
         super().attach(world)
         self.group = card_components(world.wl.engines)
-        self.sets = fitting_sets(world.wl) if self.router == "matrix" else []
+        self.places = self.router == "matrix" and any(e.free for e in world.wl.engines)
+        self.sets = fitting_sets(world.wl) if self.router == "matrix" and not self.places else []
+        self.variants = {e.name: _variants(e, [c.pci for c in world.wl.cards])
+                         for e in world.wl.engines} if self.places else {}
         self.active: dict[str, _Swap] = {}
         self.in_flight: Counter[str] = Counter()
         self.queued: list = []
 
     def extra(self) -> dict:
+        if self.places:
+            return {"matrix_variants": {e: len(v) for e, v in self.variants.items()}}
         if self.router == "matrix":
             return {"matrix_sets": [sorted(s) for s in self.sets]}
         return {"groups": sorted({tuple(sorted(m for m, g in self.group.items() if g == k))
@@ -134,6 +170,42 @@ class SwapPolicy(SimPolicy):
         keep = best or frozenset({target})
         return [m for m in running if m not in keep]
 
+    def _cards_of(self, model: str) -> tuple[str, ...]:
+        """The cards a running (or starting, or stopping) model holds or will hold."""
+        sw = self.active.get(model)
+        proc = self.world.current[model]
+        if proc is None or (sw is not None and sw.cards is not None and proc.state == STOPPING):
+            return sw.cards if sw is not None and sw.cards else self.world.specs[model].cards
+        return proc.spec.cards
+
+    def free_plan(self, target: str, running: list[str]) -> tuple[list[str], tuple[str, ...]]:
+        """Pure: the matrix over variants (module docstring): the running models that must stop
+        for ``target`` to run, and the cards of the variant it starts."""
+        proc = self.world.current[target]
+        if proc is not None and proc.state in (LOADING, READY):
+            return [], proc.spec.cards           # a running variant serves: nothing to place
+        others = [m for m in running if m != target]
+        size = {m: self._sizes(m, self._cards_of(m)) for m in others}
+        total = self.world.total
+        best: tuple[int, tuple[str, ...], tuple[str, ...]] | None = None
+        for cards in self.variants[target]:
+            want = self._sizes(target, cards)
+            for r in range(len(others), -1, -1):
+                if best is not None and r <= best[0]:
+                    break
+                keep = next((k for k in itertools.combinations(others, r)
+                             if _fits([want, *(size[m] for m in k)], total)), None)
+                if keep is not None:
+                    best = (r, cards, keep)
+                    break
+        if best is None:
+            return list(others), self.world.specs[target].cards
+        return [m for m in others if m not in best[2]], best[1]
+
+    def _sizes(self, model: str, cards: tuple[str, ...]) -> dict[str, int]:
+        spec = self.world.specs[model]
+        return spec.size_bytes if cards == spec.cards else spec.on(cards).size_bytes
+
     def _collides(self, target: str, evict: list[str]) -> bool:
         for t, sw in self.active.items():
             if t == target:
@@ -153,7 +225,11 @@ class SwapPolicy(SimPolicy):
         if m in self.active:                                                    # (1)
             self.active[m].waiters.append(job)
             return True
-        evict = self.eviction_for(m, self._running(m))
+        cards = None
+        if self.places:
+            evict, cards = self.free_plan(m, self._running(m))
+        else:
+            evict = self.eviction_for(m, self._running(m))
         if self._state(m) == "ready" and not evict and not self._collides(m, evict):  # (2)
             self._grant(job, m)
             return True
@@ -161,7 +237,7 @@ class SwapPolicy(SimPolicy):
             return False
         if any(self.in_flight[x] > 0 for x in evict):                           # (4)
             return False
-        self._start_swap(job, evict)                                            # (5)
+        self._start_swap(job, evict, cards)                                     # (5)
         return True
 
     def _drain_queue(self) -> None:
@@ -178,8 +254,8 @@ class SwapPolicy(SimPolicy):
         self.in_flight[model] += 1
 
     # -- swaps ------------------------------------------------------------------------------
-    def _start_swap(self, job, evict: list[str]) -> None:
-        sw = _Swap(job.engine, evict, [job])
+    def _start_swap(self, job, evict: list[str], cards: tuple[str, ...] | None = None) -> None:
+        sw = _Swap(job.engine, evict, [job], cards=cards)
         self.active[job.engine] = sw
         for m in evict:
             proc = self.world.current[m]
@@ -196,7 +272,7 @@ class SwapPolicy(SimPolicy):
         if proc is not None and proc.state == READY:
             self._swap_done(sw)
         elif proc is None or proc.state == STOPPING:
-            self.world.load(sw.target, health_poll=True)
+            self.world.load(sw.target, health_poll=True, cards=sw.cards)
 
     def _swap_done(self, sw: _Swap) -> None:
         del self.active[sw.target]
