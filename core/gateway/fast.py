@@ -61,6 +61,11 @@ def fast(gw: "Gateway", req: "Request", client: "ClientConnection") -> bool:
     if conn is None:
         return False
     assert isinstance(conn, RelayConnection)
+    # The request leaves first and the exchange is tied up after: the front starts on it while
+    # this process counts it (its answer is read on a later turn of the loop, never before).
+    conn.write(b"%s %s%s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
+        req.method, addr.prefix, req.target, addr.host_line, b"".join(req.lines), len(body),
+        body))
     inf = gw.table.in_flight
     inf[route.name] = inf.get(route.name, 0) + 1
     gw.served_local += 1
@@ -68,9 +73,6 @@ def fast(gw: "Gateway", req: "Request", client: "ClientConnection") -> bool:
                on_settled=functools.partial(_done, gw, req, client, conn, addr, route))
     client.exchange = conn
     gw.relays.live.add(conn)
-    conn.write(b"%s %s%s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
-        req.method, addr.prefix, req.target, addr.host_line, b"".join(req.lines), len(body),
-        body))
     return True
 
 
