@@ -39,12 +39,14 @@ class FastPath(RequestPath):
         engine = self._pool.take(addr)
         if engine is None:
             return False
-        self._forwarding(req)
         body = b"".join(req.parts)   # kept in req.parts: a stale connection's retry sends it
+        # The request leaves first and is counted and tied up after: the engine starts on it
+        # sooner, and its answer is read on a later turn of the loop, never before.
+        engine.write(request_bytes(req, request_head(req, addr), body))
+        self._forwarding(req)
         engine.begin(client, req.method == b"HEAD", req.version == "1.0",
                      functools.partial(self._fast_done, req, client, engine, addr))
         client.exchange = engine
-        engine.write(request_bytes(req, request_head(req, addr), body))
         return True
 
     def _fast_done(self, req: "Request", client: "ClientConnection", engine: EngineConnection,

@@ -13,9 +13,9 @@ the request as it was (its body is still in ``req.parts``).
 from __future__ import annotations
 
 import functools
-import json
 from typing import TYPE_CHECKING
 
+import orjson
 from berth.front.upstream import EngineFailed
 from berth.gateway.relay import RelayConnection, Target, end_cut
 from berth.gateway.views import candidates
@@ -40,7 +40,10 @@ def fast(gw: "Gateway", req: "Request", client: "ClientConnection") -> bool:
             return False
     body = b"".join(req.parts)    # kept in req.parts: the task starts from it if need be
     try:
-        doc = json.loads(body)
+        # orjson, not json: measured in the gateway under bench/gateway.py at concurrency 1,
+        # json.loads took 16 us (p50) of the request's way to the front, orjson a few. What
+        # orjson refuses (UTF-16, NaN, lone surrogates) takes the task's way (json), as before.
+        doc = orjson.loads(body)
         model = doc["model"]
     except (ValueError, RecursionError, TypeError, KeyError):
         return False
@@ -58,6 +61,11 @@ def fast(gw: "Gateway", req: "Request", client: "ClientConnection") -> bool:
     if conn is None:
         return False
     assert isinstance(conn, RelayConnection)
+    # The request leaves first and the exchange is tied up after: the front starts on it while
+    # this process counts it (its answer is read on a later turn of the loop, never before).
+    conn.write(b"%s %s%s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
+        req.method, addr.prefix, req.target, addr.host_line, b"".join(req.lines), len(body),
+        body))
     inf = gw.table.in_flight
     inf[route.name] = inf.get(route.name, 0) + 1
     gw.served_local += 1
@@ -65,9 +73,6 @@ def fast(gw: "Gateway", req: "Request", client: "ClientConnection") -> bool:
                on_settled=functools.partial(_done, gw, req, client, conn, addr, route))
     client.exchange = conn
     gw.relays.live.add(conn)
-    conn.write(b"%s %s%s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (
-        req.method, addr.prefix, req.target, addr.host_line, b"".join(req.lines), len(body),
-        body))
     return True
 
 

@@ -89,10 +89,6 @@ class RelayConnection(EngineConnection):
         self.close()
         self._deliver()
 
-    def data_received(self, data: bytes | memoryview) -> None:
-        self.read_at = time.monotonic()
-        super().data_received(data)
-
     @property
     def sse(self) -> bool:
         """Whether the answer is an event stream (its headers, kept until the next exchange)."""
@@ -104,7 +100,6 @@ class RelayConnection(EngineConnection):
         super().on_headers_complete()
         if was or not self.started:
             return
-        self.read_at = time.monotonic()
         if self.src is None or self.head_only or self.parser.get_status_code() < 400:
             return
         length = next((int(v) for n, v in self.headers if n.lower() == b"content-length"
@@ -113,6 +108,9 @@ class RelayConnection(EngineConnection):
             self._held_head, self._held = self.out.pop(), []
 
     def _flush(self) -> None:
+        # after every read (EngineConnection.data_received), so the read's time is stamped
+        # here rather than in a data_received of its own: one Python call less per read
+        self.read_at = time.monotonic()
         if self._held is not None:
             self._held.extend(self.body)
             self.body.clear()

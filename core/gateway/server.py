@@ -206,8 +206,9 @@ class Gateway:
             return self._handoff
         return None
 
-    def _fast(self, req: Request, client: ClientConnection) -> bool:
-        return fast(self, req, client)
+    #: the listener's shortest way (:mod:`berth.gateway.fast`), called as a method: one Python
+    #: call less per request than a method that calls it
+    _fast = fast
 
     async def _handle(self, req: Request, client: ClientConnection) -> bool:
         path = req.path

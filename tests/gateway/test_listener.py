@@ -249,3 +249,31 @@ def test_a_failed_start_stops_only_what_it_built(tmp_path):
         taken.close()
     _run(scenario(), 10)
 
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model": "m", "messages": [], "x": NaN}',          # json reads NaN; orjson refuses it
+    b'{"model": "m", "messages": [], "s": "\\ud800"}',    # a lone surrogate, the same
+    b'\xef\xbb\xbf{"model": "m", "messages": []}',        # a UTF-8 byte order mark, the same
+    b'{"model": "m", "messages": []}',                    # the fast way's own case
+])
+def test_a_body_the_fast_way_cannot_read_is_routed_as_before(tmp_path, body):
+    """The fast way reads ``model`` with orjson (bench/gateway.py); what orjson refuses and
+    json reads takes the connection's task, which routes it as before."""
+    async def scenario():
+        engine, port = await _serve(_echo_engine())
+        gw = Gateway(parse({"engines": {"m": {"url": f"http://127.0.0.1:{port}"}},
+                            "network": {"name": "A"}}), "127.0.0.1:0",
+                     client=Client(socket=tmp_path / "no-berthd.sock"))
+        await gw.start()
+        try:
+            for _ in range(2):     # the second one finds a kept-alive engine connection
+                code, doc, _ = await asyncio.to_thread(http, gw.port, "POST",
+                                                       "/v1/chat/completions", raw=body)
+                assert code == 200, doc
+                assert doc == {"size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
+            assert gw.served_local == 2
+        finally:
+            await gw.stop()
+            await engine.cleanup()
+    _run(scenario(), 20)
