@@ -55,13 +55,13 @@ from .effects import (
     Until,
     Watch,
 )
-from .ladder import SwapLog, turn_start
+from .ladder import SwapLog
 from .ledger import Ledger
 from .measures import Counters, GrowthMeter
 from .model import Lease, Op, ShareState
 from .placement import Ask, movable_of, place, shares_for
 from .state import Room, State, card_name, find, wait_cause
-from .units import format_duration, format_size
+from .units import format_size
 
 S = ShareState
 
@@ -217,43 +217,7 @@ class Scheduler:
         between two in-flight samples, so its turn's first request has come and its idle spell
         starts now (a count that went back is a new run's front counting from 0). Raises
         ``ValueError`` for a negative count."""
-        for name, n in (("in_flight", in_flight), ("served", served)):
-            if n is not None and n < 0:
-                raise ValueError(f"{name}: expected a count >= 0, got {n}")
-        lease = self.ledger.leases[lease_id]
-        moved = served is not None and served != lease.served and served > 0
-        fx = self._first_request(lease, now) if (in_flight or moved) and len(self.queue) else []
-        if in_flight and not lease.in_flight:
-            lease.busy_since = now
-        elif not in_flight:
-            lease.busy_since = None
-        went_idle = not in_flight and (lease.in_flight or not lease.jobs_reported)
-        if in_flight or moved:
-            lease.last_job_at = now
-        if in_flight:
-            lease.idle_since = None
-        elif went_idle or moved:
-            lease.idle_since = now      # the end of its last request, within one sample
-        # Its older requests ended: a waiter that asked before the ones left may go now.
-        moved_on = lease.oldest_job_at is not None and (
-            oldest_at is None or oldest_at > lease.oldest_job_at)
-        lease.in_flight, lease.jobs_reported = in_flight, True
-        lease.served = lease.served if served is None else served
-        lease.oldest_job_at = oldest_at if in_flight else None
-        lease.last_used_at = now
-        return fx + (rooms.admit(self.state, now) if (went_idle or moved_on or moved)
-                     and len(self.queue) else [])
-
-    def _first_request(self, lease: Lease, now: float) -> list[Effect]:
-        """A note when this request is the first of the holder's turn: the card it kept for it
-        (``first_request_s``, a manager's health poll) is kept no longer (issue 24)."""
-        start, said = turn_start(lease, self.policy)
-        if not said or now < start or (lease.last_job_at is not None
-                                       and lease.last_job_at >= start):
-            return []
-        return [Note(lease.id, "first_request", f"{lease.engine} has its first request "
-                     f"{format_duration(now - start)} after it said it serves; it no longer "
-                     f"keeps its card for one")]
+        return reports.jobs(self.state, lease_id, in_flight, now, oldest_at, served)
 
     def touch(self, lease_id: str, now: float) -> list[Effect]:
         """The engine served a request (for least-recently-used victim order)."""
