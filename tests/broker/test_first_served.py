@@ -65,3 +65,35 @@ def test_a_malformed_served_count_is_refused_naming_it(berthd):
     code, r = d.call("POST", f"/v1/leases/{lid}/jobs", {"in_flight": 0, "served": 3})
     assert code == 200 and r["served"] == 3, r
     assert d.lease_of("X")["served"] == 3
+
+
+def test_the_reporter_sends_a_moved_count_at_once_while_idle(berthd):
+    """The reporter's rule, against a real berthd: a served count that moved while the last
+    report said nothing in flight goes at once (the request came and went between two polls);
+    while busy it waits for ``every_s`` like any other change."""
+    import asyncio
+
+    from berth.client import Client, JobReporter
+
+    d = berthd()
+    code, r = d.call("POST", "/v1/leases", {"engine": "X", "owner_pid": os.getpid(),
+                                            "shares": [{"card": "gpu0", "size": "2GiB"}]})
+    assert code == 201, r
+    work, served = [(0, None)], [0]
+
+    async def go() -> list[bool]:
+        async with Client(socket=d.sock) as c:
+            rep = JobReporter(lambda: work[0], lambda: r["id"], lambda: c,
+                              served=lambda: served[0], every_s=3600.0)
+            sent = [await rep.poll()]                  # the first report, in full
+            served[0] = 1                              # answered between two polls
+            sent.append(await rep.poll())
+            sent.append(await rep.poll())              # nothing new
+            work[0], served[0] = (1, None), 2          # busy: an edge
+            sent.append(await rep.poll())
+            served[0] = 3                              # busy, and more served: not at once
+            sent.append(await rep.poll())
+            return sent
+
+    assert asyncio.run(go()) == [True, True, False, True, False]
+    assert d.lease_of("X")["served"] == 2
