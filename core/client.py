@@ -167,18 +167,24 @@ class JobReporter:
     ``work()``: ``(jobs, oldest_at)``, the requests the front forwards or holds now (held
     requests are this engine's work too) and when the oldest of them arrived
     (``time.monotonic`` seconds, ``None`` when unknown). ``lease_id()``: the lease's id now
-    (``None`` while unleased). ``client()``: the :class:`Client` to report through. Every
-    ``poll_s`` seconds it reports a change: at once between zero and non-zero, else at most once
-    per ``every_s``; again in full for a new lease. A failed report (berthd away, no lease) is
+    (``None`` while unleased). ``client()``: the :class:`Client` to report through.
+    ``served()``: how many model requests the front has started during this lease, a count that
+    only grows (``None``: the front does not count them; issue 24: a request that starts and
+    ends between two polls is seen by this count alone). Every ``poll_s`` seconds it reports a
+    change: at once between zero and non-zero, and when the served count moved while the last
+    report said nothing was in flight (the answer came and went unseen); else at most once per
+    ``every_s``; again in full for a new lease. A failed report (berthd away, no lease) is
     tried again at the next poll. The age (seconds at the report, not this process's clock) is
     what crosses to berthd, which turns it into its own clock's time of arrival."""
 
     def __init__(self, work: Callable[[], tuple[int, float | None]],
                  lease_id: Callable[[], str | None], client: Callable[[], "Client | None"], *,
+                 served: Callable[[], int] | None = None,
                  poll_s: float = 0.05, every_s: float = 1.0):
         self.work, self.lease_id, self.client = work, lease_id, client
+        self.served = served
         self.poll_s, self.every_s = poll_s, every_s
-        self.sent: tuple[int, float | None] | None = None
+        self.sent: tuple[int, float | None, int | None] | None = None
         self._sent_at = float("-inf")
         self._lease: str | None = None
 
@@ -190,26 +196,32 @@ class JobReporter:
     async def poll(self) -> bool:
         """Report now if the work changed enough; True when a report was sent."""
         n, oldest = self.work()
+        served = None if self.served is None else self.served()
         now = time.monotonic()
         lid = self.lease_id()
         if lid != self._lease:
             self.sent = None               # a new lease: berthd knows nothing of its jobs
-        edge = self.sent is None or (n == 0) != (self.sent[0] == 0)
-        if (n, oldest) == self.sent or not (edge or now - self._sent_at >= self.every_s):
+        sent = self.sent
+        edge = sent is None or (n == 0) != (sent[0] == 0) or (
+            sent[0] == 0 and served != sent[2])
+        if (n, oldest, served) == sent or not (edge or now - self._sent_at >= self.every_s):
             return False
         try:
-            await self.send(lid, n, None if oldest is None else max(0.0, now - oldest))
+            await self.send(lid, n, None if oldest is None else max(0.0, now - oldest), served)
         except Exception as e:             # berthd away: it learns the count when back
             log.debug("could not report %s requests in flight: %s", n, e)
             return False
-        self.sent, self._sent_at, self._lease = (n, oldest), now, lid
+        self.sent, self._sent_at, self._lease = (n, oldest, served), now, lid
         return True
 
-    async def send(self, lid: str | None, n: int, oldest_age_s: float | None = None) -> None:
+    async def send(self, lid: str | None, n: int, oldest_age_s: float | None = None,
+                   served: int | None = None) -> None:
         client = self.client()
         if not lid or client is None:
             raise RuntimeError("no lease")
         body: dict = {"in_flight": n}
         if oldest_age_s is not None:
             body["oldest_age_s"] = round(oldest_age_s, 3)
+        if served is not None:
+            body["served"] = served
         await client.call("POST", f"/v1/leases/{lid}/jobs", body)

@@ -23,7 +23,8 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
                                            ladder made room: ``GET /v1/leases/{id}``)
 ``DELETE /v1/leases/{id}/extend``          that request is no longer wanted (``api_extend``)
 ``POST /v1/leases/{id}/touch``             the engine served a request
-``POST /v1/leases/{id}/jobs``              ``{"in_flight", "oldest_age_s"}``: requests its front has now
+``POST /v1/leases/{id}/jobs``              ``{"in_flight", "oldest_age_s", "served"}``: requests
+                                           its front has now, and has started this lease
 ``POST /v1/leases/{id}/ready``             the engine answers: its minimum turn starts
 ``POST /v1/leases/{id}/release``           the run is done (``?wait=S``: until the driver
                                            confirms the memory free)
@@ -369,8 +370,10 @@ async def wake(request: web.Request) -> web.Response:
 
 
 async def jobs(request: web.Request) -> web.Response:
-    """``{"in_flight": N, "oldest_age_s": S}``: the requests the lease's front forwards or holds
-    now (issue 12 case 4) and the age of the oldest (issue 16: FIFO turns)."""
+    """``{"in_flight": N, "oldest_age_s": S, "served": C}``: the requests the lease's front
+    forwards or holds now (issue 12 case 4), the age of the oldest (issue 16: FIFO turns) and
+    how many model requests it has started during this lease (issue 24: one answered between
+    two reports still ends the first-request hold)."""
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     body: JobsBody = await parse_body(request, JobsBody)
@@ -380,8 +383,8 @@ async def jobs(request: web.Request) -> web.Response:
     age = body.oldest_age_s
     # An age, not a time, crosses from the run: it becomes a time on berthd's own clock here.
     await broker.submit(lambda now: broker.sched.jobs(
-        lid, body.in_flight, now, None if age is None else now - age))
-    return web.json_response({"id": lid, "in_flight": body.in_flight})
+        lid, body.in_flight, now, None if age is None else now - age, body.served))
+    return web.json_response({"id": lid, "in_flight": body.in_flight, "served": body.served})
 
 
 def _lease_event(event: str):

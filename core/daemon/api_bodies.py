@@ -80,10 +80,13 @@ class AttachBody(_Body):
 
 class JobsBody(_Body):
     """``POST /v1/leases/{id}/jobs``: ``in_flight`` requests the front has (forwarded or held),
-    ``oldest_age_s`` seconds since the oldest of them arrived (``None``: not said)."""
+    ``oldest_age_s`` seconds since the oldest of them arrived (``None``: not said), ``served``
+    the model requests its front has started during this lease, a count that only grows
+    (``None``: not said; issue 24: a request answered between two samples of ``in_flight``)."""
 
     in_flight: int = Field(ge=0, le=1_000_000)
     oldest_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
+    served: int | None = Field(None, ge=0, le=2**53)
 
 
 class ReportBody(_Body):

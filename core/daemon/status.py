@@ -54,7 +54,7 @@ def board(broker: "Broker") -> dict:
         leases.append({**extra,
             "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
             "priority": le.priority, "bound": le.bound.value, "held": le.held,
-            "ready": le.ready_at is not None, "in_flight": le.in_flight,
+            "ready": le.ready_at is not None, "in_flight": le.in_flight, "served": le.served,
             "oldest_job_age_s": None if le.oldest_job_at is None
             else round(max(0.0, now - le.oldest_job_at), 3),
             "capabilities": le.caps.as_dict(),

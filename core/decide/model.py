@@ -312,10 +312,13 @@ class Lease:
     as the front reports it (``None``: not reported); a busy holder keeps its card for a waiter
     that asked later than that (issue 16: no engine waits longer than under FIFO swapping).
     ``idle_since``: when its front last reported nothing in flight (``None`` while busy or
-    before any report); ``last_job_at``: when it last reported a request. An idle holder keeps
-    its card while it has been idle less than switching back would cost (rent or buy, issue
-    24). ``park_cost_s``: what its last park of an idle engine cost, measured (seconds from the
-    instruction to the driver's confirmation); ``parking_since`` when that park began.
+    before any report); ``last_job_at``: when it last reported a request. ``served``: how many
+    model requests its front has reported started during this lease (a count that moves between
+    two reports is a request that came and went unseen by the in-flight samples). An idle
+    holder keeps its card while it has been idle less than switching back would cost (rent or
+    buy, issue 24). ``park_cost_s``: what its last park of an idle engine cost, measured
+    (seconds from the instruction to the driver's confirmation); ``parking_since`` when that
+    park began.
     ``frees_nothing``: why its park was seen to free nothing (a lease that cannot be drained
     then keeps its card, and waiters are told at once).
     ``movable``: the PCI addresses of the shares that named no card; while the lease waits,
@@ -353,6 +356,7 @@ class Lease:
     oldest_job_at: float | None = None
     idle_since: float | None = None
     last_job_at: float | None = None
+    served: int = 0
     park_cost_s: float = 0.0
     parking_since: float | None = None
     frees_nothing: str | None = None

@@ -1,6 +1,6 @@
 """What the driver and the runs tell the scheduler: a driver read (``observe``), a driver
-confirmation that memory left or is free (``confirmed``), and a run's report on an instruction
-(``report``).
+confirmation that memory left or is free (``confirmed``), a run's report on an instruction
+(``report``) and its front's jobs (``jobs``).
 
 Source: seed 002 rule 1 (only a driver read says memory moved: a run's word starts a
 confirmation, never replaces it) and rule 4 (a failure falls back to a drain). Pure: no I/O,
@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from .actions import after_use, fallback, freed, want_resume, want_return
 from .effects import CardRead, Effect, Note, Until, Watch
+from .ladder import turn_start
 from .model import OPS, Lease, Op, ShareState
 from .restarts import exited
 from .rooms import admit
 from .state import State, awaited, bytes_on, card_name, residual_limit, step_done
-from .units import format_size
+from .units import format_duration, format_size
 
 S = ShareState
 
-__all__ = ["observe", "confirmed", "report"]
+__all__ = ["observe", "confirmed", "report", "jobs"]
 
 
 def observe(st: State, reads: dict[str, CardRead], now: float) -> list[Effect]:
@@ -194,3 +195,44 @@ def _released(st: State, lease: Lease, op: str, ok: bool, now: float,
         fx.append(Watch(lease.id, pci, Until.PARKED if op == Op.PARK else Until.LENT, limit,
                         now, max(due, now)))
     return fx
+
+
+def jobs(st: State, lease_id: str, in_flight: int, now: float, oldest_at: float | None,
+         served: int | None) -> list[Effect]:
+    """See :meth:`~.scheduler.Scheduler.jobs`."""
+    for name, n in (("in_flight", in_flight), ("served", served)):
+        if n is not None and n < 0:
+            raise ValueError(f"{name}: expected a count >= 0, got {n}")
+    lease = st.ledger.leases[lease_id]
+    moved = served is not None and served != lease.served and served > 0
+    fx = _first_request(st, lease, now) if (in_flight or moved) and len(st.queue) else []
+    if in_flight and not lease.in_flight:
+        lease.busy_since = now
+    elif not in_flight:
+        lease.busy_since = None
+    went_idle = not in_flight and (lease.in_flight or not lease.jobs_reported)
+    if in_flight or moved:
+        lease.last_job_at = now
+    if in_flight:
+        lease.idle_since = None
+    elif went_idle or moved:
+        lease.idle_since = now      # the end of its last request, within one sample
+    # Its older requests ended: a waiter that asked before the ones left may go now.
+    moved_on = lease.oldest_job_at is not None and (
+        oldest_at is None or oldest_at > lease.oldest_job_at)
+    lease.in_flight, lease.jobs_reported = in_flight, True
+    lease.served = lease.served if served is None else served
+    lease.oldest_job_at = oldest_at if in_flight else None
+    lease.last_used_at = now
+    return fx + (admit(st, now) if (went_idle or moved_on or moved) and len(st.queue) else [])
+
+
+def _first_request(st: State, lease: Lease, now: float) -> list[Effect]:
+    """A note when this request is the first of the holder's turn: the card it kept for it
+    (``first_request_s``, a manager's health poll) is kept no longer (issue 24)."""
+    start, said = turn_start(lease, st.policy)
+    if not said or now < start or (lease.last_job_at is not None and lease.last_job_at >= start):
+        return []
+    return [Note(lease.id, "first_request", f"{lease.engine} has its first request "
+                 f"{format_duration(now - start)} after it said it serves; it no longer keeps "
+                 f"its card for one")]

@@ -205,34 +205,19 @@ class Scheduler:
                                              f"keeps its room")]
         return [Note(lease_id, "attach", f"{lease.engine} runs as pid {pid}")]
 
-    def jobs(self, lease_id: str, in_flight: int, now: float,
-             oldest_at: float | None = None) -> list[Effect]:
+    def jobs(self, lease_id: str, in_flight: int, now: float, oldest_at: float | None = None,
+             served: int | None = None) -> list[Effect]:
         """The holder's front forwards ``in_flight`` requests now (its run reports each change).
         A holder that goes idle yields to anyone waiting once its idle spell outlasts a switch
         back (rent or buy, issue 24), so the admission pass runs then; a busy one's park or
-        drain waits for its jobs, up to its ``max_job`` (issue 12 case 4). ``oldest_at``: when the oldest of those requests arrived (seconds, the
-        scheduler's clock; ``None`` when the front does not say). Raises ``ValueError`` for a
-        negative count."""
-        if in_flight < 0:
-            raise ValueError(f"in_flight: expected a count >= 0, got {in_flight}")
-        lease = self.ledger.leases[lease_id]
-        if in_flight and not lease.in_flight:
-            lease.busy_since = now
-        elif not in_flight:
-            lease.busy_since = None
-        went_idle = not in_flight and (lease.in_flight or not lease.jobs_reported)
-        if in_flight:
-            lease.last_job_at, lease.idle_since = now, None
-        elif went_idle:
-            lease.idle_since = now
-        # Its older requests ended: a waiter that asked before the ones left may go now.
-        moved_on = lease.oldest_job_at is not None and (
-            oldest_at is None or oldest_at > lease.oldest_job_at)
-        lease.in_flight, lease.jobs_reported = in_flight, True
-        lease.oldest_job_at = oldest_at if in_flight else None
-        lease.last_used_at = now
-        return rooms.admit(self.state, now) if (went_idle or moved_on) and len(self.queue) \
-            else []
+        drain waits for its jobs, up to its ``max_job`` (issue 12 case 4). ``oldest_at``: when
+        the oldest of those requests arrived (seconds, the scheduler's clock; ``None`` when the
+        front does not say). ``served``: the model requests its front has started during this
+        lease (``None``: not said); a count that moved since the last report is a request served
+        between two in-flight samples, so its turn's first request has come and its idle spell
+        starts now (a count that went back is a new run's front counting from 0). Raises
+        ``ValueError`` for a negative count."""
+        return reports.jobs(self.state, lease_id, in_flight, now, oldest_at, served)
 
     def touch(self, lease_id: str, now: float) -> list[Effect]:
         """The engine served a request (for least-recently-used victim order)."""

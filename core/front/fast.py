@@ -65,7 +65,7 @@ class FastPath(RequestPath):
             reusable = bool(outcome)
         elif isinstance(exc, StaleConnection):
             retry = True   # the engine closed it while idle: the task sends the request again
-            self.forwarded -= 1
+            self.forwarded -= 1     # not served: it only grows (berthd asks whether it moved)
         else:
             self.errors += 1
             if exc.started:

@@ -41,7 +41,9 @@ class Front(FastPath):
     head within 10 s, an idle kept-alive connection 60 s, connections bounded by the file
     descriptor limit).
 
-    Counters (plain ints): ``forwarded`` requests sent to the engine, ``held`` requests that
+    Counters (plain ints): ``forwarded`` requests sent to the engine, ``served`` those of them
+    that are not reads by method (GET, HEAD, OPTIONS; model requests started, never less than
+    before: ``berth run`` reports it per lease, issue 24), ``held`` requests that
     waited, ``held_timeouts`` held requests answered 503 at a deadline, ``client_gone`` clients
     that disconnected before their answer was complete, ``errors`` engine failures (502s and
     streams cut mid-way), ``refused_reads`` reads answered 503 while not open, ``wakes`` calls of
@@ -87,7 +89,8 @@ class Front(FastPath):
         self._last_activity = float("-inf")
         self.in_flight = self._holding = 0
         self._arrived: dict = {}                # request -> when it reached the front (monotonic s)
-        self.forwarded = self.held = self.held_timeouts = self.client_gone = self.errors = 0
+        self.forwarded = self.served = 0
+        self.held = self.held_timeouts = self.client_gone = self.errors = 0
         self.refused_reads = self.wakes = 0
 
     # ---- lifetime --------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ class Front(FastPath):
     def counters(self) -> dict[str, int | str]:
         """The state and counters, for ``berth status``."""
         return {"state": str(self._state), "in_flight": self.in_flight, "holding": self._holding,
-                "forwarded": self.forwarded, "held": self.held,
+                "forwarded": self.forwarded, "served": self.served, "held": self.held,
                 "held_timeouts": self.held_timeouts, "client_gone": self.client_gone,
                 "errors": self.errors, "refused_reads": self.refused_reads, "wakes": self.wakes}
 

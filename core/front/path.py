@@ -32,6 +32,9 @@ F = FrontState
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
+#: The built-in rule's reads (:data:`.rules.READ_METHODS`) as the parser gives them: a forward of
+#: one is not a model request served (a health check, a monitor's poll).
+_READS = frozenset({b"GET", b"HEAD", b"OPTIONS"})
 
 
 class RequestPath:
@@ -51,6 +54,7 @@ class RequestPath:
     max_in_flight: int | None
     in_flight: int
     forwarded: int
+    served: int
     held: int
     held_timeouts: int
     client_gone: int
@@ -264,12 +268,18 @@ class RequestPath:
         return self._error(req, 502, code, message)
 
     def _forwarding(self, req: "Request") -> None:
-        """A request goes to the engine: count it in flight (a drain waits for it)."""
+        """A request goes to the engine: count it in flight (a drain waits for it), and in
+        ``served`` unless it is a read (issue 24: berthd learns of a request that came and went
+        between two samples of ``in_flight``)."""
         self._arrived.setdefault(req, time.monotonic())
         self.in_flight += 1
         if self.in_flight == 1:
             self._idle.clear()
         self.forwarded += 1
+        # The method alone, not is_write (a plugin hook per request on the open path): the
+        # built-in rule, which no bundled adapter refines.
+        if req.method not in _READS:
+            self.served += 1
         if self._on_activity is not None:
             now = time.monotonic()
             if now - self._last_activity >= self.activity_every_s:

@@ -274,6 +274,8 @@ class EngineRun:
             healthy = _task(tasks, self.engine.until_healthy())
             ends = {engine_exit, stop}
             done, _ = await asyncio.wait(ends | {healthy}, return_when=asyncio.FIRST_COMPLETED)
+            # This lease's requests served are counted from here (issue 24).
+            served_from = self.front.served if self.front is not None else 0
             if healthy in done and healthy.result():
                 if self.front is not None:
                     self.front.open()
@@ -283,7 +285,7 @@ class EngineRun:
             _task(tasks, self.lease.follow(self.actions.carry_out, self.engine))
             if self.front is not None:
                 # berthd's ladder waits for the requests in flight (issue 12 case 4): tell it.
-                _task(tasks, job_reporter(self.front, self.lease).run())
+                _task(tasks, job_reporter(self.front, self.lease, served_from).run())
             await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
             return engine_exit.result() if engine_exit.done() else None
 

@@ -6,9 +6,12 @@ Source: issue 12 cases 4 and 6.
   holder with a job running is not displaced until it ends (bounded by the engine's
   ``max_job``), and a waiting client can be told who holds the card and with how many jobs.
   With the count goes the age of the oldest request the front has, so a busy holder serving
-  requests older than a waiter's keeps its card (issue 16). :class:`berth.client.JobReporter`
-  reports at once when the engine turns busy or idle, and a changed count or age at most once
-  per ``every_s`` (ComfyUI's node reports through the same class).
+  requests older than a waiter's keeps its card (issue 16), and the count of model requests the
+  front has started this lease, so one answered between two polls is not missed (issue 24: a
+  fresh engine is not kept for a first request it already served).
+  :class:`berth.client.JobReporter` reports at once when the engine turns busy or idle or serves
+  unseen, and a changed count or age at most once per ``every_s`` (ComfyUI's node reports
+  through the same class).
 - :class:`WaitWords`: berthd says why a lease or a wake waits, and whether anything under way
   could end the wait (``lasting``). The run logs each reason when it changes (where llama-swap's
   users look: the model's own log), and passes it to the front, whose held requests then name it
@@ -28,11 +31,14 @@ __all__ = ["job_reporter", "WaitWords"]
 log = logging.getLogger("berth.run")
 
 
-def job_reporter(front, lease, **kw) -> JobReporter:
+def job_reporter(front, lease, served_from: int = 0, **kw) -> JobReporter:
     """The reporter of ``front``'s work (requests forwarded plus held, and when the oldest
-    arrived) for ``lease`` (a :class:`berth.run.lease.LeaseClient`)."""
+    arrived) for ``lease`` (a :class:`berth.run.lease.LeaseClient`), with the model requests
+    the front has started since its count stood at ``served_from`` (taken before the front
+    opened for this lease: the held requests it forwards as it opens are this lease's)."""
     return JobReporter(lambda: (front.in_flight + front.holding, front.oldest_at),
-                       lambda: lease.lease_id, lambda: lease.client, **kw)
+                       lambda: lease.lease_id, lambda: lease.client,
+                       served=lambda: front.served - served_from, **kw)
 
 
 class WaitWords:

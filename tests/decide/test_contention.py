@@ -122,6 +122,46 @@ class TestFirstRequest:
         jobs(w, "a", 0)                         # served; its cold start (0 s here) is its rent
         assert state(w, "a") is S.DRAINING
 
+    def test_a_request_served_between_two_samples_ends_the_first_request_hold(self):
+        """A small model answers in a few ms, between two of the front's in-flight samples: the
+        front's count of requests served moved while in-flight stayed 0. The holder is not kept
+        for a first request it already served (before the count, it kept its card the whole
+        ``first_request_s`` after the answer), and its idle spell starts at that request."""
+        w = World([24 * GiB], turns(first_request_s=30))
+        w.request("a", "A", {G0: 14 * GiB})     # no park: it would be drained; ready at once
+        jobs(w, "a", 0)
+        w.request("b", "B", {G0: 14 * GiB})
+        assert state(w, "a") is S.ACTIVE
+        assert "first request" in w.s.wait_cause("b")[0]
+        w.advance(0.5)
+        w.apply(w.s.jobs("a", 0, w.now, served=1))   # in flight 0 before and after
+        assert state(w, "a") is S.DRAINING        # its rent (a 0 s start) is over at once
+        assert [e.kind for e in w.effects if isinstance(e, Note)].count("first_request") == 1
+
+    def test_a_served_request_restarts_the_rent(self):
+        """The rent counts idleness from the end of the last request served, not from the last
+        in-flight sample that saw one."""
+        w = World([24 * GiB], turns())
+        two(w, load_s=4.0)                      # a switch back would cost its 4 s start
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        w.advance(3.0)
+        w.apply(w.s.jobs("a", 0, w.now, served=1))   # served unseen by the samples
+        w.advance(3.0)                          # 6 s after the last sample, 3 s after it
+        assert state(w, "a") is S.ACTIVE
+        w.apply(w.s.jobs("a", 0, w.now, served=1))   # the same count again: nothing new
+        w.advance(1.1)
+        assert state(w, "a") is S.PARKING
+
+    def test_a_negative_served_count_is_refused(self):
+        w = World([24 * GiB], turns())
+        w.request("a", "A", {G0: 14 * GiB})
+        try:
+            w.s.jobs("a", 0, w.now, served=-1)
+        except ValueError as e:
+            assert "served" in str(e) and "-1" in str(e)
+        else:
+            raise AssertionError("a negative count was taken")
+
     def test_no_request_within_first_request_s_yields(self):
         w = World([24 * GiB], turns(first_request_s=1.5))
         w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
