@@ -49,6 +49,7 @@ settings.load_profile(os.environ.get("BERTH_HYPOTHESIS", "ci"))
 
 EXPECT_OOM = "expect_oom"
 LONG_MARK, LONG_ENV = "long", "BERTH_RELIABILITY"
+EARLY_MARK = "early"
 
 
 @dataclass
@@ -134,6 +135,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{LONG_MARK}: a long form (minutes), run only with {LONG_ENV}=long; the "
                    f"default suite leaves it out (deselected, not skipped)")
     config.addinivalue_line(
+        "markers", f"{EARLY_MARK}: the test runs for thirty seconds or more of real time (a "
+                   f"workload replayed at its own pace); it is started before the others, so the "
+                   f"suite's wall time is not a tail of such tests started last")
+    config.addinivalue_line(
         "markers", f"{EXPECT_OOM}: the test makes a simulated card run out of memory on purpose; "
                    f"without it, any simulated OOM counted while the test runs fails it")
     worker = _worker(config)
@@ -163,7 +168,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long forms are chosen, never skipped: without ``BERTH_RELIABILITY=long`` they are
-    deselected, so a default run reports what it ran and skips nothing."""
+    deselected, so a default run reports what it ran and skips nothing. Tests marked ``early``
+    go first (a stable sort: every xdist worker collects the same order)."""
+    items.sort(key=lambda it: it.get_closest_marker(EARLY_MARK) is None)
     if os.environ.get(LONG_ENV) == "long":
         return
     long_ = [it for it in items if it.get_closest_marker(LONG_MARK)]

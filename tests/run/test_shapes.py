@@ -59,6 +59,7 @@ def _report(lv: Live, sim) -> str:
     return f"live {lv.outcome()}, sim {sim}; requests {rows}"
 
 
+@pytest.mark.early
 @pytest.mark.timeout(400)
 def test_priority_is_kept_at_grant(live):
     """L (0) serves a long job; M (5) asks; H (10) asks 5 s later while L's park waits for the
@@ -75,6 +76,7 @@ def test_priority_is_kept_at_grant(live):
     assert agree(lv.outcome(), sim), _report(lv, sim)
 
 
+@pytest.mark.early
 @pytest.mark.timeout(400)
 def test_a_fresh_engine_keeps_its_card_until_its_managers_poll(live):
     """Two models asked together under llama-swap (its health poll every 1 s), no park. Before:
@@ -96,6 +98,7 @@ def test_a_fresh_engine_keeps_its_card_until_its_managers_poll(live):
     assert agree(lv.outcome(), sim), _report(lv, sim)
 
 
+@pytest.mark.early
 @pytest.mark.timeout(400)
 def test_a_park_for_a_waiter_that_left_is_called_off(live):
     """A serves a job past its turn; B's client asks for B (parked) and leaves while A's park

@@ -128,6 +128,7 @@ def _tool_s(log: Path, t0: float, t1: float) -> tuple[float, set[str]]:
     return total, what
 
 
+@pytest.mark.early
 @pytest.mark.xdist_group("timing")
 @pytest.mark.timeout(LONG_RUN_S + 150)   # two minutes of switches at most, the start, the end
 @pytest.mark.parametrize("run_s", [pytest.param(None, id="six-switches"),
