@@ -12,7 +12,9 @@ itself is stopped by SIGTERM (tests/conftest.py).
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -130,3 +132,32 @@ def sweep_run(token: str) -> int:
             found.append(p)
     _kill_and_wait(found)
     return len(found)
+
+
+_PORTS = random.SystemRandom()      # not the random module's state, which a plugin may reseed
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, chosen below the kernel's ephemeral range: a port the
+    kernel hands out for ``bind(0)`` is also handed to the next outgoing connection of any
+    process, so a server started on it seconds later could find it taken (seen under xdist:
+    "address already in use"). Random in 10000 up to that range, checked by binding it."""
+    hi = max(10001, min(_ephemeral_start(), 32768))
+    for _ in range(200):
+        port = _PORTS.randrange(10000, hi)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.berthd import FREE_DELAY_S, Berthd
-from tests.helpers import stop_all
+from tests.helpers import free_port, stop_all  # noqa: F401  (re-exported)
 
 HOLDER = str(Path(__file__).with_name("holder.py"))
 PCI = "0000:01:00.0"
@@ -76,17 +76,11 @@ def declare_sim(tmp: Path, cards=(("gpu0", 24 * GiB),)) -> None:
 # -- berth run lines and chats ---------------------------------------------------------------------
 import http.client as _http
 import json as _json
-import socket as _socket
 
 from tests.berthd import BERTH, BIN
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")
 
-
-def free_port() -> int:
-    with _socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine_run(d: Berthd, runs: list, engine: str, *, size: str = "14GiB",

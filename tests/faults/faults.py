@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.berthd import BERTH, BIN, FREE_DELAY, READ_INTERVAL, RELEASE_GRACE, Berthd
+from tests.helpers import free_port  # noqa: F401  (re-exported)
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")
 GiB = 1 << 30
@@ -35,11 +36,6 @@ def config(tmp: Path, *, total: str = "24GiB", checkpoint_rate: str = "6GB",
     path.write_text(text)
     return path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_run(d: Berthd, engine: str, *, size: str = "10GiB", weights: str = "9GiB",

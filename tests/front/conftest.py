@@ -10,12 +10,13 @@ import asyncio
 import contextlib
 import functools
 import json
-import socket
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from berth.front import Front
 from multidict import CIMultiDict
+
+from tests.helpers import free_port  # noqa: F401  (re-exported)
 
 TEST_LIMIT_S = 30.0       # bounds a hang; a passing test takes well under a second
 
@@ -41,11 +42,6 @@ async def until(check: Callable[[], Any], what: str, timeout_s: float = 15.0) ->
         await asyncio.sleep(0.005)
     return value
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Upstream:

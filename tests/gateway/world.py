@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import http.client as httpc
 import json
-import socket
 import subprocess
 from pathlib import Path
 
 from tests.berthd import BERTH, Berthd, berth_run, sim_config, stop_proc, wait_for
+from tests.helpers import free_port  # noqa: F401  (re-exported)
 
 KEY = "k" * 32
 
@@ -23,11 +23,6 @@ async def serve(app) -> tuple:
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     return runner, runner.addresses[0][1]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(port: int, method: str, path: str, body=None, headers=None, timeout: float = 30.0,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -20,16 +19,11 @@ from pathlib import Path
 import psutil
 
 from tests.berthd import BERTH, BIN, Berthd, GiB, api, sim_config
-from tests.helpers import stop_all, stop_group, wait_for
+from tests.helpers import free_port, stop_all, stop_group, wait_for  # noqa: F401  (re-exported)
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")
 MiB = 1 << 20
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chat(port: int, *, max_tokens: int = 4, timeout_s: float = 30.0) -> tuple[int, dict]:

@@ -6,7 +6,6 @@ every process a test started, even when the test fails)."""
 from __future__ import annotations
 
 import shlex
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import openai
 
 from tests.berthd import BERTH, BIN, FREE_DELAY, READ_INTERVAL, RELEASE_GRACE, Berthd, api
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for  # noqa: F401  (re-exported)
 from tests.run.llamaswap import LlamaSwapModel
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")
@@ -38,11 +37,6 @@ def config(tmp: Path, *, total: str = "24GiB", reserve: str = "1GiB",
     path.write_text(text)
     return path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_cmd(engine: str, *, size: str = "14GiB", weights: str = "13GiB", park: bool = True,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -18,18 +17,13 @@ import pytest
 from berth.sim.cards import CardSpec, SimCards
 from berth.sim.driver import SimDriver
 
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for  # noqa: F401  (re-exported)
 
 GiB = 1 << 30
 MiB = 1 << 20
 PCI = "0000:01:00.0"
 FREE_DELAY_S = 0.5
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, body: dict | bytes | None = None, timeout_s: float = 10.0

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import socket
 import struct
 import subprocess
 import threading
@@ -22,6 +21,7 @@ import berth_hosts.comfyui
 import pytest
 
 from tests.berthd import BERTH, Berthd, GiB, sim_config, stop_proc, wait_for
+from tests.helpers import free_port  # noqa: F401  (re-exported)
 
 NODE_DIR = Path(berth_hosts.comfyui.__file__).parent
 
@@ -31,11 +31,6 @@ size = "20GiB"
 growth_allowance = "1GiB"
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, body: dict | None = None, timeout: float = 30.0) -> tuple[int, dict]:

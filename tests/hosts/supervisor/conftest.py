@@ -21,7 +21,7 @@ from berth.daemon.main import open_driver
 from berth_hosts.supervisor.rpc import Endpoint, ProcessInfo, Supervisor, SupervisorError
 
 from tests.berthd import FREE_DELAY, READ_INTERVAL
-from tests.helpers import wait_for
+from tests.helpers import free_port, wait_for  # noqa: F401  (re-exported)
 
 PY = sys.executable
 SUPERVISORD = str(Path(PY).parent / "supervisord")
@@ -30,11 +30,6 @@ REPO = Path(__file__).resolve().parents[3]
 GiB = 1 << 30
 PCI = "0000:01:00.0"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def engine_cmd(port: int, weights: str) -> str:
