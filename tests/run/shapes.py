@@ -62,9 +62,10 @@ def simulate(wl: Workload) -> Outcome:
 
 
 def agree(live: Outcome, sim: Outcome) -> bool:
-    """Issue 24: the same engines served first, and switches within 20 %."""
-    return live.first == sim.first and abs(live.switches - sim.switches) <= 0.2 * max(
-        sim.switches, 1)
+    """Issue 24: the same engines served first, and switches within 20 % (or one switch, where
+    there are so few that 20 % is less than one: a loaded machine shifts a live run by a poll)."""
+    return live.first == sim.first and abs(live.switches - sim.switches) <= max(
+        1.0, 0.2 * sim.switches)
 
 
 def _distinct(engines) -> list[str]:
@@ -128,6 +129,11 @@ class Live:
                 f"{e.size_bytes[pci]}B"]
         if e.park == "checkpoint":
             argv += ["--park", "checkpoint", "--checkpoint-path", CHECKPOINT]
+        if self.llama_swap:
+            # As wrap writes every run line: after a drain the front stays and asks again, so a
+            # request that reaches it while the engine stops is held, not answered 503.
+            # (``--front-health`` is left out: the fresh-engine shape is the manager's own poll.)
+            argv += ["--keep-front"]
         argv += ["--", BERTH, "sim", "engine", "--port", "{port}", "--weights",
                  f"{e.base_bytes[pci] - RESIDUAL_BYTES}B", "--load-s", f"{load_s:.2f}",
                  "--model", name, "--kv-per-token", "1024", "--tokens-per-s",

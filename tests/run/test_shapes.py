@@ -109,11 +109,19 @@ def test_a_park_for_a_waiter_that_left_is_called_off(live):
     sim = simulate(lv.wl)
     tl = lv.timeline()
     kinds = [(e["kind"], e["engine"]) for e in tl]
-    assert ("park.off", "A") in kinds, tl
-    off = kinds.index(("park.off", "A"))
-    assert ("parked", "A") not in kinds[off:], tl       # no checkpoint that had not begun
     left = [r for r in lv.rows if r.status == "left"]
     assert [r.engine for r in left] == ["B"], _report(lv, sim)
+    parks = [i for i, e in enumerate(tl) if e["kind"] == "park" and e["engine"] == "A"
+             and "room for B" in e["text"] and e["at"] >= left[0].sent]
+    if parks:
+        assert ("park.off", "A") in kinds[parks[0]:], tl
+        off = parks[0] + kinds[parks[0]:].index(("park.off", "A"))
+        assert ("parked", "A") not in kinds[off:], tl   # no checkpoint that had not begun
+    else:
+        # A loaded machine can keep A's older job running past B's departure: then no park
+        # for B began at all, and none may begin after B left.
+        assert not [e for e in tl if e["kind"] == "parked" and e["engine"] == "A"
+                    and e["at"] >= left[0].sent], tl
     assert all(r.status == "200" for r in lv.rows if r not in left), _report(lv, sim)
     assert lv.d.sim_oom() == 0
     assert agree(lv.outcome(), sim), _report(lv, sim)
