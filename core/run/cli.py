@@ -212,16 +212,25 @@ def arguments(p) -> None:
                    help="another model ID the gateway routes to this engine (repeatable)")
     p.add_argument("--upstream", metavar="URL", help="the engine's own URL when CMD has no {port}")
     p.add_argument("--size", action="append", metavar="SIZE[@CARD]",
-                   help="memory per card, e.g. 14GiB@gpu0 or card (repeat for several cards)")
-    p.add_argument("--priority", type=int)
-    p.add_argument("--park", choices=[m.value for m in ParkMechanism])
+                   help="memory on one card, e.g. 14GiB@gpu0 (a card's name or PCI address), or "
+                        "14GiB for any card berthd places it on; repeat for several cards")
+    p.add_argument("--priority", type=int,
+                   help="higher keeps its card against lower ones (default: the engine's entry "
+                        "in berth.toml, else 0)")
+    p.add_argument("--park", choices=[m.value for m in ParkMechanism],
+                   help="how the engine gives its memory back and keeps its state: checkpoint "
+                        "(cuda-checkpoint to host RAM) or hook (its adapter's sleep); default: "
+                        "the engine's entry in berth.toml; with neither, making room drains "
+                        "(stops) the engine")
     p.add_argument("--adapter",
                    help="the hook's adapter: protocol, vllm, sglang, llamacpp, ollama")
     p.add_argument("--lend", action="store_true", help="the engine can lend memory (protocol)")
     p.add_argument("--lend-max", metavar="SIZE",
                    help="the most it may lend on one card (default: its share less its measured "
                         "use, which is about nothing for an engine that preallocates its KV cache)")
-    p.add_argument("--bound", choices=[b.value for b in Bound])
+    p.add_argument("--bound", choices=[b.value for b in Bound],
+                   help="what the lease counts: declared (the --size), current (the driver's "
+                        "read of its use) or growth (its use plus room to grow)")
     p.add_argument("--health", default="/health", help="the engine's health path, or 'none'")
     p.add_argument("--front-health", action="store_true",
                    help="the front answers the --health path 200 itself while it holds requests "

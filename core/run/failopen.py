@@ -167,7 +167,8 @@ class FailOpen:
             if room.why != self._said:
                 self._said = room.why
                 log.warning("%s; not starting %s unleased: %s. Waiting for berthd (up to "
-                            "--start-limit %.0fs)", error, self.o.engine, room.why,
+                            "--start-limit %.0fs)", str(error).rstrip("."), self.o.engine,
+                            room.why.rstrip("."),
                             self.o.start_limit_s)
         if now - self.since >= self.o.start_limit_s:
             log.error("berthd did not come back within --start-limit %.0fs and %s cannot start "
