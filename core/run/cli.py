@@ -231,6 +231,11 @@ def arguments(p) -> None:
     p.add_argument("--bound", choices=[b.value for b in Bound],
                    help="what the lease counts: declared (the --size), current (the driver's "
                         "read of its use) or growth (its use plus room to grow)")
+    _path_arguments(p)
+
+
+def _path_arguments(p) -> None:
+    """``berth run``'s options for the request path, the stop and the wait for berthd."""
     p.add_argument("--health", default="/health", help="the engine's health path, or 'none'")
     p.add_argument("--front-health", action="store_true",
                    help="the front answers the --health path 200 itself while it holds requests "
