@@ -283,4 +283,5 @@ class Passing:
             conn.write(b"0\r\n\r\n")
 
     def close(self) -> None:
-        pass
+        """Nothing to free: the body is read from the client as it is sent (the spooled body's
+        ``close`` removes its file)."""
