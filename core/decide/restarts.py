@@ -120,9 +120,14 @@ def settle(st: State, lease: Lease, pci: str, use: int | None, now: float) -> No
     sh = lease.shares[pci]
     led = st.ledger
     if sh.state is S.PARKING:
+        # A use above the residual may be a park still under way (a checkpoint copying, a
+        # free the driver has not shown yet): settled active, the park landing later would
+        # leave berthd counting an engine awake whose front sleeps, and its requests hang.
+        # It stays parking and the park is asked again (`_rearm`): the run answers "parked
+        # already" or parks, and the driver's read confirms it (issue 18).
         if use is not None and use <= residual_limit(st, lease, pci):
             led.move(lease.id, pci, S.PARKED, now, residual_bytes=use)
-        else:
+        elif use is None:
             led.move(lease.id, pci, S.ACTIVE, now)
     elif sh.state is S.LENDING:
         if use is not None and use <= sh.reserved_bytes - sh.lent_bytes:
