@@ -96,6 +96,11 @@ def _lease_dict(le: Lease) -> dict:
         "restart_grace_s": le.restart_grace_s, "restarting_until": le.restarting_until,
         "max_job_s": le.max_job_s, "may_preempt": le.may_preempt,
         "frees_nothing": le.frees_nothing, "movable": sorted(le.movable),
+        # What was measured of it: without them a restarted berthd would give a holder a
+        # turn and a rent of 0 s (it yields at once) and read its front's next count of
+        # requests served as a new request.
+        "served": le.served, "switch_cost_s": le.switch_cost_s,
+        "park_cost_s": le.park_cost_s, "last_job_at": le.last_job_at,
         "shares": [_share_dict(sh) for sh in le.shares.values()],
     })
 
@@ -148,7 +153,8 @@ def _typed(d: dict, where: str, **kinds) -> None:
 def _lease_from(d: dict) -> Lease:
     _typed(d, "leases", id=str, engine=str, pid=int, owner_pid=int, start_time=(int, float),
            owner_start_time=(int, float), granted_at=(int, float), ready_at=(int, float),
-           need_bytes=dict)
+           need_bytes=dict, served=int, switch_cost_s=(int, float), park_cost_s=(int, float),
+           last_job_at=(int, float))
     if not isinstance(d["id"], str) or not isinstance(d["engine"], str):
         raise TypeError(f"leases: id and engine must be strings, got {d['id']!r:.40}, "
                         f"{d['engine']!r:.40}")
@@ -184,7 +190,9 @@ def _lease_from(d: dict) -> Lease:
         max_job_s=float(d["max_job_s"]) if d.get("max_job_s") is not None else None,
         may_preempt=bool(d.get("may_preempt", False)),
         frees_nothing=d.get("frees_nothing"),
-        movable=frozenset(p for p in movable if p in {s.card for s in shares}))
+        movable=frozenset(p for p in movable if p in {s.card for s in shares}),
+        served=max(0, d.get("served", 0)), switch_cost_s=float(d.get("switch_cost_s", 0.0)),
+        park_cost_s=float(d.get("park_cost_s", 0.0)), last_job_at=d.get("last_job_at"))
 
 
 def load(path: Path) -> Snapshot | None:

@@ -1,6 +1,7 @@
 """The state file keeps which shares of a waiting lease Berth may still place (issue 25): a
 lease that waits across a berthd restart is placed anew at grant time, and one that named its
-card keeps it."""
+card keeps it. It keeps what was measured of a lease too (its switch and park costs, requests
+served), which the turn and rent-or-buy rules read (issue 24)."""
 
 from __future__ import annotations
 
@@ -26,3 +27,26 @@ def test_a_movable_share_stays_movable(tmp_path):
 
 def test_a_lease_with_no_movable_share_has_none(tmp_path):
     assert _roundtrip(tmp_path, Lease("x-1", "X", {G0: Share(G0, 1 << 30)})).movable == set()
+
+
+def test_what_was_measured_of_a_lease_survives_a_restart(tmp_path):
+    """A restarted berthd that forgot a holder's measured switch and park costs gave it a turn
+    and a rent of 0 s (it yielded at once after every restart), and read its front's next count
+    of requests served as a request just served."""
+    lease = Lease("x-1", "X", {G0: Share(G0, 1 << 30)}, served=41, switch_cost_s=3.5,
+                  park_cost_s=1.25, last_job_at=1234.5)
+    back = _roundtrip(tmp_path, lease)
+    assert (back.served, back.switch_cost_s, back.park_cost_s, back.last_job_at) == \
+        (41, 3.5, 1.25, 1234.5)
+
+
+def test_an_older_state_file_without_the_measurements_loads_with_none(tmp_path):
+    path = tmp_path / "state.toml"
+    store.write_atomic(path, store.dump(store.Snapshot(leases=[Lease("x-1", "X",
+                                                                     {G0: Share(G0, 1 << 30)})])))
+    text = "\n".join(line for line in path.read_text().splitlines()
+                     if not line.startswith(("served", "switch_cost_s", "park_cost_s")))
+    path.write_text(text)
+    snap = store.load(path)
+    assert snap is not None and not snap.refused
+    assert (snap.leases[0].served, snap.leases[0].switch_cost_s) == (0, 0.0)
