@@ -133,3 +133,55 @@ def _answers_over(port: int) -> bool:
             return False
         assert first.startswith(b"HTTP/1.1 503"), first
         return True
+
+
+_SERVE = """
+import asyncio, logging, resource, sys
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (48, hard))
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+from aiohttp import web
+from berth.daemon.web.listen import GuardedSite, Limits
+async def main():
+    app = web.Application()
+    app.router.add_get("/state", lambda r: web.json_response({}))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, Limits(max_connections=10000))
+    await site.start()
+    print(site._server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+def test_too_many_open_files_is_logged_once_a_minute_not_per_accept(tmp_path):
+    """As the front's listener does: the bound is set past the descriptor limit on purpose, so
+    the board's accepts fail with EMFILE, which asyncio logged on every retry (once a second,
+    a line each, with a traceback) until the board's listener throttled it too."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+    err = open(tmp_path / "err.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE], stdout=subprocess.PIPE, stderr=err,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        port = int(proc.stdout.readline())
+
+        async def flood():
+            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(120)]
+            # the measure: how many lines a few seconds at the limit log (asyncio retries the
+            # accept once a second); not a synchronisation
+            end = time.monotonic() + 3.5
+            while time.monotonic() < end:
+                await asyncio.sleep(0.1)
+            for _, w in conns:
+                w.close()
+        asyncio.run(asyncio.wait_for(flood(), 30))
+    finally:
+        proc.kill()
+        proc.wait(5)
+    err.seek(0)
+    text = err.read()
+    assert text.count("out of system resource") == 1, text[-3000:]

@@ -12,7 +12,11 @@ reached only if the client is quick enough, and there is no bound on connections
 2. a kept-alive connection idle for ``idle_timeout_s`` is closed: aiohttp's own
    ``keepalive_timeout``;
 3. at most ``max_connections`` client connections are open (default from the file descriptor
-   limit, :func:`connections_from_fd_limit`); one more is answered 503 at once and closed.
+   limit, :func:`berth.front.listen.connections_from_fd_limit`); one more is answered 503 at
+   once and closed;
+4. "Too many open files" on accept is logged at most once a minute, with the count left out
+   (the front's throttle, :func:`berth.front.listen.throttle_fd_logs`: asyncio retries a failed
+   accept every second and logged each with a traceback).
 
 A request being answered (the board's event stream included) is never timed here. Times are the
 event loop's clock (seconds).
@@ -21,16 +25,12 @@ event loop's clock (seconds).
 from __future__ import annotations
 
 import asyncio
-import resource
 from dataclasses import dataclass
 
 from aiohttp import web
+from berth.front.listen import connections_from_fd_limit, throttle_fd_logs
 
 __all__ = ["Limits", "GuardedSite", "connections_from_fd_limit"]
-
-#: File descriptors kept for everything but client connections (logs, sockets, files).
-FD_RESERVE = 64
-
 
 
 def _answer(status: bytes, text: bytes, extra: bytes = b"") -> bytes:
@@ -41,16 +41,6 @@ def _answer(status: bytes, text: bytes, extra: bytes = b"") -> bytes:
 _408 = _answer(b"408 Request Timeout", b"the request head came too slowly\n")
 _503 = _answer(b"503 Service Unavailable", b"too many connections; try again\n",
                b"Retry-After: 1\r\n")
-
-
-def connections_from_fd_limit() -> int:
-    """The default bound on client connections: what the file descriptor limit
-    (``RLIMIT_NOFILE``, soft) leaves after :data:`FD_RESERVE`, halved (berthd's other work needs
-    descriptors too); at least 16."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 20
-    return max(16, (soft - FD_RESERVE) // 2)
 
 
 @dataclass(frozen=True)
@@ -132,6 +122,7 @@ class GuardedSite(web.TCPSite):
         self._handler_args = dict(handler_args or {})
 
     async def start(self) -> None:
+        throttle_fd_logs()
         await web.BaseSite.start(self)
         loop = asyncio.get_running_loop()
         server = self._runner.server
