@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -206,6 +207,11 @@ def _cmd_run(args) -> int:
 def arguments(p) -> None:
     """Fill ``berth run``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.description = USAGE
+    # argparse takes "-5GiB" for an unknown option (only "-5" reads as a negative number), so
+    # `--size -5GiB` ended in "expected one argument"; read any word "-<digit>..." as a value,
+    # which reaches the flag's own check ("--size: expected a size like '24GiB' ..., got
+    # '-5GiB'"). No flag of berth run starts with "-<digit>".
+    p._negative_number_matcher = re.compile(r"^-\d")
     p.add_argument("--engine", help="engine name (default: the command's name)")
     p.add_argument("--front", metavar="HOST:PORT", help="where clients reach the engine")
     p.add_argument("--alias", action="append", metavar="ID",
