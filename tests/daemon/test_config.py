@@ -213,6 +213,26 @@ def test_an_unknown_key_is_named_with_the_allowed_keys():
     _one({"engine": {"e": {}}}, "engine", "unknown key", "'engines'")
 
 
+def test_each_problem_names_its_key_once():
+    # The value checks label what they read ("ram_budget: ...", "size: ..."): after the key
+    # path the message said the field twice, e.g. "policy.ram_budget: ram_budget: '5' ...".
+    probs = _problems({"driver": {**SIM, "checkpoint_rate": "0", "free_delay": "x"},
+                       "cards": {"gpu0": {"reserve": "zz"}},
+                       "policy": {"ram_budget": "5", "read_interval": "1ms", "min_turn": -1},
+                       "engines": {"e": {"size": "8GiB", "need": "3"}}})
+    assert probs == {
+        "driver.checkpoint_rate": "must be more than 0 bytes per second, got '0'",
+        "driver.free_delay": "expected a duration like '20s', '500ms', '2m' or '1h', got 'x'",
+        "cards.gpu0.reserve": "expected a size like '24GiB' or '512MiB', got 'zz'",
+        "policy.ram_budget": "'5' has no unit; write '5GiB' or '5MiB' (or '5B' for bytes)",
+        "policy.read_interval": probs["policy.read_interval"],
+        "policy.min_turn": "a duration cannot be negative, got -1",
+        "engines.e.need": "'3' has no unit; write '3GiB' or '3MiB' (or '3B' for bytes)"}, probs
+    assert probs["policy.read_interval"].startswith("must be at least 50ms, got '1ms'")
+    assert ConfigError("f", [("policy.release_grace", "policy.release_grace: x")]).problems \
+        == [("policy.release_grace", "x")]
+
+
 def test_an_unknown_sim_card_entry_is_reported_at_its_key():
     _one({"driver": SIM, "cards": {"gpu7": {"reserve": "1GiB"}}}, "cards.gpu7", "'gpu7'")
 
