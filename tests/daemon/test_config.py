@@ -233,6 +233,23 @@ def test_each_problem_names_its_key_once():
         == [("policy.release_grace", "x")]
 
 
+def test_a_key_in_the_wrong_table_names_the_table_it_belongs_in():
+    # A new user's release_grace under [driver], or reserve before any table: "unknown key"
+    # with this table's keys listed said nothing of where the key goes.
+    _one({"driver": {"release_grace": "20s"}}, "driver.release_grace", "unknown key",
+         "(did you mean [policy] release_grace?)", "[driver] allows: kind")
+    _one({"reserve": "1GiB"}, "reserve", "(did you mean [cards.<name>] reserve?)", "'1GiB'")
+    _one({"kind": "sim"}, "kind", "(did you mean [driver] kind?)")
+    _one({"engines": {"e": {"size": "1GiB", "reserve": "1GiB"}}}, "engines.e.reserve",
+         "(did you mean [cards.<name>] reserve?)")
+    _one({"driver": {"total": "8GiB"}}, "driver.total", "(did you mean [[driver.cards]] total?)")
+    _one({"policy": {"key": "k" * 16}}, "policy.key",
+         "(did you mean [board] key or [api] key or [network] key?)")
+    # a key of no other table still gets the look-alike of its own
+    _one({"policy": {"relase_grace": "1s"}}, "policy.relase_grace",
+         "(did you mean 'release_grace'?)")
+
+
 def test_an_unknown_sim_card_entry_is_reported_at_its_key():
     _one({"driver": SIM, "cards": {"gpu7": {"reserve": "1GiB"}}}, "cards.gpu7", "'gpu7'")
 
