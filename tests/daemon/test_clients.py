@@ -202,3 +202,34 @@ def test_two_sizes_without_a_card_on_one_card_are_refused_saying_why(berthd):
     assert "shares.1.card: 2 shares want a card of their own and only 1 card can hold" \
         in out.stderr and "card None" not in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_berthd_not_reachable_says_where_why_and_how_to_start_it(tmp_path):
+    """aiohttp's words ("Cannot connect to unix socket … ssl:default [No such file or
+    directory]") named its internals; the message names the socket, why, and `berthd`."""
+    import socket
+    refused = tmp_path / "refused.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(refused))                     # a socket file nothing listens on
+    for sock, why in ((tmp_path / "none.sock", "no such file (berthd is not running"),
+                      (refused, "connection refused (nothing listens there")):
+        out = subprocess.run([BERTH, "status"], env={**os.environ, "BERTH_SOCKET": str(sock)},
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 3, out.stderr
+        assert out.stderr.startswith(f"berth: berthd is not reachable at {sock}: {why}"), \
+            out.stderr
+        assert "start berthd with `berthd`" in out.stderr
+        assert "ssl:" not in out.stderr and "Cannot connect" not in out.stderr, out.stderr
+
+
+def test_a_socket_the_user_may_not_use_is_said_in_words():
+    import errno
+
+    from aiohttp.client_exceptions import UnixClientConnectorError
+    from berth.client import unreachable
+    e = UnixClientConnectorError("/run/berth/berthd.sock", None,
+                                         PermissionError(errno.EACCES, "Permission denied"))
+    said = unreachable("/run/berth/berthd.sock", e)
+    assert said.startswith("berthd is not reachable at /run/berth/berthd.sock: permission "
+                           "denied (your user may not use berthd's socket: join the group"), said
+    assert "ssl:" not in said
