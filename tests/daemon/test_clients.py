@@ -199,9 +199,42 @@ def test_two_sizes_without_a_card_on_one_card_are_refused_saying_why(berthd):
     out = subprocess.run([BERTH, "run", "--size", "1GiB", "--size", "2GiB", "--", "true"],
                          env=d.env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 1, out.stderr
-    assert "shares.1.card: 2 shares want a card of their own and only 1 card can hold" \
+    assert "--size 2GiB: 2 shares want a card of their own and only 1 card can hold" \
         in out.stderr and "card None" not in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--size", "100GiB"], "--size 100GiB: 100.0GiB is larger than every card's capacity"),
+    (["--size", "1GiB", "--size", "1GiB@gpu7"], "--size 1GiB@gpu7: card 'gpu7': no such card"),
+    (["--size", "1GiB", "--priority", "5000"], "--priority: Input should be less than or equal "
+                                               "to 1000"),
+    (["--size", "1GiB", "--alias", "a b"], "--alias a b: String should match"),
+    (["--size", "1GiB", "--lend"], "--front: park and lend need a front (rule 3); give --front"),
+    ([], "--size: engine 'x' has no [engines.x] entry in berth.toml; give --size"),
+])
+def test_berthds_refusal_names_the_flag_the_user_gave(berthd, args, said):
+    """berthd names lease fields ("shares.0.size"); the run line the user typed has flags
+    ("--size 100GiB"), or, for what it left to berth.toml, the engine's entry."""
+    d = berthd()
+    out = subprocess.run([BERTH, "run", "--engine", "x", *args, "--", "true"], env=d.env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, out.stderr
+    assert f"berthd refused the lease: {said}" in out.stderr, out.stderr
+    assert "shares." not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_what_the_run_line_left_to_berth_toml_is_named_as_the_entry():
+    from berth.run.cli import RunOptions, in_flags
+    o = RunOptions(cmd=["serve"], engine="big", priority=None)
+    assert in_flags("shares.0.size: 99.0GiB is larger than every card's capacity; priority: 5 "
+                    "is more than the 0 berth.toml allows; lend: x", o) == (
+        "[engines.big] size: 99.0GiB is larger than every card's capacity; [engines.big] "
+        "priority: 5 is more than the 0 berth.toml allows; --lend: x")
+    o = RunOptions(cmd=["serve"], engine="big", sizes=[(None, "1GiB"), ("gpu1", "2GiB")],
+                   priority=3, bound="growth", lend_max="1GiB", park="hook")
+    assert in_flags("shares.1.need: a; bound: b; lend_max: c; park: d; priority: e", o) == (
+        "--size 2GiB@gpu1: a; --bound: b; --lend-max: c; --park: d; --priority: e")
 
 
 def test_berthd_not_reachable_says_where_why_and_how_to_start_it(tmp_path):
