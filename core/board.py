@@ -165,7 +165,7 @@ def _run(coro_fn):
             print(f"berth: {e.error}", file=sys.stderr)
             return 2
         except BerthdUnavailable as e:
-            print(f"berth: {e}. Start it with `berth daemon`.", file=sys.stderr)
+            print(f"berth: {e}", file=sys.stderr)
             return 3
         except ApiError as e:
             print(f"berth: {e.message}", file=sys.stderr)

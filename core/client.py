@@ -11,6 +11,7 @@ front and ComfyUI's gate alike; issue 12 case 4, issue 16).
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import time
@@ -21,7 +22,11 @@ import aiohttp
 from berth import paths
 from berth.config.errors import ConfigError
 
-__all__ = ["Client", "ApiError", "BerthdUnavailable", "ConfigUnusable", "JobReporter"]
+__all__ = ["Client", "ApiError", "BerthdUnavailable", "ConfigUnusable", "JobReporter",
+           "unreachable", "START_BERTHD"]
+
+#: How to start berthd, as every "not reachable" message ends.
+START_BERTHD = "start berthd with `berthd` (the same as `berth daemon`)"
 
 log = logging.getLogger("berth.client")
 
@@ -38,6 +43,36 @@ class ConfigUnusable(BerthdUnavailable):
     def __init__(self, error: ConfigError):
         super().__init__(f"cannot find berthd: {error}")
         self.error = error
+
+
+#: Why a connect failed, in words, by errno (aiohttp's own words name its internals:
+#: "Cannot connect to unix socket … ssl:default [No such file or directory]").
+_WHY = {
+    errno.ENOENT: "no such file (berthd is not running, or it listens elsewhere: "
+                  "$BERTH_SOCKET or berth.toml's [api] socket)",
+    errno.ECONNREFUSED: "connection refused (nothing listens there: berthd stopped or "
+                        "never started)",
+    errno.EACCES: "permission denied (your user may not use berthd's socket: join the group "
+                  "berth.toml's [api] socket_group names, or ask the operator)",
+    errno.ENOTSOCK: "not a socket",
+    errno.ECONNRESET: "berthd closed the connection",
+}
+_WHY[errno.EPERM] = _WHY[errno.EACCES]
+
+
+def unreachable(where: str | os.PathLike | None, error: BaseException) -> str:
+    """"berthd is not reachable at WHERE: WHY; start berthd with `berthd` ...": ``where`` is
+    the socket path or URL tried, ``error`` the connect's exception (aiohttp's or an
+    ``OSError``); why is said from its errno, else its OS words, else its class."""
+    os_error = getattr(error, "os_error", error)
+    code = getattr(os_error, "errno", None)
+    if code in _WHY:
+        why = _WHY[code]
+    elif isinstance(error, aiohttp.ServerDisconnectedError):
+        why = _WHY[errno.ECONNRESET]
+    else:
+        why = (getattr(os_error, "strerror", None) or type(error).__name__).lower()
+    return f"berthd is not reachable at {where}: {why}; {START_BERTHD}"
 
 
 class ApiError(RuntimeError):
@@ -107,7 +142,8 @@ class Client:
                     raise ApiError(r.status, err.get("message", str(data)), err.get("type", ""))
                 return data
         except (aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError) as e:
-            raise BerthdUnavailable(f"berthd is not reachable at {self.socket}: {e}") from None
+            where = self.socket if self.url == "http://berthd" else self.url
+            raise BerthdUnavailable(unreachable(where, e)) from None
 
     # -- the calls ---------------------------------------------------------------------------
     async def status(self) -> dict:

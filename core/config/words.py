@@ -56,6 +56,35 @@ def _model_at(path: tuple) -> type[BaseModel] | None:
     return t if isinstance(t, type) and issubclass(t, BaseModel) else None
 
 
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _tables(model: type[BaseModel], path: tuple = ()) -> list[tuple[str, type[BaseModel]]]:
+    """Every table berth.toml has, as its header reads (``[policy]``, ``[cards.<name>]``,
+    ``[[driver.cards]]``; the top level as ``""``), with its model."""
+    out = [(f"[{'.'.join(path)}]" if path else "", model)]
+    for name, f in model.model_fields.items():
+        t = _unwrap(f.annotation)
+        origin = typing.get_origin(t)
+        if _is_model(t):
+            out += _tables(t, (*path, name))
+        elif origin in (dict, list) and _is_model(inner := _unwrap(typing.get_args(t)[-1])):
+            head = ".".join((*path, name))
+            entry = f"[{head}.<name>]" if origin is dict else f"[[{head}]]"
+            out += [(entry, inner)] + [(h, m) for h, m in _tables(inner, ()) if h]
+    return out
+
+
+def _elsewhere(key: str, model: type[BaseModel] | None) -> str:
+    """Where else ``key`` is a key, as a hint: ``[policy] release_grace``, several joined by
+    "or"; ``""`` when it is a key of no other table."""
+    from .models import Config
+    found = [f"{head} {key}" if head else f"{key} at the top level (before any [table])"
+             for head, m in _tables(Config) if m is not model and key in m.model_fields]
+    return " or ".join(found)
+
+
 def unknown_key(loc: tuple, value: Any) -> tuple[tuple, str]:
     """An "extra inputs" error, in words: which keys the table allows, or, for a name TOML split
     at its dots (``[engines.qwen2.5-coder]``), how to quote it."""
@@ -80,7 +109,10 @@ def unknown_key(loc: tuple, value: Any) -> tuple[tuple, str]:
     if model is not None:
         allowed = list(model.model_fields)
         close = difflib.get_close_matches(str(key), allowed, 1)
-        if close:
+        other = _elsewhere(str(key), model)
+        if other:           # a key in the wrong table: its own table, not a look-alike here
+            msg += f" (did you mean {other}?)"
+        elif close:
             msg += f" (did you mean {close[0]!r}?)"
         where = f"[{loc_str(parent)}]" if parent else "the top level"
         msg += f"; {where} allows: {', '.join(allowed)}"

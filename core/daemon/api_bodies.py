@@ -13,6 +13,7 @@ import reprlib
 from typing import Annotated, Any
 
 from aiohttp import web
+from berth.config.errors import said_once
 from berth.daemon.broker import LeaseGone
 from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
@@ -132,11 +133,16 @@ async def parse_body(request: web.Request, model: type[BaseModel]):
     except RecursionError:
         raise web.HTTPBadRequest(reason="body: JSON nested too deeply") from None
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc']) or '(body)'}: "
-            f"{err['msg'].removeprefix('Value error, ')} (got {_show(err.get('input'))})"
-            for err in e.errors()[:10])
+        problems = "; ".join(_problem(err) for err in e.errors()[:10])
         raise web.HTTPBadRequest(reason=problems[:4000]) from None
+
+
+def _problem(err: dict) -> str:
+    """One validation error: ``key.path: message (got value)``, the key said once."""
+    key = ".".join(str(x) for x in err["loc"]) or "(body)"
+    said = said_once(key, err["msg"].removeprefix("Value error, "))
+    shown = _show(err.get("input"))
+    return f"{key}: {said}" if said.endswith(f"got {shown}") else f"{key}: {said} (got {shown})"
 
 
 def _show(value: Any) -> str:

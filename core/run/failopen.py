@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from berth import paths
 from berth.decide.units import format_size as fmt_bytes
@@ -135,27 +136,31 @@ def measure(o) -> Room:
 class FailOpen:
     """The run's side of berthd being unreachable at start (see the module docstring):
     :meth:`step` after each failed attempt to reach berthd. ``every_s``: seconds between two
-    measures; ``o.start_limit_s``: how long the run waits for berthd when it does not fit."""
+    measures; ``o.start_limit_s``: how long the run waits for berthd when it does not fit;
+    ``remind_s``: seconds between two reminders of the wait (what it waits for, how long is
+    left, what the user can do), the first said at once; ``clock``: monotonic seconds."""
 
-    def __init__(self, o, every_s: float = 5.0):
+    def __init__(self, o, every_s: float = 5.0, remind_s: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.o = o
         self.every_s = every_s
+        self.remind_s = remind_s
+        self.clock = clock
         self.since: float | None = None
         self._measured_at: float | None = None
         self._said: str | None = None
+        self._told_at: float | None = None
 
     async def step(self, error: Exception) -> Room | None | bool:
         """A :class:`Room` that fits: start unleased there. ``False``: keep waiting for
         berthd (always with ``--require-berthd``). ``None``: ``--start-limit`` has passed
         (said in the log): do not start."""
-        if self.o.require_berthd:
-            if self._said is None:
-                self._said = "--require-berthd"
-                log.warning("%s; waiting for it (--require-berthd)", error)
-            return False
-        now = time.monotonic()
+        now = self.clock()
         if self.since is None:
             self.since = now
+        if self.o.require_berthd:
+            self._require(error, now)
+            return False
         if self._measured_at is None or now - self._measured_at >= self.every_s:
             self._measured_at = now
             room = await asyncio.to_thread(measure, self.o)
@@ -165,14 +170,39 @@ class FailOpen:
                             self.o.engine, room.why)
                 return room
             if room.why != self._said:
-                self._said = room.why
-                log.warning("%s; not starting %s unleased: %s. Waiting for berthd (up to "
-                            "--start-limit %.0fs)", str(error).rstrip("."), self.o.engine,
-                            room.why.rstrip("."),
-                            self.o.start_limit_s)
+                self._said, self._told_at = room.why, now
+                log.warning("%s; not starting %s unleased: %s. Waiting for berthd: %s (it "
+                            "starts as soon as berthd answers)%s", str(error).rstrip("."),
+                            self.o.engine, room.why.rstrip("."), self._left(now), self._less())
         if now - self.since >= self.o.start_limit_s:
             log.error("berthd did not come back within --start-limit %.0fs and %s cannot start "
                       "unleased (%s): not starting it", self.o.start_limit_s, self.o.engine,
                       self._said)
             return None
+        if self._told_at is not None and now - self._told_at >= self.remind_s:
+            self._told_at = now
+            log.warning("still waiting for berthd (%s%s): %s; %s does not start unleased: %s",
+                        self._left(now), self._less(), str(error).rstrip("."), self.o.engine,
+                        (self._said or "").split(". ")[0])
         return False
+
+    def _left(self, now: float) -> str:
+        """How long the wait has left and what happens then, in words."""
+        left = max(0.0, self.o.start_limit_s - (now - self.since))
+        return (f"{left:.0f}s left of --start-limit {self.o.start_limit_s:.0f}s, then "
+                f"{self.o.engine} does not start")
+
+    def _less(self) -> str:
+        """How to wait less, where a shorter wait can be given."""
+        return "; --start-limit 10s waits less" if self.o.start_limit_s > 10 else ""
+
+    def _require(self, error: Exception, now: float) -> None:
+        """``--require-berthd``: say the wait at once, then every ``remind_s``."""
+        if self._told_at is None:
+            self._told_at = now
+            log.warning("%s; waiting for it (--require-berthd: no limit; %s starts as soon as "
+                        "berthd answers)", error, self.o.engine)
+        elif now - self._told_at >= self.remind_s:
+            self._told_at = now
+            log.warning("still waiting for berthd (%.0fs so far; --require-berthd: no limit): "
+                        "%s", now - self.since, error)

@@ -34,6 +34,7 @@ from berth.decide.model import Op
 from berth.decide.units import format_size
 from berth.front import Front
 from berth.process import ProcessId
+from berth.run.cli import in_flags
 from berth.run.engine import EngineProcess
 from berth.run.failopen import FailOpen, Room
 from berth.run.waits import WaitWords
@@ -150,7 +151,7 @@ class LeaseClient:
                 except TimeoutError:
                     continue
             except ApiError as e:
-                log.error("berthd refused the lease: %s", e.message)
+                log.error("berthd refused the lease: %s", in_flags(e.message, self.o))
                 return None
         self.lease_id = r["id"]
         self.policy = r.get("policy") or {}
@@ -393,7 +394,7 @@ async def _reattach(lease: LeaseClient, engine: EngineProcess) -> None:
         return
     except ApiError as e:
         log.warning("berthd refused to lease the running %s: %s; still UNLEASED, asking "
-                    "again in 5 s", lease.o.engine, e.message)
+                    "again in 5 s", lease.o.engine, in_flags(e.message, lease.o))
         await asyncio.sleep(5.0)
         return
     lease.lease_id = r["id"]

@@ -133,6 +133,10 @@ def test_an_engine_name_with_a_slash_is_a_lease(berthd):
     (["--wait-limit", "0s"], "--wait-limit: must be more than 0"),
     (["--size", "14"], "--size: '14' has no unit"),
     (["--size", "14@gpu0"], "--size: '14@gpu0' has no unit"),
+    # argparse read "-5GiB" as an option ("expected one argument"), naming no size
+    (["--size", "-5GiB"], "--size: expected a size like '24GiB' or '512MiB', got '-5GiB'"),
+    (["--size=-5GiB"], "--size: expected a size like '24GiB' or '512MiB', got '-5GiB'"),
+    (["--lend-max", "-1GiB"], "--lend-max: expected a size like '24GiB' or '512MiB', got '-1GiB'"),
     (["--front", "127.0.0.1:1", "--upstream", "notaurl"], "--upstream: expected the engine's URL"),
     (["--health", "health"], "--health: expected a path starting with '/'"),
     (["--front", "127.0.0.1:1", "--park", "hook", "--adapter", "bogus"],
@@ -195,6 +199,70 @@ def test_two_sizes_without_a_card_on_one_card_are_refused_saying_why(berthd):
     out = subprocess.run([BERTH, "run", "--size", "1GiB", "--size", "2GiB", "--", "true"],
                          env=d.env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 1, out.stderr
-    assert "shares.1.card: 2 shares want a card of their own and only 1 card can hold" \
+    assert "--size 2GiB: 2 shares want a card of their own and only 1 card can hold" \
         in out.stderr and "card None" not in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("args,said", [
+    (["--size", "100GiB"], "--size 100GiB: 100.0GiB is larger than every card's capacity"),
+    (["--size", "1GiB", "--size", "1GiB@gpu7"], "--size 1GiB@gpu7: card 'gpu7': no such card"),
+    (["--size", "1GiB", "--priority", "5000"], "--priority: Input should be less than or equal "
+                                               "to 1000"),
+    (["--size", "1GiB", "--alias", "a b"], "--alias a b: String should match"),
+    (["--size", "1GiB", "--lend"], "--front: park and lend need a front (rule 3); give --front"),
+    ([], "--size: engine 'x' has no [engines.x] entry in berth.toml; give --size"),
+])
+def test_berthds_refusal_names_the_flag_the_user_gave(berthd, args, said):
+    """berthd names lease fields ("shares.0.size"); the run line the user typed has flags
+    ("--size 100GiB"), or, for what it left to berth.toml, the engine's entry."""
+    d = berthd()
+    out = subprocess.run([BERTH, "run", "--engine", "x", *args, "--", "true"], env=d.env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, out.stderr
+    assert f"berthd refused the lease: {said}" in out.stderr, out.stderr
+    assert "shares." not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_what_the_run_line_left_to_berth_toml_is_named_as_the_entry():
+    from berth.run.cli import RunOptions, in_flags
+    o = RunOptions(cmd=["serve"], engine="big", priority=None)
+    assert in_flags("shares.0.size: 99.0GiB is larger than every card's capacity; priority: 5 "
+                    "is more than the 0 berth.toml allows; lend: x", o) == (
+        "[engines.big] size: 99.0GiB is larger than every card's capacity; [engines.big] "
+        "priority: 5 is more than the 0 berth.toml allows; --lend: x")
+    o = RunOptions(cmd=["serve"], engine="big", sizes=[(None, "1GiB"), ("gpu1", "2GiB")],
+                   priority=3, bound="growth", lend_max="1GiB", park="hook")
+    assert in_flags("shares.1.need: a; bound: b; lend_max: c; park: d; priority: e", o) == (
+        "--size 2GiB@gpu1: a; --bound: b; --lend-max: c; --park: d; --priority: e")
+
+
+def test_berthd_not_reachable_says_where_why_and_how_to_start_it(tmp_path):
+    """aiohttp's words ("Cannot connect to unix socket … ssl:default [No such file or
+    directory]") named its internals; the message names the socket, why, and `berthd`."""
+    import socket
+    refused = tmp_path / "refused.sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(refused))                     # a socket file nothing listens on
+    for sock, why in ((tmp_path / "none.sock", "no such file (berthd is not running"),
+                      (refused, "connection refused (nothing listens there")):
+        out = subprocess.run([BERTH, "status"], env={**os.environ, "BERTH_SOCKET": str(sock)},
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 3, out.stderr
+        assert out.stderr.startswith(f"berth: berthd is not reachable at {sock}: {why}"), \
+            out.stderr
+        assert "start berthd with `berthd`" in out.stderr
+        assert "ssl:" not in out.stderr and "Cannot connect" not in out.stderr, out.stderr
+
+
+def test_a_socket_the_user_may_not_use_is_said_in_words():
+    import errno
+
+    from aiohttp.client_exceptions import UnixClientConnectorError
+    from berth.client import unreachable
+    e = UnixClientConnectorError("/run/berth/berthd.sock", None,
+                                         PermissionError(errno.EACCES, "Permission denied"))
+    said = unreachable("/run/berth/berthd.sock", e)
+    assert said.startswith("berthd is not reachable at /run/berth/berthd.sock: permission "
+                           "denied (your user may not use berthd's socket: join the group"), said
+    assert "ssl:" not in said

@@ -213,6 +213,43 @@ def test_an_unknown_key_is_named_with_the_allowed_keys():
     _one({"engine": {"e": {}}}, "engine", "unknown key", "'engines'")
 
 
+def test_each_problem_names_its_key_once():
+    # The value checks label what they read ("ram_budget: ...", "size: ..."): after the key
+    # path the message said the field twice, e.g. "policy.ram_budget: ram_budget: '5' ...".
+    probs = _problems({"driver": {**SIM, "checkpoint_rate": "0", "free_delay": "x"},
+                       "cards": {"gpu0": {"reserve": "zz"}},
+                       "policy": {"ram_budget": "5", "read_interval": "1ms", "min_turn": -1},
+                       "engines": {"e": {"size": "8GiB", "need": "3"}}})
+    assert probs == {
+        "driver.checkpoint_rate": "must be more than 0 bytes per second, got '0'",
+        "driver.free_delay": "expected a duration like '20s', '500ms', '2m' or '1h', got 'x'",
+        "cards.gpu0.reserve": "expected a size like '24GiB' or '512MiB', got 'zz'",
+        "policy.ram_budget": "'5' has no unit; write '5GiB' or '5MiB' (or '5B' for bytes)",
+        "policy.read_interval": probs["policy.read_interval"],
+        "policy.min_turn": "a duration cannot be negative, got -1",
+        "engines.e.need": "'3' has no unit; write '3GiB' or '3MiB' (or '3B' for bytes)"}, probs
+    assert probs["policy.read_interval"].startswith("must be at least 50ms, got '1ms'")
+    assert ConfigError("f", [("policy.release_grace", "policy.release_grace: x")]).problems \
+        == [("policy.release_grace", "x")]
+
+
+def test_a_key_in_the_wrong_table_names_the_table_it_belongs_in():
+    # A new user's release_grace under [driver], or reserve before any table: "unknown key"
+    # with this table's keys listed said nothing of where the key goes.
+    _one({"driver": {"release_grace": "20s"}}, "driver.release_grace", "unknown key",
+         "(did you mean [policy] release_grace?)", "[driver] allows: kind")
+    _one({"reserve": "1GiB"}, "reserve", "(did you mean [cards.<name>] reserve?)", "'1GiB'")
+    _one({"kind": "sim"}, "kind", "(did you mean [driver] kind?)")
+    _one({"engines": {"e": {"size": "1GiB", "reserve": "1GiB"}}}, "engines.e.reserve",
+         "(did you mean [cards.<name>] reserve?)")
+    _one({"driver": {"total": "8GiB"}}, "driver.total", "(did you mean [[driver.cards]] total?)")
+    _one({"policy": {"key": "k" * 16}}, "policy.key",
+         "(did you mean [board] key or [api] key or [network] key?)")
+    # a key of no other table still gets the look-alike of its own
+    _one({"policy": {"relase_grace": "1s"}}, "policy.relase_grace",
+         "(did you mean 'release_grace'?)")
+
+
 def test_an_unknown_sim_card_entry_is_reported_at_its_key():
     _one({"driver": SIM, "cards": {"gpu7": {"reserve": "1GiB"}}}, "cards.gpu7", "'gpu7'")
 

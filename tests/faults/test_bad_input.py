@@ -162,6 +162,13 @@ def test_report_ok_must_be_a_json_bool(live, ok):
     assert d.state_of("fixed") == "active"
 
 
+def test_a_bad_share_size_names_its_field_once(live):
+    d, _ = live
+    code, body = d.call("POST", "/v1/leases", {"engine": "e", "shares": [{"size": "zz"}]})
+    assert code == 400 and body["error"]["message"] == (
+        "shares.0.size: expected a size like '24GiB' or '512MiB', got 'zz'"), body
+
+
 def test_oversized_body_is_a_413(live):
     d, lid = live
     code, body = api(d.sock, "POST", "/v1/leases", raw=b'{"engine": "' + b"x" * (2 << 20) + b'"}')

@@ -105,3 +105,77 @@ def test_berthd_down_past_the_start_limit_the_run_gives_up(world):
     assert "did not come back within --start-limit 2s" in world.log("B"), world.log("B")
     assert "started B" not in world.log("B")
     assert [c.oom_events for c in world.sim().cards] == [0]
+
+
+def _no_berthd(tmp) -> dict:
+    """berthd's config on a simulated 24 GiB card, the card declared, no berthd started: the
+    environment for a run (its socket does not exist)."""
+    import os
+
+    from tests.berthd import sim_config
+    cfg = sim_config(tmp, [("gpu0", "24GiB")])
+    subprocess.run([BERTH, "sim", "init", "--card", "gpu0=24GiB@0000:01:00.0", "--dir",
+                    str(tmp / "sim")], check=True, capture_output=True)
+    return {**os.environ, "BERTH_CONFIG": str(cfg)}
+
+
+def test_berthd_down_the_wait_is_said_at_once_with_what_to_do(tmp_path):
+    """A new user's run with no berthd said one line and then nothing for 120 s: the first
+    line says what it waits for (berthd, at which socket, and why it is not there), how long
+    is left, and what the user can do (start berthd, a shorter --start-limit)."""
+    env = _no_berthd(tmp_path)
+    out = subprocess.run([BERTH, "run", "--engine", "x", "--size", "99GiB", "--start-limit",
+                          "3s", "--", "true"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1, out.stderr
+    first = out.stderr.splitlines()[0]
+    sock = tmp_path / "state" / "berthd.sock"
+    for words in (f"berthd is not reachable at {sock}: no such file",
+                  "start berthd with `berthd`", "not starting x unleased: 99.0GiB does not fit",
+                  "3s left of --start-limit 3s, then x does not start",
+                  "it starts as soon as berthd answers"):
+        assert words in first, out.stderr
+    assert "ssl:" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_berthd_down_the_wait_is_said_again_every_15_seconds(tmp_path, monkeypatch, caplog):
+    """Between the first line and the end of --start-limit the run reminds the wait every
+    15 s (a clock the test moves: no real wait), with the time left."""
+    import asyncio
+    import logging
+
+    from berth.client import BerthdUnavailable, Client
+    from berth.run.cli import RunOptions
+    from berth.run.failopen import FailOpen
+    env = _no_berthd(tmp_path)
+    monkeypatch.setenv("BERTH_CONFIG", env["BERTH_CONFIG"])
+    o = RunOptions(cmd=["true"], engine="x", sizes=[(None, "99GiB")], start_limit_s=40.0)
+    now = [0.0]
+    wait = FailOpen(o, clock=lambda: now[0])
+
+    async def steps() -> list:
+        client = Client()
+        try:
+            await client.status()
+        except BerthdUnavailable as e:
+            error = e
+        finally:
+            await client.close()
+        out = []
+        for t in (0, 5, 14, 15, 20, 29, 30, 35, 39, 40):
+            now[0] = float(t)
+            out.append((t, await wait.step(error)))
+        return out
+
+    caplog.set_level(logging.WARNING, logger="berth.run")
+    results = asyncio.run(steps())
+    assert [r for _, r in results] == [False] * 9 + [None]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 4, said                 # at once, at 15 s, at 30 s, and the end
+    assert "40s left of --start-limit 40s" in said[0] and "--start-limit 10s waits less" in said[0]
+    for line, left in ((said[1], 25), (said[2], 10)):
+        assert line.startswith(f"still waiting for berthd ({left}s left of --start-limit 40s, "
+                               f"then x does not start; --start-limit 10s waits less): berthd "
+                               f"is not reachable at "), line
+        assert "start berthd with `berthd`" in line and "99.0GiB does not fit" in line, line
+    assert "did not come back within --start-limit 40s" in said[3]
