@@ -154,3 +154,7 @@ class Engine:
             if self.left_s() <= every_s:
                 raise self.fail(stuck())
             await asyncio.sleep(every_s)
+            if self.left_s() <= 0:
+                # The sleep ended past the deadline (a loaded machine): the next poll could
+                # only fail with "no time left", which says nothing of the engine.
+                raise self.fail(stuck())

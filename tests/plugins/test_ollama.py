@@ -233,3 +233,31 @@ def test_berthd_parks_and_wakes_ollama_and_grants_the_waiter_only_after_the_driv
         for p in runs:
             stop_proc(p)
         d.stop()
+
+
+def test_a_poll_that_oversleeps_its_deadline_says_what_it_saw_not_no_time_left():
+    """On a loaded machine the poll's sleep can end past the plugin's deadline; the next poll
+    then failed inside its own request ("GET /api/ps: no time left within 1 s", CI) instead
+    of saying what the engine still showed. The stall is made here by a callback that blocks
+    the loop during the sleep."""
+    from berth_plugins._http import Engine
+
+    async def ps(request):
+        return web.json_response({"models": [{"name": "qwen3:8b", "model": "qwen3:8b"}]})
+
+    async def scenario():
+        app = web.Application()
+        app.router.add_get("/api/ps", ps)
+        async with serve(app) as url:
+            async with Engine(ctx("ollama", engine_url=url, timeout_s=0.5)) as eng:
+                polls = []
+
+                async def check() -> bool:
+                    polls.append((await eng.call("GET", "/api/ps")).status)
+                    if len(polls) == 1:
+                        # stalls the loop from inside the sleep that follows
+                        asyncio.get_running_loop().call_soon(time.sleep, 0.6)
+                    return False
+                with pytest.raises(MechanismError, match="still lists qwen3:8b"):
+                    await eng.wait_for(check, lambda: "GET /api/ps still lists qwen3:8b", 0.05)
+    asyncio.run(scenario())
