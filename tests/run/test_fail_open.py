@@ -107,6 +107,41 @@ def test_berthd_down_past_the_start_limit_the_run_gives_up(world):
     assert [c.oom_events for c in world.sim().cards] == [0]
 
 
+def test_berthd_down_two_runs_started_together_do_not_both_start(world):
+    """Two runs started at the same moment with berthd down, each asking 14 GiB (an engine whose
+    13 GiB of weights load over 4 s) of a 24 GiB card with a 1 GiB reserve: each fits alone, not
+    both. Both measured the empty card and both started; the second engine's allocation failed
+    (an out-of-memory event on the card). The fail-open decision is serialised: exactly one
+    starts unleased; the other says it waits for that run, measures once the first engine's
+    memory shows on the card, and waits for berthd; once the first is stopped it starts."""
+    _sim_card(world)
+    runs = {n: world.model(n, run_cmd(n, engine_args=("--load-s", "4"))) for n in "AB"}
+    for m in runs.values():
+        m.spawn()
+
+    def settled():
+        logs = {n: world.log(n) for n in runs}
+        started = [n for n, t in logs.items() if "UNLEASED (fail-open)" in t]
+        measured = [n for n, t in logs.items() if "does not fit beside what gpu0 holds" in t]
+        return (started, measured, logs) if len(started) == 2 or (started and measured) else None
+    started, measured, logs = wait_for(settled, 90, "one run started, the other measured it")
+    assert len(started) == 1 and measured != started, logs
+    first, second = started[0], measured[0]
+    said = world.log(second)
+    assert f"berth run --engine {first} (pid {runs[first].pid}" in said, said
+    assert "holds the fail-open lock" in said and "started " + second not in said, said
+    runs[first].wait_ready()
+    assert runs[second].running() and "started " + second not in world.log(second)
+    assert len(world.sim().cards[0].processes) == 1, world.sim().cards[0]
+    assert [c.oom_events for c in world.sim().cards] == [0]
+    st = runs[first].stop()
+    assert st.exit_code == 0 and not st.killed, st
+    runs[second].wait_ready()               # it measures again: the card is free, it starts
+    assert "UNLEASED (fail-open)" in world.log(second), world.log(second)
+    assert chat(runs[second].port, second, max_tokens=4).content_chunks == 4
+    assert [c.oom_events for c in world.sim().cards] == [0]
+
+
 def _no_berthd(tmp) -> dict:
     """berthd's config on a simulated 24 GiB card, the card declared, no berthd started: the
     environment for a run (its socket does not exist)."""
