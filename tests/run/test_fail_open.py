@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from tests.berthd import BERTH
 from tests.helpers import wait_for
 from tests.run.llamaswap import UNLOAD_TIMEOUT_S
@@ -107,15 +109,20 @@ def test_berthd_down_past_the_start_limit_the_run_gives_up(world):
     assert [c.oom_events for c in world.sim().cards] == [0]
 
 
-def test_berthd_down_two_runs_started_together_do_not_both_start(world):
-    """Two runs started at the same moment with berthd down, each asking 14 GiB (an engine whose
-    13 GiB of weights load over 4 s) of a 24 GiB card with a 1 GiB reserve: each fits alone, not
-    both. Both measured the empty card and both started; the second engine's allocation failed
-    (an out-of-memory event on the card). The fail-open decision is serialised: exactly one
-    starts unleased; the other says it waits for that run, measures once the first engine's
-    memory shows on the card, and waits for berthd; once the first is stopped it starts."""
+@pytest.mark.parametrize("size,run_args,shown", [
+    ("14GiB", (), "it answers its health check"),
+    ("13GiB", ("--health", "none"), "its memory shows on the card")], ids=["health", "memory"])
+def test_berthd_down_two_runs_started_together_do_not_both_start(world, size, run_args, shown):
+    """Two runs started at the same moment with berthd down, each asking 14 GiB, or 13 GiB (an
+    engine whose 13 GiB of weights load over 4 s) of a 24 GiB card with a 1 GiB reserve: each
+    fits alone, not both. Both measured the empty card and both started; the second engine's
+    allocation failed (an out-of-memory event on the card). The fail-open decision is
+    serialised: exactly one starts unleased; the other says it waits for that run, measures once
+    the first engine's memory shows on the card (its health check answers; without one, its
+    process uses the 13 GiB asked), and waits for berthd; once the first is stopped it starts."""
     _sim_card(world)
-    runs = {n: world.model(n, run_cmd(n, engine_args=("--load-s", "4"))) for n in "AB"}
+    runs = {n: world.model(n, run_cmd(n, size=size, run_args=run_args,
+                                      engine_args=("--load-s", "4"))) for n in "AB"}
     for m in runs.values():
         m.spawn()
 
@@ -131,6 +138,8 @@ def test_berthd_down_two_runs_started_together_do_not_both_start(world):
     assert f"berth run --engine {first} (pid {runs[first].pid}" in said, said
     assert "holds the fail-open lock" in said and "started " + second not in said, said
     runs[first].wait_ready()
+    assert f"{first} started unleased and {shown}: the fail-open lock is let go" in \
+        world.log(first), world.log(first)
     assert runs[second].running() and "started " + second not in world.log(second)
     assert len(world.sim().cards[0].processes) == 1, world.sim().cards[0]
     assert [c.oom_events for c in world.sim().cards] == [0]
