@@ -223,3 +223,38 @@ def test_berthd_down_the_wait_is_said_again_every_15_seconds(tmp_path, monkeypat
                                f"is not reachable at "), line
         assert "start berthd with `berthd`" in line and "99.0GiB does not fit" in line, line
     assert "did not come back within --start-limit 40s" in said[3]
+
+
+def test_berthd_down_the_fail_open_lock_held_or_unsafe_is_waited_on(tmp_path, monkeypatch):
+    """The fail-open lock (the simulated cards' directory holds it): held by another process,
+    the run does not measure and names the holder; a symlink in its place is not followed and
+    the run does not start unleased. Free again, the run takes it, and lets it go once."""
+    import os
+
+    from berth.run.cli import RunOptions
+    from berth.run.failopen import FailOpen, StartLock
+    env = _no_berthd(tmp_path)
+    monkeypatch.setenv("BERTH_CONFIG", env["BERTH_CONFIG"])
+    monkeypatch.delenv("BERTH_SIM_DIR", raising=False)
+    o = RunOptions(cmd=["true"], engine="x", sizes=[(None, "1GiB")])
+    path = tmp_path / "sim" / "failopen.lock"
+    other = StartLock(path)
+    assert other.take() is None
+    room = FailOpen(o)._turn()
+    assert not room.fits and room.busy, room
+    assert f"(pid {os.getpid()}, user " in room.why and str(path) in room.why, room.why
+    other.release()
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere")
+    room = FailOpen(o)._turn()
+    assert not room.fits and not room.busy and "cannot take the fail-open lock" in room.why, room
+    assert not (tmp_path / "elsewhere").exists()
+    path.unlink()
+    run = FailOpen(o)
+    room = run._turn()
+    assert room.fits and run.lock is not None, room
+    assert path.stat().st_mode & 0o777 == 0o644          # every user opens it
+    assert other.take() is not None             # held by the run that fits
+    run.let_go("test")
+    assert other.take() is None and run.lock is None
+    other.release()
