@@ -20,9 +20,9 @@ saying why, up to ``--start-limit``, and measures again meanwhile.
 
 One run at a time decides: two runs measuring at the same moment both read the same free
 bytes, both found that they fit and both started, and the second engine's allocation failed on
-the card (an OOM) although each alone fitted. So every ``berth run`` on the
-machine takes an exclusive :func:`fcntl.flock` on one lock file (:class:`StartLock`) before it
-measures, without waiting: a run that finds it held says who holds it, keeps asking berthd and
+the card (an OOM) although each alone fitted. So every ``berth run`` on the machine takes an
+exclusive :func:`fcntl.flock` on one lock file (:class:`StartLock`) before it measures, without
+waiting: a run that finds it held says who holds it, keeps asking berthd and
 tries again a second later (up to ``--start-limit`` in all). A run that does not fit lets the
 lock go at once; one that fits keeps it until its engine's memory shows to the driver
 (:meth:`FailOpen.hold`): the engine's process tree uses at least the bytes it asked on each
