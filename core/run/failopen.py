@@ -17,36 +17,195 @@ It fits: the run starts the engine unleased on those cards (``CUDA_VISIBLE_DEVIC
 and registers with berthd once berthd is back, adopting the engine (its memory counts as its own,
 as a stowaway's would). It does not fit, or any of this cannot be read: the run waits for berthd,
 saying why, up to ``--start-limit``, and measures again meanwhile.
+
+One run at a time decides: two runs measuring at the same moment both read the same free
+bytes, both found that they fit and both started, and the second engine's allocation failed on
+the card (an OOM) although each alone fitted. So every ``berth run`` on the machine takes an
+exclusive :func:`fcntl.flock` on one lock file (:class:`StartLock`) before it measures, without
+waiting: a run that finds it held says who holds it, keeps asking berthd and
+tries again a second later (up to ``--start-limit`` in all). A run that does not fit lets the
+lock go at once; one that fits keeps it until its engine's memory shows to the driver
+(:meth:`FailOpen.hold`): the engine's process tree uses at least the bytes it asked on each
+card, or its health check answers, or it exits, or ``--start-limit`` passes; the next run then
+measures with that memory counted. The lock is never taken while berthd answers (a run asks
+berthd first, every time) and is let go once berthd leases the engine. A run that dies lets it
+go with it: the kernel drops a flock with its file's last descriptor, which the engine does not
+inherit (``O_CLOEXEC``).
+
+Where the lock file is (:func:`lock_path`): every run of every user sharing the cards must name
+the same file, whatever its own config and rights say.
+
+- Simulated cards: ``<sim dir>/failopen.lock``. The simulated cards are that directory, which
+  every process using them names and writes; two sets of simulated cards (tests side by side)
+  do not hold each other up.
+- Real cards: ``/dev/shm/berth-failopen.lock`` (``/tmp/berth-failopen.lock`` on a system with no
+  ``/dev/shm``): a fixed path, as the cards are the machine's. Not berth's state directory nor
+  the socket's: both are resolved per user (``$XDG_RUNTIME_DIR``, each user's own berth.toml),
+  and ``/run/berth`` is not writable by users, so two users sharing the cards could lock two
+  different files, or one of them none. ``/dev/shm`` rather than ``/tmp``: a service under
+  systemd's ``PrivateTmp`` (llama-swap as a unit) has a ``/tmp`` of its own but the machine's
+  ``/dev/shm``. A container shares it only with ``--ipc=host``.
+
+The file is made mode 0644 and opened read-only (a flock needs no write access), without
+following a symlink; one that cannot be opened makes the run wait for berthd, as a card that
+cannot be read does. Any local user can hold the lock: that delays other runs' fail-open (up
+to their ``--start-limit``); it never starts an engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import fcntl
 import logging
+import os
+import stat
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from berth import paths
 from berth.decide.units import format_size as fmt_bytes
 from berth.decide.units import parse_size
 from berth.driver.base import Driver, DriverError
+from berth.process import tree_pids
 
-__all__ = ["Room", "measure", "FailOpen"]
+if TYPE_CHECKING:                                   # the run spawns it
+    from berth.run.engine import EngineProcess
+
+__all__ = ["Room", "measure", "FailOpen", "StartLock", "lock_path"]
 
 log = logging.getLogger("berth.run")
+
+#: Seconds between two driver reads while a run holds the lock for its starting engine.
+_SHOWS_EVERY_S = 0.25
 
 
 @dataclass(frozen=True)
 class Room:
     """:func:`measure`'s verdict. ``fits``: the engine may start unleased; ``why``: one line
     for the log either way; ``cards``: where it runs (``{"pci", "name", "uuid", "bytes"}``, as a
-    grant gives them); ``driver``: ``{"kind", "sim_dir"}``, as a grant gives it."""
+    grant gives them); ``driver``: ``{"kind", "sim_dir"}``, as a grant gives it; ``shares``:
+    bytes asked per card PCI (a whole card's are not); ``busy``: another run holds the
+    fail-open lock (this one tries again a second later)."""
 
     fits: bool
     why: str
     cards: list[dict] = field(default_factory=list)
     driver: dict = field(default_factory=dict)
+    shares: dict[str, int] = field(default_factory=dict)
+    busy: bool = False
+
+
+def lock_path(cfg) -> Path:
+    """The fail-open lock file for the cards of ``cfg`` (a loaded berth.toml): see the module
+    docstring for the choice."""
+    if cfg.driver.kind == "sim":
+        return paths.sim_dir(cfg) / "failopen.lock"
+    shm = Path("/dev/shm")
+    return (shm if shm.is_dir() else Path("/tmp")) / "berth-failopen.lock"
+
+
+def _open_lock(path: Path) -> int:
+    """A read-only descriptor on the lock file, made (mode 0644) if missing; never follows a
+    symlink. Raises ``OSError`` (a symlink: ``ELOOP``; not a regular file: ``EINVAL``)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(3):
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                os.fchmod(fd, 0o644)            # every user opens it, whatever the umask
+            except FileExistsError:
+                continue                        # another run made it meanwhile: open that
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return fd
+    raise OSError(errno.EAGAIN, "made and removed again and again", str(path))
+
+
+def _who(pid: int) -> str:
+    """A process in words: ``berth run --engine A (pid 123, user ann)``."""
+    try:
+        argv = [a.decode(errors="replace")
+                for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return f"pid {pid}"
+    try:
+        import pwd
+        user = pwd.getpwuid(uid).pw_name
+    except (KeyError, ImportError):
+        user = str(uid)
+    what = os.path.basename(argv[0]) if argv else "a process"
+    for i, a in enumerate(argv):
+        if a == "--engine" and i + 1 < len(argv):
+            what = f"berth run --engine {argv[i + 1]}"
+        elif a.startswith("--engine="):
+            what = f"berth run --engine {a.split('=', 1)[1]}"
+    return f"{what} (pid {pid}, user {user})"
+
+
+def _holder(fd: int) -> str:
+    """Who holds the flock on ``fd``'s file, as ``/proc/locks`` tells (by device and inode);
+    ``another process`` where it does not."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return "another process"
+    for line in lines:
+        f = line.split()
+        if len(f) > 5 and f[1] == "FLOCK" and f[5] == key and f[4].isdigit():
+            return _who(int(f[4]))
+    return "another process"
+
+
+class StartLock:
+    """The exclusive flock on ``path`` that serialises the fail-open decision (see the module
+    docstring). :meth:`take` never waits; :meth:`release` may be called any number of times."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def take(self) -> str | None:
+        """``None``: this run holds the lock now. Else who holds it, in words. Raises
+        ``OSError`` when the file cannot be opened or locked."""
+        fd = _open_lock(self.path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = _holder(fd)
+            os.close(fd)
+            return who
+        except OSError:
+            os.close(fd)
+            raise
+        self.fd = fd
+        return None
+
+    def release(self) -> None:
+        """Let the lock go (closing the only descriptor drops the flock)."""
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
+
+def _uses(driver: Driver, shares: dict[str, int], root: int) -> bool:
+    """Whether the process tree of ``root`` uses at least ``shares`` (bytes per card PCI) on
+    every card, as ``driver`` reads now. Blocking. A read that fails counts as not yet."""
+    if not shares:
+        return False
+    pids = tree_pids(root)
+    try:
+        return all((driver.read(pci).use_of(pids) or 0) >= n for pci, n in shares.items())
+    except DriverError:
+        return False
 
 
 def _open(cfg) -> Driver:
@@ -97,13 +256,13 @@ def _place(ask, infos, names, reads, reserves, taken) -> tuple[str | None, str]:
     return best, ""
 
 
-def measure(o) -> Room:
+def measure(o, cfg=None) -> Room:
     """Whether the run ``o`` (:class:`~berth.run.cli.RunOptions`) may start its engine unleased
-    now (see the module docstring). Blocking (reads berth.toml and the driver): call it in a
-    thread. Never raises."""
+    now (see the module docstring). ``cfg``: berth.toml loaded (else it is loaded here).
+    Blocking (reads berth.toml and the driver): call it in a thread. Never raises."""
     from berth.config import ConfigError, load_config
     try:
-        cfg, _ = load_config(None)
+        cfg = cfg or load_config(None)[0]
         asks = _asks(o, cfg)
         driver = _open(cfg)
     except (ConfigError, ValueError, DriverError, OSError) as e:
@@ -118,6 +277,7 @@ def measure(o) -> Room:
         driver.close()
     reserves = {c.pci: cfg.card_config(c.pci, names[c.pci]).reserve for c in infos}
     taken: dict[str, int] = {}
+    shares: dict[str, int] = {}
     cards = []
     for ask in asks:
         pci, why = _place(ask, infos, names, reads, reserves, taken)
@@ -125,12 +285,15 @@ def measure(o) -> Room:
             return Room(False, why)
         size = ask[1] if ask[1] is not None else reads[pci].free_bytes - reserves[pci]
         taken[pci] = taken.get(pci, 0) + size
+        if ask[1] is not None:
+            shares[pci] = shares.get(pci, 0) + size
         uuid = next(c.uuid for c in infos if c.pci == pci)
         cards.append({"pci": pci, "name": names[pci], "uuid": uuid, "bytes": size})
     said = ", ".join(f"{fmt_bytes(c['bytes'])} on {c['name']}" for c in cards)
     kind = {"kind": driver.kind,
             "sim_dir": str(paths.sim_dir(cfg)) if cfg.driver.kind == "sim" else None}
-    return Room(True, f"it fits beside what the cards hold ({said}, reserve kept)", cards, kind)
+    return Room(True, f"it fits beside what the cards hold ({said}, reserve kept)", cards, kind,
+                shares)
 
 
 class FailOpen:
@@ -138,7 +301,9 @@ class FailOpen:
     :meth:`step` after each failed attempt to reach berthd. ``every_s``: seconds between two
     measures; ``o.start_limit_s``: how long the run waits for berthd when it does not fit;
     ``remind_s``: seconds between two reminders of the wait (what it waits for, how long is
-    left, what the user can do), the first said at once; ``clock``: monotonic seconds."""
+    left, what the user can do), the first said at once; ``clock``: monotonic seconds.
+    ``lock``: the fail-open lock, held from a measure that fits until the engine's memory
+    shows (:meth:`hold`, :meth:`answered`, :meth:`let_go`)."""
 
     def __init__(self, o, every_s: float = 5.0, remind_s: float = 15.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -147,6 +312,10 @@ class FailOpen:
         self.remind_s = remind_s
         self.clock = clock
         self.since: float | None = None
+        self.lock: StartLock | None = None
+        self._cfg = None
+        self._shares: dict[str, int] = {}
+        self._gone: asyncio.Event | None = None
         self._measured_at: float | None = None
         self._said: str | None = None
         self._told_at: float | None = None
@@ -163,7 +332,9 @@ class FailOpen:
             return False
         if self._measured_at is None or now - self._measured_at >= self.every_s:
             self._measured_at = now
-            room = await asyncio.to_thread(measure, self.o)
+            room = await asyncio.to_thread(self._turn)
+            if room.busy:
+                self._measured_at = None        # the lock again at the next step, in 1 s
             if room.fits:
                 log.warning("%s; running %s UNLEASED (fail-open): %s. It registers with berthd "
                             "once berthd is back (--require-berthd waits instead)", error,
@@ -185,6 +356,87 @@ class FailOpen:
                         self._left(now), self._less(), str(error).rstrip("."), self.o.engine,
                         (self._said or "").split(". ")[0])
         return False
+
+    def _turn(self) -> Room:
+        """Take the fail-open lock without waiting, then :func:`measure`; the lock is kept only
+        when it fits. Blocking: runs in a thread. Never raises."""
+        from berth.config import ConfigError, load_config
+        try:
+            cfg, _ = load_config(None)
+        except (ConfigError, OSError) as e:
+            return Room(False, f"cannot tell whether it fits: {e}")
+        lock = StartLock(lock_path(cfg))
+        try:
+            holder = lock.take()
+        except OSError as e:
+            return Room(False, f"cannot take the fail-open lock {lock.path}: "
+                               f"{e.strerror or e}")
+        if holder is not None:
+            return Room(False, f"{holder} holds the fail-open lock {lock.path} while its "
+                               f"engine starts unleased; {self.o.engine} measures the cards "
+                               f"once that engine's memory shows", busy=True)
+        room = measure(self.o, cfg)
+        if room.fits:
+            self.lock, self._cfg, self._shares = lock, cfg, room.shares
+        else:
+            lock.release()
+        return room
+
+    async def hold(self, engine: EngineProcess) -> None:
+        """Keep the fail-open lock while the started ``engine`` loads, until its process tree
+        uses at least the bytes asked on each card (as the driver reads, every 0.25 s), it
+        exits, or ``--start-limit`` passes; :meth:`answered` may let it go first. Cancelled
+        (the run stops), it lets the lock go too."""
+        if self.lock is None:
+            return
+        why = "the run stops"
+        self._gone = gone = asyncio.Event()     # let go meanwhile (:meth:`answered`)
+        tasks = {asyncio.create_task(self._shows(engine)): "its memory shows on the card",
+                 asyncio.create_task(engine.proc.wait()): "it exited",
+                 asyncio.create_task(gone.wait()): ""}
+        try:
+            done, _ = await asyncio.wait(tasks, timeout=self.o.start_limit_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            why = (tasks[done.pop()] if done else
+                   f"its memory did not show within --start-limit {self.o.start_limit_s:.0f}s")
+        finally:
+            for t in tasks:
+                t.cancel()
+            self.let_go(why)
+
+    async def _shows(self, engine: EngineProcess) -> None:
+        """Returns once the engine's process tree uses the bytes asked (never for a whole card:
+        its health check or the bound ends the hold)."""
+        try:
+            driver = await asyncio.to_thread(_open, self._cfg)
+        except (DriverError, OSError) as e:
+            log.warning("cannot read the cards while %s starts unleased (%s): the fail-open lock "
+                        "is held until it answers or --start-limit passes", self.o.engine, e)
+            await asyncio.Future()              # cancelled by the hold's end
+            return
+        try:
+            while not await asyncio.to_thread(_uses, driver, self._shares, engine.proc.pid):
+                await asyncio.sleep(_SHOWS_EVERY_S)
+        finally:
+            driver.close()
+
+    def answered(self, engine: EngineProcess) -> None:
+        """The engine answered its health check: it has loaded, the lock goes. Without a
+        health check (``--health none``, no URL) the answer proves nothing and the lock stays."""
+        if self.o.health != "none" and engine.url:
+            self.let_go("it answers its health check")
+
+    def let_go(self, why: str) -> None:
+        """Let the fail-open lock go, once, saying why: the next run measures with this
+        engine counted."""
+        if self.lock is None:
+            return
+        self.lock.release()
+        self.lock = None
+        if self._gone is not None:
+            self._gone.set()
+        log.info("%s started unleased and %s: the fail-open lock is let go (the next berth run "
+                 "measures with it counted)", self.o.engine, why)
 
     def _left(self, now: float) -> str:
         """How long the wait has left and what happens then, in words."""

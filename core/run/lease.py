@@ -112,9 +112,18 @@ class LeaseClient:
         self.ram_available: int | None = None
         self._touching = False
         self.waits = WaitWords(opts.engine)
+        #: Set when the engine starts unleased (berthd down): it holds the fail-open lock
+        #: until the engine's memory shows (:meth:`FailOpen.hold`).
+        self.unleased: FailOpen | None = None
 
     async def close(self) -> None:
+        self.let_go("the run ends")
         await self.client.close()
+
+    def let_go(self, why: str) -> None:
+        """Let the fail-open lock go, if this run holds it (see :mod:`berth.run.failopen`)."""
+        if self.unleased is not None:
+            self.unleased.let_go(why)
 
     def limit(self, name: str) -> float:
         """A time limit in seconds (a key of :data:`DEFAULT_LIMITS`): the run line's own, else
@@ -144,6 +153,7 @@ class LeaseClient:
                     return None
                 if isinstance(room, Room):
                     self.cards, self.driver = room.cards, room.driver
+                    self.unleased = fail_open
                     return {}
                 try:
                     await asyncio.wait_for(self.stop_event.wait(), 1.0)
@@ -232,6 +242,7 @@ class LeaseClient:
     async def release(self, why: str) -> None:
         """Release the lease, waiting up to ``release_wait_s`` for the driver to confirm the
         memory free."""
+        self.let_go("its engine stops")
         if not self.lease_id:
             return
         try:
@@ -398,6 +409,7 @@ async def _reattach(lease: LeaseClient, engine: EngineProcess) -> None:
         await asyncio.sleep(5.0)
         return
     lease.lease_id = r["id"]
+    lease.let_go("berthd is back and counts it")      # never held while berthd answers
     while True:
         g = await lease.poll_grant()
         if g is not None:

@@ -246,6 +246,9 @@ class EngineRun:
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(self.engine.let_watchdog_go)
             stack.push_async_exit(self._stop_after_error)
+            if self.lease.unleased is not None:
+                # Started unleased: the next run measures once this engine's memory shows.
+                _task(stack, self.lease.unleased.hold(self.engine))
             return await self._engine_runs(ident)
 
     async def _engine_runs(self, ident) -> int:
@@ -277,6 +280,8 @@ class EngineRun:
             # This lease's requests served are counted from here (issue 24).
             served_from = self.front.served if self.front is not None else 0
             if healthy in done and healthy.result():
+                if self.lease.unleased is not None:
+                    self.lease.unleased.answered(self.engine)
                 if self.front is not None:
                     self.front.open()
                 log.info("%s is serving%s", self.o.engine, f" on {self.engine.url}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from tests.berthd import BERTH
 from tests.helpers import wait_for
 from tests.run.llamaswap import UNLOAD_TIMEOUT_S
@@ -107,6 +109,48 @@ def test_berthd_down_past_the_start_limit_the_run_gives_up(world):
     assert [c.oom_events for c in world.sim().cards] == [0]
 
 
+@pytest.mark.parametrize("size,run_args,shown", [
+    ("14GiB", (), "it answers its health check"),
+    ("13GiB", ("--health", "none"), "its memory shows on the card")], ids=["health", "memory"])
+def test_berthd_down_two_runs_started_together_do_not_both_start(world, size, run_args, shown):
+    """Two runs started at the same moment with berthd down, each asking 14 GiB, or 13 GiB (an
+    engine whose 13 GiB of weights load over 4 s) of a 24 GiB card with a 1 GiB reserve: each
+    fits alone, not both. Both measured the empty card and both started; the second engine's
+    allocation failed (an out-of-memory event on the card). The fail-open decision is
+    serialised: exactly one starts unleased; the other says it waits for that run, measures once
+    the first engine's memory shows on the card (its health check answers; without one, its
+    process uses the 13 GiB asked), and waits for berthd; once the first is stopped it starts."""
+    _sim_card(world)
+    runs = {n: world.model(n, run_cmd(n, size=size, run_args=run_args,
+                                      engine_args=("--load-s", "4"))) for n in "AB"}
+    for m in runs.values():
+        m.spawn()
+
+    def settled():
+        logs = {n: world.log(n) for n in runs}
+        started = [n for n, t in logs.items() if "UNLEASED (fail-open)" in t]
+        measured = [n for n, t in logs.items() if "does not fit beside what gpu0 holds" in t]
+        return (started, measured, logs) if len(started) == 2 or (started and measured) else None
+    started, measured, logs = wait_for(settled, 90, "one run started, the other measured it")
+    assert len(started) == 1 and measured != started, logs
+    first, second = started[0], measured[0]
+    said = world.log(second)
+    assert f"berth run --engine {first} (pid {runs[first].pid}" in said, said
+    assert "holds the fail-open lock" in said and "started " + second not in said, said
+    runs[first].wait_ready()
+    assert f"{first} started unleased and {shown}: the fail-open lock is let go" in \
+        world.log(first), world.log(first)
+    assert runs[second].running() and "started " + second not in world.log(second)
+    assert len(world.sim().cards[0].processes) == 1, world.sim().cards[0]
+    assert [c.oom_events for c in world.sim().cards] == [0]
+    st = runs[first].stop()
+    assert st.exit_code == 0 and not st.killed, st
+    runs[second].wait_ready()               # it measures again: the card is free, it starts
+    assert "UNLEASED (fail-open)" in world.log(second), world.log(second)
+    assert chat(runs[second].port, second, max_tokens=4).content_chunks == 4
+    assert [c.oom_events for c in world.sim().cards] == [0]
+
+
 def _no_berthd(tmp) -> dict:
     """berthd's config on a simulated 24 GiB card, the card declared, no berthd started: the
     environment for a run (its socket does not exist)."""
@@ -179,3 +223,38 @@ def test_berthd_down_the_wait_is_said_again_every_15_seconds(tmp_path, monkeypat
                                f"is not reachable at "), line
         assert "start berthd with `berthd`" in line and "99.0GiB does not fit" in line, line
     assert "did not come back within --start-limit 40s" in said[3]
+
+
+def test_berthd_down_the_fail_open_lock_held_or_unsafe_is_waited_on(tmp_path, monkeypatch):
+    """The fail-open lock (the simulated cards' directory holds it): held by another process,
+    the run does not measure and names the holder; a symlink in its place is not followed and
+    the run does not start unleased. Free again, the run takes it, and lets it go once."""
+    import os
+
+    from berth.run.cli import RunOptions
+    from berth.run.failopen import FailOpen, StartLock
+    env = _no_berthd(tmp_path)
+    monkeypatch.setenv("BERTH_CONFIG", env["BERTH_CONFIG"])
+    monkeypatch.delenv("BERTH_SIM_DIR", raising=False)
+    o = RunOptions(cmd=["true"], engine="x", sizes=[(None, "1GiB")])
+    path = tmp_path / "sim" / "failopen.lock"
+    other = StartLock(path)
+    assert other.take() is None
+    room = FailOpen(o)._turn()
+    assert not room.fits and room.busy, room
+    assert f"(pid {os.getpid()}, user " in room.why and str(path) in room.why, room.why
+    other.release()
+    path.unlink()
+    path.symlink_to(tmp_path / "elsewhere")
+    room = FailOpen(o)._turn()
+    assert not room.fits and not room.busy and "cannot take the fail-open lock" in room.why, room
+    assert not (tmp_path / "elsewhere").exists()
+    path.unlink()
+    run = FailOpen(o)
+    room = run._turn()
+    assert room.fits and run.lock is not None, room
+    assert path.stat().st_mode & 0o777 == 0o644          # every user opens it
+    assert other.take() is not None             # held by the run that fits
+    run.let_go("test")
+    assert other.take() is None and run.lock is None
+    other.release()
