@@ -63,10 +63,7 @@ def _cmd_wrap(args) -> int:
             return 2
     else:
         sys.stdout.write(out)
-    if sizes is None and report.wrapped:
-        unsized = _entries_missing(report)
-        if unsized:
-            report.warnings.append(unsized)
+    report.warnings += _entries_missing(report) if sizes is None else []
     for line in report.warnings:
         print(f"{_PROG}: warning: {line}", file=sys.stderr)
     if not args.quiet:
@@ -85,26 +82,26 @@ def _cmd_wrap(args) -> int:
     return 0
 
 
-def _entries_missing(report) -> str | None:
+def _entries_missing(report) -> list[str]:
     """Without ``--size-from``, the wrapped runs take their sizes from berth.toml at lease time:
-    a warning naming the engines that the berth.toml found here (:func:`berth.paths.config_path`)
-    has no entry for, or ``None`` when each has one. Without it every request to such a model is
-    llama-swap's opaque 500 "upstream command exited prematurely" (review finding)."""
+    the warning (a list of one, or none) naming the wrapped engines that the berth.toml found
+    here (:func:`berth.paths.config_path`) has no entry for. Without it, every request to such
+    a model is llama-swap's opaque 500 "upstream command exited prematurely" (review finding)."""
     from berth.paths import config_path
     path = config_path()
     try:
         entries = sizes_from(path) if path.exists() else {}
     except (OSError, ValueError) as e:      # berth.config.ConfigError is a ValueError
-        return f"{path}: {e}; berthd refuses a lease while its berth.toml is bad"
+        return [f"{path}: {e}; berthd refuses a lease while its berth.toml is bad"]
     missing = [e for e in (report.engines.get(m, m) for m in report.wrapped) if e not in entries]
     if not missing:
-        return None
+        return []
     where = f"{path} has" if path.exists() else f"there is no {path}, so berth.toml has"
-    return (f"{where} no [engines.\"<engine>\"] entry for {', '.join(missing)}: berthd will "
+    return [(f"{where} no [engines.\"<engine>\"] entry for {', '.join(missing)}: berthd will "
             f"refuse their leases (no size), and llama-swap answers their requests with 500 "
             f"\"upstream command exited prematurely\"; add each an entry with size = \"…GiB\" "
             f"(berthd reads them at lease time; if berthd reads another berth.toml, check it "
-            f"with --size-from)")
+            f"with --size-from)")]
 
 
 def arguments(p) -> None:
