@@ -96,12 +96,12 @@ def _entries_missing(report) -> list[str]:
     missing = [e for e in (report.engines.get(m, m) for m in report.wrapped) if e not in entries]
     if not missing:
         return []
-    where = f"{path} has" if path.exists() else f"there is no {path}, so berth.toml has"
-    return [(f"{where} no [engines.\"<engine>\"] entry for {', '.join(missing)}: berthd will "
-            f"refuse their leases (no size), and llama-swap answers their requests with 500 "
-            f"\"upstream command exited prematurely\"; add each an entry with size = \"…GiB\" "
-            f"(berthd reads them at lease time; if berthd reads another berth.toml, check it "
-            f"with --size-from)")]
+    where = (f"{path} has no" if path.exists() else
+             f"there is no {path} (BERTH_CONFIG, else the default place), so no")
+    return [f"{where} [engines.\"<engine>\"] entry for {', '.join(missing)}: berthd refuses a "
+            f"lease with no size, and llama-swap would answer their requests with 500 "
+            f"\"upstream command exited prematurely\"; give each an entry with size = \"…GiB\" "
+            f"in the berth.toml berthd reads (at lease time; --size-from PATH checks that file)"]
 
 
 def arguments(p) -> None:
