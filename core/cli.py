@@ -104,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
         sys.stdout.flush()
+    except KeyboardInterrupt:
+        # Ctrl-C in a command with no handler of its own (wrap reading stdin, a prompt): leave
+        # as a shell tool does, with 130 and no traceback (berth run and berthd stop in order).
+        print(file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # `berth status | head -1`: the reader left; say nothing more, as cat and grep do (the
         # flush at exit would raise again, so stdout goes to /dev/null first).

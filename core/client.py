@@ -60,13 +60,32 @@ _WHY = {
 _WHY[errno.EPERM] = _WHY[errno.EACCES]
 
 
+def _not_a_socket(where: str | os.PathLike | None) -> str:
+    """What is at ``where`` when it is a path to something other than a socket ("regular
+    file", "directory"), else ``""`` (a socket, nothing, a URL)."""
+    import stat
+    if where is None or str(where).startswith(("http://", "https://")):
+        return ""
+    try:
+        mode = os.stat(where).st_mode
+    except OSError:
+        return ""
+    if stat.S_ISSOCK(mode):
+        return ""
+    return "directory" if stat.S_ISDIR(mode) else "regular file" if stat.S_ISREG(mode) else "file"
+
+
 def unreachable(where: str | os.PathLike | None, error: BaseException) -> str:
     """"berthd is not reachable at WHERE: WHY; start berthd with `berthd` ...": ``where`` is
     the socket path or URL tried, ``error`` the connect's exception (aiohttp's or an
     ``OSError``); why is said from its errno, else its OS words, else its class."""
     os_error = getattr(error, "os_error", error)
     code = getattr(os_error, "errno", None)
-    if code in _WHY:
+    if code == errno.ECONNREFUSED and _not_a_socket(where):
+        # Linux refuses a connect to a regular file as to a socket nobody listens on.
+        why = (f"not a socket (a {_not_a_socket(where)} is there: $BERTH_SOCKET or berth.toml's "
+               f"[api] socket names the wrong path)")
+    elif code in _WHY:
         why = _WHY[code]
     elif isinstance(error, aiohttp.ServerDisconnectedError):
         why = _WHY[errno.ECONNRESET]

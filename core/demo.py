@@ -108,6 +108,7 @@ class Demo:
                     "PYTHONUNBUFFERED": "1"}
         self.ports = {"A": _port(), "comfyui": _port(), "board": _port()}
         self.board_url = f"http://127.0.0.1:{self.ports['board']}/"
+        self.client: Client | None = None
 
     def say(self, text: str) -> None:
         self.events.append((time.monotonic() - self.t0, text))
@@ -119,6 +120,14 @@ class Demo:
         return p
 
     async def run(self) -> int:
+        """The demo; its berthd client is closed however it ends (Ctrl-C cancels it)."""
+        try:
+            return await self._run()
+        finally:
+            if self.client is not None:
+                await self.client.close()
+
+    async def _run(self) -> int:
         board = f'\n[board]\nlisten = "127.0.0.1:{self.ports["board"]}"\n'
         (self.tmp / "berth.toml").write_text(CONFIG.format(tmp=self.tmp, rate="7GB") + board)
         berth = str(self.bin / "berth")
@@ -319,7 +328,14 @@ def run_demo(keep: bool = False, stay: bool = False) -> int:
     except RuntimeError as e:
         print(str(e), file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C is how a user leaves a demo: no traceback (the cleanup below stops it all).
+        print("berth demo: stopped by Ctrl-C; stopping its berthd and engines", file=sys.stderr)
+        return 130
     finally:
+        # A second Ctrl-C must not cut the cleanup short (and leave berthd and the engines
+        # running): it is bounded anyway (SIGTERM, 10 s, SIGKILL).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         demo.cleanup()
         if keep:
             print(f"(logs kept in {tmp})")

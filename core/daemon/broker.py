@@ -57,6 +57,7 @@ class Broker:
         self.cfg = cfg
         self.driver = driver
         self.state_path = Path(state_path)
+        self._persist_error: str | None = None   # the last failed write's, said once
         self.pm = pm
         self.clock = clock
         # Instruction numbers must keep growing across restarts: a run that polled the old
@@ -154,7 +155,7 @@ class Broker:
         return f"gpu{i}"
 
     def _persist(self) -> None:
-        restore.persist(self.state_path, self.sched)
+        self._persist_error = restore.persist(self.state_path, self.sched, self._persist_error)
 
     def _closing(self) -> bool:
         return self.closing

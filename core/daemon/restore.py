@@ -76,9 +76,13 @@ def _keep_refused(path: Path, refused: list[str]) -> None:
                   "was is copied to %s)", why, copy)
 
 
-def persist(path: Path, sched: Scheduler) -> None:
+def persist(path: Path, sched: Scheduler, failing: str | None = None) -> str | None:
     """Write ``sched``'s leases, waiters, counters and baselines to ``path`` atomically. A
-    failed write is logged, not raised: the broker keeps serving (the next change retries)."""
+    failed write (a full disk, a read-only state directory) is logged, not raised: the broker
+    keeps serving and the next change retries. ``failing`` is what the previous call returned:
+    the same failure again is not logged again (it would be on every change), and the first
+    write after a failure says the file is written again. Returns the failure's text, or
+    ``None`` when written (issue 4 "State that survives")."""
     led = sched.ledger
     snap = store.Snapshot(
         leases=list(led.leases.values()),
@@ -89,8 +93,17 @@ def persist(path: Path, sched: Scheduler) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         store.write_atomic(path, store.dump(snap))
-    except OSError:
-        log.exception("writing the state file %s failed", path)
+    except OSError as e:
+        why = e.strerror or str(e)
+        if why != failing:
+            # One line, no traceback: what a user fixes is the disk, not the code.
+            log.error("cannot write the state file %s: %s; berthd keeps serving, but a restart "
+                      "now would not re-attach the leases changed since (free space or make "
+                      "%s writable; every change tries again)", path, why, path.parent)
+        return why
+    if failing is not None:
+        log.info("the state file %s is written again", path)
+    return None
 
 
 def restore(snap: store.Snapshot | None, sched: Scheduler, driver: Driver,

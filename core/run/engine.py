@@ -39,6 +39,10 @@ log = logging.getLogger("berth.run")
 
 _PR_SET_PDEATHSIG = 1
 _SIGKILL_WAIT_S = 5.0
+#: While an engine does not answer its health check: the first note after this many seconds,
+#: then one every _HEALTH_NOTE_EVERY_S (a big model loads for minutes; silence looked hung).
+_HEALTH_NOTE_FIRST_S = 10.0
+_HEALTH_NOTE_EVERY_S = 30.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -125,7 +129,9 @@ class EngineProcess:
         if self.o.health == "none" or not self.url:
             return True
         url = self.url + self.o.health
-        end = None if deadline_s is None else time.monotonic() + deadline_s
+        began = time.monotonic()
+        end = None if deadline_s is None else began + deadline_s
+        note_at, last = began + _HEALTH_NOTE_FIRST_S, "no answer"
         delay = 0.05
         while end is None or time.monotonic() < end:
             if self.proc is not None and self.proc.returncode is not None:
@@ -134,8 +140,15 @@ class EngineProcess:
                 async with self.http.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
                     if r.status == 200:
                         return True
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
+                    last = f"HTTP {r.status}"
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                os_error = getattr(e, "os_error", None)
+                last = (getattr(os_error, "strerror", None) or type(e).__name__).lower()
+            if time.monotonic() >= note_at:
+                log.info("%s has not answered GET %s with 200 for %.0f s (last: %s); requests "
+                         "wait in the front meanwhile (--health names another path)",
+                         self.o.engine, url, time.monotonic() - began, last)
+                note_at = time.monotonic() + _HEALTH_NOTE_EVERY_S
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.5)
         return False

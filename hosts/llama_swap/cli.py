@@ -63,6 +63,7 @@ def _cmd_wrap(args) -> int:
             return 2
     else:
         sys.stdout.write(out)
+    report.warnings += _entries_missing(report) if sizes is None else []
     for line in report.warnings:
         print(f"{_PROG}: warning: {line}", file=sys.stderr)
     if not args.quiet:
@@ -79,6 +80,28 @@ def _cmd_wrap(args) -> int:
         print(f"{_PROG}: {done}" + (f"; written to {args.output}" if args.output else ""),
               file=sys.stderr)
     return 0
+
+
+def _entries_missing(report) -> list[str]:
+    """Without ``--size-from``, the wrapped runs take their sizes from berth.toml at lease time:
+    the warning (a list of one, or none) naming the wrapped engines that the berth.toml found
+    here (:func:`berth.paths.config_path`) has no entry for. Without it, every request to such
+    a model is llama-swap's opaque 500 "upstream command exited prematurely" (review finding)."""
+    from berth.paths import config_path
+    path = config_path()
+    try:
+        entries = sizes_from(path) if path.exists() else {}
+    except (OSError, ValueError) as e:      # berth.config.ConfigError is a ValueError
+        return [f"{path}: {e}; berthd refuses a lease while its berth.toml is bad"]
+    missing = [e for e in (report.engines.get(m, m) for m in report.wrapped) if e not in entries]
+    if not missing:
+        return []
+    where = (f"{path} has no" if path.exists() else
+             f"there is no {path} (BERTH_CONFIG, else the default place), so no")
+    return [f"{where} [engines.\"<engine>\"] entry for {', '.join(missing)}: berthd refuses a "
+            f"lease with no size, and llama-swap would answer their requests with 500 "
+            f"\"upstream command exited prematurely\"; give each an entry with size = \"…GiB\" "
+            f"in the berth.toml berthd reads (at lease time; --size-from PATH checks that file)"]
 
 
 def arguments(p) -> None:

@@ -244,8 +244,12 @@ def test_berthd_not_reachable_says_where_why_and_how_to_start_it(tmp_path):
     refused = tmp_path / "refused.sock"
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(refused))                     # a socket file nothing listens on
+    plain = tmp_path / "berth.toml"
+    plain.write_text("")                         # review finding: a regular file was "refused"
     for sock, why in ((tmp_path / "none.sock", "no such file (berthd is not running"),
-                      (refused, "connection refused (nothing listens there")):
+                      (refused, "connection refused (nothing listens there"),
+                      (plain, "not a socket (a regular file is there: $BERTH_SOCKET or"),
+                      (tmp_path, "not a socket (a directory is there")):
         out = subprocess.run([BERTH, "status"], env={**os.environ, "BERTH_SOCKET": str(sock)},
                              capture_output=True, text=True, timeout=30)
         assert out.returncode == 3, out.stderr

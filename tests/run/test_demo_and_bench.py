@@ -111,3 +111,36 @@ def test_bench_switch_prints_its_figures_as_json(isolated):
         assert row["restore_tool_ms"] > 0 and row["park_tool_ms"] > 0
         assert 0 < row["overhead_ms"] < row["overhead_incl_room_ms"] < row["ttfb_ms"]
         assert row["breakdown_ms"], row
+
+
+def test_ctrl_c_of_berth_demo_mid_request_stops_it_without_a_traceback(isolated):
+    """Review finding: Ctrl-C during the demo's first chat printed a KeyboardInterrupt
+    traceback and aiohttp's "Unclosed client session"; a user's first command must end in a
+    line, with its berthd and engines stopped."""
+    from tests.helpers import ours, wait_for
+    p = subprocess.Popen([BERTH, "demo"], env={**isolated, "PYTHONUNBUFFERED": "1"},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    timer = threading.Timer(120, lambda: os.killpg(p.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        first = p.stdout.readline()            # the board's address, while the demo runs
+        m = re.search(r"(http://127\.0\.0\.1:\d+/)", first)
+        assert m, first + p.stdout.read()
+
+        def comfyui_leased() -> bool:          # the demo's last step before its requests
+            try:
+                with urllib.request.urlopen(m.group(1) + "state", timeout=5) as r:
+                    return b'"comfyui"' in r.read()
+            except OSError:
+                return False
+        wait_for(comfyui_leased, what="ComfyUI's lease on the demo's board")
+        os.killpg(p.pid, signal.SIGINT)        # a terminal's Ctrl-C: the foreground group
+        out = first + p.stdout.read()
+        rc = p.wait(30)
+    finally:
+        timer.cancel()
+    assert rc == 130, out
+    assert "Traceback" not in out and "Unclosed" not in out, out
+    assert "berth demo: stopped by Ctrl-C" in out and "OK: every chat" not in out, out
+    assert ours(Path(isolated["TMPDIR"])) == [], out

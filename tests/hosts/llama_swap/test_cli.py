@@ -92,3 +92,24 @@ def test_a_negative_health_check_timeout_is_refused(capsys):
     assert main(["llama-swap", "wrap", str(path), "--health-check-timeout", "-5"]) == 2
     err = capsys.readouterr().err
     assert "--health-check-timeout: must be at least 1 second, got -5" in err, err
+
+
+def test_models_the_berth_toml_has_no_entry_for_are_warned_about(tmp_path, monkeypatch, capsys):
+    # Review finding: wrapped without sizes and without entries, every request to the model
+    # was llama-swap's 500 "upstream command exited prematurely", with only a note at wrap time.
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("models:\n  ma:\n    cmd: llama-server --port ${PORT}\n"
+                   "  mb:\n    cmd: llama-server --port ${PORT}\n")
+    toml = tmp_path / "berth.toml"
+    toml.write_text('[engines.ma]\nsize = "6GiB"\n')
+    monkeypatch.setenv("BERTH_CONFIG", str(toml))
+    assert main(["llama-swap", "wrap", str(cfg), "-q"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "entry for" in line]
+    assert len(warned) == 1 and "warning:" in warned[0], warned
+    assert f"{toml} has no" in warned[0] and "entry for mb:" in warned[0], warned
+    toml.write_text('[engines.ma]\nsize = "6GiB"\n[engines.mb]\nsize = "6GiB"\n')
+    assert main(["llama-swap", "wrap", str(cfg), "-q"]) == 0
+    assert "entry for" not in capsys.readouterr().err
+    monkeypatch.setenv("BERTH_CONFIG", str(tmp_path / "none.toml"))
+    assert main(["llama-swap", "wrap", str(cfg), "-q"]) == 0
+    assert f"there is no {tmp_path / 'none.toml'}" in capsys.readouterr().err
