@@ -89,8 +89,10 @@ def test_berthd_down_a_run_that_does_not_fit_waits_for_berthd(world):
     assert "UNLEASED (fail-open): it fits beside what the cards hold" in world.log("A")
     assert chat(a.port, "A", max_tokens=4).content_chunks == 4
     d = world.start_berthd()
-    wait_for(lambda: d.state_of("A") == "active" and (d.lease_of("A") or {}).get("pid"), 20,
-             "A registered and attached")
+    # A may be parked for B at once (B can ask before A registers): registered and attached
+    # is what counts here, in whichever state the ladder then puts it.
+    wait_for(lambda: d.state_of("A") in ("active", "parking", "parked")
+             and (d.lease_of("A") or {}).get("pid"), 20, "A registered and attached")
     b.wait_ready()                          # B's lease: the ladder parks A for it
     ans = chat(b.port, "B", max_tokens=4)
     assert ans.content_chunks == 4, ans
