@@ -161,3 +161,11 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def sigint_as_a_terminal() -> None:
+    """``preexec_fn`` for a child that a test stops with Ctrl-C's SIGINT: the default
+    disposition, as a terminal's foreground command has. A suite started in the background
+    of a non-interactive shell inherits SIGINT ignored, and Python then never raises
+    KeyboardInterrupt (the Ctrl-C tests timed out in such a run)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from tests.berthd import BERTH
-from tests.helpers import wait_for
+from tests.helpers import sigint_as_a_terminal, wait_for
 
 #: read(2)'s number; elsewhere only its first argument, fd 0, is looked at.
 _READ = {"x86_64": "0", "aarch64": "63"}.get(platform.machine())
@@ -28,7 +28,7 @@ def _reads_stdin(pid: int) -> bool:
 def test_ctrl_c_of_wrap_reading_stdin_exits_130_without_a_traceback():
     r, w = os.pipe()                         # stdin held open: wrap waits in its read
     p = subprocess.Popen([BERTH, "llama-swap", "wrap", "-"], stdin=r, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_a_terminal)
     os.close(r)
     try:
         wait_for(lambda: _reads_stdin(p.pid), what="wrap reading its stdin")

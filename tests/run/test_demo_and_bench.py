@@ -117,10 +117,10 @@ def test_ctrl_c_of_berth_demo_mid_request_stops_it_without_a_traceback(isolated)
     """Review finding: Ctrl-C during the demo's first chat printed a KeyboardInterrupt
     traceback and aiohttp's "Unclosed client session"; a user's first command must end in a
     line, with its berthd and engines stopped."""
-    from tests.helpers import ours, wait_for
+    from tests.helpers import ours, sigint_as_a_terminal, wait_for
     p = subprocess.Popen([BERTH, "demo"], env={**isolated, "PYTHONUNBUFFERED": "1"},
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=sigint_as_a_terminal)
     timer = threading.Timer(120, lambda: os.killpg(p.pid, signal.SIGKILL))
     timer.start()
     try:
