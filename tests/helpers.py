@@ -169,3 +169,31 @@ def sigint_as_a_terminal() -> None:
     of a non-interactive shell inherits SIGINT ignored, and Python then never raises
     KeyboardInterrupt (the Ctrl-C tests timed out in such a run)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def log_at_the_fd_limit(script: str, tmp_path: Path) -> str:
+    """Run ``script`` (a server that prints its port, then serves with a descriptor limit of
+    48 and a connection bound past it), hold 120 connections to it for 3.5 s, and return its
+    stderr: what a few seconds at the limit log (asyncio retries a failed accept each second).
+    The 3.5 s is the measure, not a synchronisation."""
+    import asyncio
+    import sys
+    err = open(tmp_path / "err.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=err,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        port = int(proc.stdout.readline())
+
+        async def flood():
+            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(120)]
+            end = time.monotonic() + 3.5
+            while time.monotonic() < end:
+                await asyncio.sleep(0.1)
+            for _, w in conns:
+                w.close()
+        asyncio.run(asyncio.wait_for(flood(), 30))
+    finally:
+        proc.kill()
+        proc.wait(5)
+    err.seek(0)
+    return err.read()

@@ -18,6 +18,7 @@ import urllib.request
 import pytest
 
 from tests.berthd import Berthd, sim_config, wait_for
+from tests.helpers import log_at_the_fd_limit
 
 HEAD = b"GET /state HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: slow\r\n\r\n"
 
@@ -159,29 +160,5 @@ def test_too_many_open_files_is_logged_once_a_minute_not_per_accept(tmp_path):
     """As the front's listener does: the bound is set past the descriptor limit on purpose, so
     the board's accepts fail with EMFILE, which asyncio logged on every retry (once a second,
     a line each, with a traceback) until the board's listener throttled it too."""
-    import asyncio
-    import os
-    import subprocess
-    import sys
-    err = open(tmp_path / "err.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-c", _SERVE], stdout=subprocess.PIPE, stderr=err,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        port = int(proc.stdout.readline())
-
-        async def flood():
-            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(120)]
-            # the measure: how many lines a few seconds at the limit log (asyncio retries the
-            # accept once a second); not a synchronisation
-            end = time.monotonic() + 3.5
-            while time.monotonic() < end:
-                await asyncio.sleep(0.1)
-            for _, w in conns:
-                w.close()
-        asyncio.run(asyncio.wait_for(flood(), 30))
-    finally:
-        proc.kill()
-        proc.wait(5)
-    err.seek(0)
-    text = err.read()
+    text = log_at_the_fd_limit(_SERVE, tmp_path)
     assert text.count("out of system resource") == 1, text[-3000:]

@@ -4,15 +4,13 @@ closes slow and idle clients"): real fronts and real sockets on loopback."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 
 from berth.front.listen import Limits
 
 from tests.front.clients import open_slow, slow_heads
 from tests.front.conftest import Upstream, front_for, json_handler, until
+from tests.helpers import log_at_the_fd_limit
 
 
 def _bounded(coro, limit_s: float):
@@ -148,25 +146,5 @@ asyncio.run(main())
 def test_too_many_open_files_is_logged_once_a_minute_not_per_accept(tmp_path):
     """The bound is set past the descriptor limit on purpose, so accepts fail with EMFILE
     (asyncio retries each second, and logged every retry)."""
-    err = open(tmp_path / "err.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-c", _SERVE], stdout=subprocess.PIPE, stderr=err,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        port = int(proc.stdout.readline())
-
-        async def flood():
-            conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(120)]
-            # the measure: how many lines a few seconds at the limit log (asyncio retries the
-            # accept once a second); not a synchronisation
-            end = time.monotonic() + 3.5
-            while time.monotonic() < end:
-                await asyncio.sleep(0.1)
-            for _, w in conns:
-                w.close()
-        _bounded(flood(), 30)
-    finally:
-        proc.kill()
-        proc.wait(5)
-    err.seek(0)
-    text = err.read()
+    text = log_at_the_fd_limit(_SERVE, tmp_path)
     assert text.count("out of system resource") == 1, text[-3000:]
