@@ -63,6 +63,9 @@ class Policy:
       switch back would cost: rent or buy, issue 24); counted from when it could serve.
     - ``first_request_s``: how long a holder that has just become ready (or woke) keeps its card
       for its first request: a manager's health poll (llama-swap's 1 s) plus a margin.
+    - ``rent_fixed_s``: when >= 0, an idle holder's rent (how long it keeps its card against an
+      equal-priority waiter) is this many seconds instead of what a switch back would cost; for
+      the policy simulator's hindsight row (the best fixed rent per workload), not a user knob.
     """
 
     queue: QueuePolicy = QueuePolicy.SCAN
@@ -79,6 +82,7 @@ class Policy:
     max_job_s: float = 3600.0
     max_turn_s: float = 30.0
     first_request_s: float = 1.5
+    rent_fixed_s: float = -1.0
 
 
 class Fit(enum.StrEnum):

@@ -173,9 +173,12 @@ def turn_start(holder: Lease, policy: Policy) -> tuple[float, bool]:
     return max(ready, holder.resumed_at), said or holder.resumed_at > 0.0
 
 
-def rent_s(holder: Lease, waiter: Lease) -> float:
+def rent_s(holder: Lease, waiter: Lease, policy: Policy) -> float:
     """What switching back would cost (seconds): the holder's measured restore or cold start
-    plus the waiter's park (the holder's own while the waiter has not parked yet)."""
+    plus the waiter's park (the holder's own while the waiter has not parked yet);
+    ``policy.rent_fixed_s`` instead when it is set (>= 0)."""
+    if policy.rent_fixed_s >= 0:
+        return policy.rent_fixed_s
     return holder.switch_cost_s + (waiter.park_cost_s or holder.park_cost_s)
 
 
@@ -194,7 +197,7 @@ def turn_end(holder: Lease, policy: Policy, now: float) -> float | None:
             holder.last_job_at is None or holder.last_job_at < start) else 0.0
         idle_from = max(holder.idle_since if holder.idle_since is not None else now,
                         start if said else 0.0)
-        end = max(first, min(idle_from + rent_s(holder, holder), start + longest))
+        end = max(first, min(idle_from + rent_s(holder, holder, policy), start + longest))
     else:
         end = start + max(policy.min_turn_s, holder.switch_cost_s)
         if holder.jobs_reported:
@@ -220,7 +223,7 @@ def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
                     f"manager's health poll)")
         idle_s = now - max(holder.idle_since if holder.idle_since is not None else now,
                            start if said else 0.0)
-        rent = rent_s(holder, waiter)
+        rent = rent_s(holder, waiter, policy)
         # A higher priority's rent is its keep_warm, which (3) has counted already.
         if holder.priority == waiter.priority and idle_s < rent and now - start < longest:
             return (f"{holder.engine} is idle for less than a switch back would cost "
