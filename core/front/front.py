@@ -5,6 +5,7 @@ whole contract)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Awaitable, Callable
@@ -32,9 +33,11 @@ class Front(FastPath):
     ``is_write(method, path)``: True when a request needs the engine awake (default: any method
     but GET, HEAD and OPTIONS).
     ``shutdown_grace_s``: how long :meth:`stop` lets in-flight requests finish, seconds.
-    ``max_in_flight``: the most writes forwarded at once (the engine's parallel slots; ``None``:
-    no limit). Further writes wait in the front, not in the engine's own queue, so a park waits
-    only for what the engine is running, and what waits can be held while it sleeps.
+    ``max_in_flight``: the most writes forwarded at once (the engine's slots; ``None``: no
+    limit; :meth:`set_max_in_flight` changes it, e.g. once the run has measured them, issue 34).
+    Further writes are held in the front in arrival order (the hold of a sleeping engine's
+    writes: its keep-alive and wait limit), not in the engine's own queue, so a park waits only
+    for what the engine is running, and what waits stays held across the park.
     ``on_unwanted``: called when the last held request leaves (answered at its deadline, or its
     client gone) while the front is ``waking``: nobody waits for that wake any more.
     ``limits``: what the front allows its clients (:class:`berth.front.listen.Limits`: a request
@@ -89,6 +92,7 @@ class Front(FastPath):
         self._last_activity = float("-inf")
         self.in_flight = self._holding = 0
         self._arrived: dict = {}                # request -> when it reached the front (monotonic s)
+        self._line: collections.deque = collections.deque()   # held requests, in arrival order
         self.forwarded = self.served = 0
         self.held = self.held_timeouts = self.client_gone = self.errors = 0
         self.refused_reads = self.wakes = 0
@@ -241,6 +245,14 @@ class Front(FastPath):
         write is answered at once (reason ``no_room``), unless its client asked to wait with
         ``X-Berth-Deadline``."""
         self.cause, self.lasting = cause, bool(cause) and lasting
+        self._notify()
+
+    def set_max_in_flight(self, n: int | None) -> None:
+        """Forward at most ``n`` writes at once from now on (``None``: every one). Held writes
+        look again at once (a raised limit lets them go). Raises ``ValueError`` when ``n`` < 1."""
+        if n is not None and n < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {n}")
+        self.max_in_flight = n
         self._notify()
 
     def fail_held(self, reason: str) -> int:

@@ -9,6 +9,7 @@ passed back as they arrive; the slow states add the hold.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
@@ -66,6 +67,7 @@ class RequestPath:
     _fail_reason: str
     _holding: int
     _arrived: dict
+    _line: "collections.deque"
     _last_activity: float
     _addr: Address | None
     _pool: Pool
@@ -80,8 +82,9 @@ class RequestPath:
     async def _handle(self, req: "Request", client: "ClientConnection") -> bool:
         st = self._state
         if st is F.OPEN:
-            if self.max_in_flight is None or self.in_flight < self.max_in_flight \
-                    or not self._writes(req):
+            # A slot free goes to the oldest held write first (issue 34: arrival order).
+            if self.max_in_flight is None or not self._writes(req) or (
+                    self.in_flight < self.max_in_flight and not self._line):
                 return await self._forward(req, client)
             return await self._hold(req, client)
         if not self._writes(req):
@@ -147,6 +150,7 @@ class RequestPath:
         self.held += 1
         self._holding += 1
         self._arrived.setdefault(req, time.monotonic())
+        self._line.append(req)
         forward = False
         try:
             async with asyncio.timeout_at(loop.time() + limit_s):
@@ -155,8 +159,8 @@ class RequestPath:
                         return self._fail_reason, (f"engine {self.name!r} is unavailable: "
                                                    f"{self._fail_reason}")
                     st = self._state
-                    if st is F.OPEN and (self.max_in_flight is None
-                                         or self.in_flight < self.max_in_flight):
+                    if st is F.OPEN and (self.max_in_flight is None or (
+                            self._line[0] is req and self.in_flight < self.max_in_flight)):
                         forward = True
                         return None
                     if st is not F.OPEN and self.lasting and not patient:
@@ -180,6 +184,10 @@ class RequestPath:
             raise
         finally:
             self._holding -= 1
+            first = self._line[0] is req
+            self._line.remove(req)
+            if first and self._line:
+                self._notify()   # the next held write may take a slot left free
             if not forward:
                 self._arrived.pop(req, None)
             if self._holding == 0 and self._state is F.WAKING and self._on_unwanted is not None:
