@@ -186,6 +186,9 @@ class EngineConfig(_Strict):
     supervisor: str | None = None
     mode: Literal["observe", "gate"] = "observe"
     options: dict[str, Any] = Field(default_factory=dict)
+    #: How many requests the engine runs at once: a ``berth run`` front forwards that many and
+    #: holds the rest (issue 34). ``None``: the run measures them (:mod:`berth.run.slots`).
+    slots: Annotated[Whole, Field(ge=1)] | None = None
     #: The gateway ends an answer from this engine that sends no byte for this long once its
     #: headers came (issue 27: every relay is bounded); longer than any normal gap of the engine.
     read_timeout: PositiveDuration = 30.0

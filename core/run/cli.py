@@ -191,7 +191,7 @@ def _options(args, cmd: list[str]) -> RunOptions:
     if args.lend_max:
         parse_size(args.lend_max, field="--lend-max")
     if args.max_in_flight is not None and args.max_in_flight < 1:
-        raise ValueError(f"--max-in-flight: must be at least 1, got {args.max_in_flight}")
+        raise ValueError(f"--slots: must be at least 1, got {args.max_in_flight}")
     if args.front and not args.upstream and not any("{port}" in a for a in cmd):
         raise ValueError("with --front, the engine's command must contain {port} (the port the "
                          "run picks) or give --upstream URL")
@@ -292,9 +292,11 @@ def _path_arguments(p) -> None:
                                              "$BERTH_CUDA_CHECKPOINT)")
     p.add_argument("--wait-limit", help="longest a request is held (default: berthd's "
                                         "[policy] wait_limit, else 120s)")
-    p.add_argument("--max-in-flight", type=int, metavar="N",
-                   help="forward at most N requests at once (the engine's parallel slots); the "
-                        "rest wait in the front, so a park waits only for running requests")
+    p.add_argument("--slots", "--max-in-flight", dest="max_in_flight", type=int, metavar="N",
+                   help="the engine runs N requests at once: the front forwards at most N and "
+                        "holds the rest, so a park waits only for running requests (default: "
+                        "the engine's [engines.X] slots, else measured: llama-server's /props "
+                        "or --parallel, vLLM's --max-num-seqs, ComfyUI 1; unknown: forward all)")
     p.add_argument("--stop-grace", default="1s", help="in-flight grace on stop (default 1s)")
     p.add_argument("--term-grace", default="4s", help="SIGTERM to SIGKILL (default 4s)")
     p.add_argument("--release-grace", help="park/lend time limit (default: berthd's [policy])")
