@@ -228,7 +228,7 @@ class TestDefault:
         pol = make(DEFAULT)
         assert pol.knobs["release_grace_s"] == PolicyConfig().release_grace == DEFAULT_KNOBS[
             "release_grace_s"]
-        assert pol.reserve_bytes == CardConfig().reserve and pol.max_in_flight is None
+        assert pol.reserve_bytes == CardConfig().reserve and pol.max_in_flight == "slots"
         assert str(pol.queue) == str(PolicyConfig().queue) and str(pol.bound) == "declared"
 
     def test_verdict_figures(self):
