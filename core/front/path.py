@@ -132,6 +132,9 @@ class RequestPath:
 
     def _held_for(self) -> str:
         """What a held request waits for, in words (a loading state's text)."""
+        if self._state is F.OPEN:
+            return (f"runs {self.in_flight} request{'' if self.in_flight == 1 else 's'} at once "
+                    "(its slots); this one waits for a slot")
         why = f": {self.cause}" if self.cause else ""
         return f"is {self._state}{why}"
 

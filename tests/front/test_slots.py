@@ -4,6 +4,7 @@ the front, so a park waits only for what the engine runs (the backlog can be hel
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import aiohttp
@@ -179,3 +180,32 @@ async def test_a_raised_limit_lets_held_writes_go_at_once():
         assert [(await t).status for t in tasks] == [200] * 3
         with pytest.raises(ValueError, match="max_in_flight must be at least 1, got 0"):
             front.set_max_in_flight(0)
+
+
+@run
+async def test_a_stream_held_for_a_slot_says_it_waits_for_one():
+    """A streaming request held past the slots gets the held stream's keep-alive, and its
+    loading state says what it waits for: a slot, not a wake (it said "is open")."""
+    async with _RawEngine() as engine, front_for(engine, max_in_flight=1) as front, \
+            aiohttp.ClientSession() as http:
+        busy = asyncio.create_task(http.post(front.url + "/v1/completions", data="one"))
+        _, w1, a1 = await asyncio.wait_for(engine.waiting.get(), 10)
+        async with http.post(front.url + "/v1/chat/completions",
+                             json={"model": "m", "stream": True, "messages": []},
+                             headers={"X-Berth-Loading-State": "true"}) as r:
+            assert r.status == 200 and r.headers["X-Berth-Held"] == "true"
+            said = ""
+            async for raw in r.content:
+                line = raw.decode()
+                if line.startswith("data: ") and "reasoning_content" in line:
+                    said = json.loads(line[6:])["choices"][0]["delta"]["reasoning_content"]
+                    break
+            assert "runs 1 request at once (its slots); this one waits for a slot" in said, said
+            _answer(w1, a1)
+            _, w2, a2 = await asyncio.wait_for(engine.waiting.get(), 10)
+            done = b"data: [DONE]\n\n"
+            w2.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(done), done))
+            a2.set()
+            assert b"data: [DONE]" in await r.content.read()
+        assert (await busy).status == 200
