@@ -207,8 +207,9 @@ class EngineConfig(_Strict):
             raise ValueError("park and lend need a front (rule 3: Berth parks an engine only when "
                              "every request passes through a Berth front); set front = ...")
         if self.park == "hook" and not self.adapter:
-            raise ValueError("park = 'hook' needs an adapter (protocol, vllm, sglang, llamacpp, "
-                             "ollama, comfyui)")
+            from berth_plugins.adapters import names  # the registry, read only on this error
+            raise ValueError(f"park = 'hook' needs an adapter (installed: "
+                             f"{', '.join(names()) or 'none'})")
         return self
 
 

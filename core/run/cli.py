@@ -151,12 +151,13 @@ def _check_health(path: str) -> None:
 
 def _check_adapter(adapter: str) -> None:
     """The hook's adapter must be one some plugin carries out now, not at the first park (an
-    unknown one would turn that park into a drain). Raises ``ValueError``."""
-    from berth_plugins.manager import make_plugin_manager, mechanisms
-    known = mechanisms(make_plugin_manager())
-    if adapter not in known:
+    unknown one would turn that park into a drain). Raises ``ValueError`` naming the adapters
+    registered (group ``berth.adapters``, issue 38)."""
+    from berth_plugins.manager import adapters, make_plugin_manager, mechanisms
+    pm = make_plugin_manager()
+    if adapter not in mechanisms(pm):
         raise ValueError(f"--adapter: no plugin carries out {adapter!r}; known adapters: "
-                         f"{', '.join(sorted(known - {'checkpoint', 'supervisor'}))}")
+                         f"{', '.join(adapters(pm)) or 'none'}")
 
 
 def _check_checkpoint(path: str | None) -> None:
@@ -263,8 +264,10 @@ def arguments(p) -> None:
                         "(cuda-checkpoint to host RAM) or hook (its adapter's sleep); default: "
                         "the engine's entry in berth.toml; with neither, making room drains "
                         "(stops) the engine")
-    p.add_argument("--adapter",
-                   help="the hook's adapter: protocol, vllm, sglang, llamacpp, ollama")
+    from berth_plugins.adapters import names  # entry points only: no adapter is imported
+    p.add_argument("--adapter", metavar="NAME",
+                   help=f"the hook's adapter, one of those installed: {', '.join(names())} "
+                        f"(the entry-point group berth.adapters)")
     p.add_argument("--lend", action="store_true", help="the engine can lend memory (protocol)")
     p.add_argument("--lend-max", metavar="SIZE",
                    help="the most it may lend on one card (default: its share less its measured "
