@@ -115,7 +115,7 @@ def _in_words(data: Any, errors: list[dict]) -> list[tuple[str, str]]:
         msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
         if err["type"] == "extra_forbidden":
-            loc, msg = unknown_key(loc, value)
+            loc, msg = unknown_key(loc, value, Config)
         elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
             # pydantic's words name a Python class ("instance of EngineConfig"); a user wrote TOML.
             msg = f"expected a table ([{loc_str(loc)}] with its keys), got {value!r}"

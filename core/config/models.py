@@ -25,6 +25,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from . import cross
 from .values import (
+    DEFAULT_RESERVE_BYTES,
     CardBytes,
     CardKey,
     Duration,
@@ -115,7 +116,7 @@ class CardConfig(_Strict):
     held for users outside Berth), ``baseline`` (overrides the measured baseline), ``name``
     (a short name to show)."""
 
-    reserve: CardBytes = 512 << 20
+    reserve: CardBytes = DEFAULT_RESERVE_BYTES
     claims: dict[str, CardBytes] = Field(default_factory=dict)
     baseline: OptCardBytes = None
     name: str | None = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from berth.decide.model import Bound, ParkMechanism
 from berth.decide.units import parse_duration, parse_size
 
-__all__ = ["arguments", "RunOptions", "parse_sizes", "in_flags", "USAGE"]
+__all__ = ["arguments", "RunOptions", "parse_sizes", "USAGE"]
 
 USAGE = """\
     berth run [--engine NAME] [--front HOST:PORT] [--size SIZE[@CARD]]… [--priority N]
@@ -76,41 +76,6 @@ def parse_sizes(values: list[str]) -> list[tuple[str | None, str]]:
             raise ValueError(f"--size: expected SIZE[@CARD], got {v!r}")
         out.append((card or None, size))
     return out
-
-
-#: A field of the lease request at the start of one of berthd's problems ("shares.0.size: ...",
-#: problems joined by "; "), and the flag of berth run that fills it.
-_FIELD = re.compile(r"(^|; )(shares\.(\d+)\.(size|card|need)|shares|aliases\.(\d+)|aliases|"
-                    r"priority|park|bound|lend_max|lend|front|engine|growth_allowance|keep_warm)"
-                    r"(?=: )")
-_FLAG = {"priority": "--priority", "park": "--park", "bound": "--bound", "lend": "--lend",
-         "lend_max": "--lend-max", "front": "--front", "engine": "--engine",
-         "aliases": "--alias", "shares": "--size"}
-
-
-def in_flags(message: str, o: RunOptions) -> str:
-    """berthd's refusal of the lease ``o`` asks, with each lease field it names (``shares.0.size:
-    ...``) said as the user wrote it: the flag (``--size 100GiB: ...``, ``--priority: ...``), or,
-    for what the run line left to berth.toml, the engine's entry (``[engines.NAME] size``)."""
-    entry = f"[engines.{o.engine}]"
-
-    def said(m: re.Match) -> str:
-        field, share, part, alias = m.group(2), m.group(3), m.group(4), m.group(5)
-        if share is not None:
-            n = int(share)
-            if n >= len(o.sizes):
-                return f"{entry} {part}"         # the shares came from the engine's entry
-            card, size = o.sizes[n]
-            return f"--size {size}@{card}" if card else f"--size {size}"
-        if alias is not None and int(alias) < len(o.aliases):
-            return f"--alias {o.aliases[int(alias)]}"
-        mine = {"priority": o.priority is not None, "park": bool(o.park),
-                "bound": bool(o.bound), "lend_max": bool(o.lend_max)}
-        if field in _FLAG and mine.get(field, True):
-            return _FLAG[field]
-        return f"{entry} {field}"                # berthd filled it from berth.toml
-
-    return _FIELD.sub(lambda m: m.group(1) + said(m), message)
 
 
 def _positive(text: str | None, flag: str) -> float | None:
