@@ -163,7 +163,7 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
         raise StartRefused(str(e), 3) from None
     stack.push_async_callback(broker.stop)
     await broker.resume_restored()
-    from berth.daemon import web as board
+    from berth.daemon import board_web as board
     hub = board.Hub(board.BrokerSource(broker))
     try:
         runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key, waits=hub.waits)

@@ -194,7 +194,7 @@ def test_with_the_key_a_park_from_the_page_parks(world, browser):
 
 
 def test_csp_is_strict_and_names_are_text(world, browser):
-    for path in ("", "static/board.js", "static/board.css", "state"):
+    for path in ("", "static/page.js", "static/page.css", "state"):
         _, headers, _ = _get_raw(world.url + path)
         csp = headers["Content-Security-Policy"]
         assert "script-src 'self'" in csp and "default-src 'none'" in csp, csp

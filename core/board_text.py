@@ -1,5 +1,6 @@
-"""``berth status`` (the board) and the operator commands ``berth park|wake|drain|hold|
-release-hold``. Source: issue 4 "The board", "Operator commands"."""
+"""The board as text in a terminal: ``berth status``, and the operator commands ``berth
+park|wake|drain|hold|release-hold``. Source: issue 4 "The board", "Operator commands". (The
+board in a browser is :mod:`berth.daemon.board_web`; its page is ``board_web/static/``.)"""
 
 from __future__ import annotations
 

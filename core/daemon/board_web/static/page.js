@@ -1,4 +1,5 @@
-// Berth board: draws berthd's status from server-sent events. No framework, no build step.
+// Berth's web board, the page (served by berth.daemon.board_web): draws berthd's status from
+// server-sent events. No framework, no build step.
 // Every name from berthd reaches the page through textContent or an attribute value, never
 // through innerHTML (the page's CSP also forbids inline script).
 "use strict";
