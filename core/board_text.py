@@ -86,6 +86,8 @@ def render(st: dict) -> str:
         ("fallbacks_to_drain", "fallbacks to drain"), ("unparked", "unparked"),
         ("admissions_rejected_with_free", "refused while memory was free"))))
     lines.append(f"reserve: {k['reserve_fraction']:.1%} of the cards")
+    if "adapters" in st:            # berthd's registry of adapters (issue 38)
+        lines.append("adapters: " + (", ".join(st["adapters"]) or "none"))
     return "\n".join(lines)
 
 

@@ -142,6 +142,8 @@ def test_bars_names_live_park_waiter_and_screenshot(world, browser, tmp_path):
         assert reason and reason in why, (reason, why)
         assert page.locator("#charts svg").count() >= 3
         assert page.locator("#events li[data-kind='parked']").count() >= 1
+        # berthd's registry of adapters (issue 38)
+        assert "adapters: llamacpp, ollama, protocol, sglang, vllm" in page.text_content("#meta")
         shot = tmp_path / "board.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
