@@ -205,6 +205,17 @@ def _cmd_run(args) -> int:
     return 128 - code if code < 0 else code
 
 
+class _Installed:
+    """The installed adapters' names, read from the registry only when a help page is printed
+    (argparse fills ``%(installed)s`` from the action's attributes): every ``berth run`` builds
+    this parser, and reading entry points would cost its start, which llama-swap's first health
+    poll times (issue 30), about 20 ms more."""
+
+    def __str__(self) -> str:
+        from berth_plugins.adapters import names  # entry points only: no adapter is imported
+        return ", ".join(names()) or "none"
+
+
 def arguments(p) -> None:
     """Fill ``berth run``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.description = USAGE
@@ -229,10 +240,10 @@ def arguments(p) -> None:
                         "(cuda-checkpoint to host RAM) or hook (its adapter's sleep); default: "
                         "the engine's entry in berth.toml; with neither, making room drains "
                         "(stops) the engine")
-    from berth_plugins.adapters import names  # entry points only: no adapter is imported
-    p.add_argument("--adapter", metavar="NAME",
-                   help=f"the hook's adapter, one of those installed: {', '.join(names())} "
-                        f"(the entry-point group berth.adapters)")
+    adapter = p.add_argument("--adapter", metavar="NAME",
+                             help="the hook's adapter, one of those installed: %(installed)s "
+                                  "(the entry-point group berth.adapters)")
+    adapter.installed = _Installed()
     p.add_argument("--lend", action="store_true", help="the engine can lend memory (protocol)")
     p.add_argument("--lend-max", metavar="SIZE",
                    help="the most it may lend on one card (default: its share less its measured "
