@@ -2,7 +2,8 @@
 
 Source: DESIGN.md "The code" (manager.py: built-ins + entry point group "berth") and the note on
 pluggy and coroutines; STYLE.md "pluggy and pytest" (built-ins are ordinary plugins named in a
-plain tuple, third parties come through an entry-point group, validate at registration).
+plain tuple, third parties come through an entry-point group, validate at registration); issue
+38 (adapters register through their own group, Berth's own too).
 
 :func:`make_plugin_manager` registers, in order:
 
@@ -33,11 +34,12 @@ then checks them all at once, before anything runs. A plugin is refused with
 
 ``block`` names plugins not to register: a built-in by its module name or its short name
 (``"checkpoint"`` or ``"berth_plugins.checkpoint"``), an adapter by its name or its module, a
-third-party plugin by its entry-point name. A name that matches nothing is a ``ValueError`` (a typo would otherwise block nothing).
+third-party plugin by its entry-point name. A name that matches nothing is a ``ValueError`` (a
+typo would otherwise block nothing).
 
-The calls: :func:`mechanisms` (what can be configured), :func:`adapters` (which of it are
-adapters), :func:`run_action` (carry out one
-action under its time bound) and :func:`is_write` (the front's hot path).
+The calls: :func:`mechanisms` (what can be configured), :func:`adapters` (which of those are
+adapters), :func:`run_action` (carry out one action under its time bound) and :func:`is_write`
+(the front's hot path).
 """
 
 from __future__ import annotations
@@ -230,7 +232,8 @@ def _check_mechanisms(pm: pluggy.PluginManager) -> None:
 
 def make_plugin_manager(block: Iterable[str] = (), load_entry_points: bool = True
                         ) -> pluggy.PluginManager:
-    """A checked plugin manager with the built-ins and (``load_entry_points``) third parties.
+    """A checked plugin manager with the built-ins, Berth's own adapters and, with
+    ``load_entry_points``, third parties' adapters and plugins and the hosts' plugins.
 
     ``block``: plugin names not to register (see the module docstring). Raises
     :class:`PluginRefused` for a plugin that fails validation, ``ValueError`` for a blocked name
