@@ -302,7 +302,7 @@
     const st = doc.status;
     document.getElementById("meta").textContent = "driver " + st.driver + " · up " + secs(st.uptime_s) +
       " · " + st.leases.length + " lease(s), " + st.waiting.length + " waiting" +
-      // berthd's registry of adapters (issue 38): what an engine entry's adapter may name
+      // the adapters berthd loaded: what an engine entry's adapter may name
       (st.adapters ? " · adapters: " + (st.adapters.join(", ") || "none") : "");
     drawCards(st);
     drawWaiting(st);
