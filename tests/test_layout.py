@@ -118,8 +118,11 @@ def test_the_daemon_and_the_run_do_not_import_each_other():
 def test_plugins_import_no_host():
     assert _breaches(lambda m, i: not (_under(m, "berth_plugins")
                                        and _under(i, "berth_hosts"))) == []
+    from berth_plugins.adapters import entry_points
     from berth_plugins.manager import BUILTINS  # imported by name, not by statement
     assert not [b for b in BUILTINS if not _under(b, "berth_plugins")]
+    own = [ep.value for ep in entry_points(own_only=True)]      # Berth's own adapters, likewise
+    assert own and not [m for m in own if not _under(m, "berth_plugins")]
 
 
 def test_hosts_import_berth_and_berth_plugins_only():
