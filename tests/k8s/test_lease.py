@@ -1,0 +1,167 @@
+"""``berth k8s lease``: allocated ResourceClaims become leases at a real berthd on simulated
+cards (issue 39).
+
+No cluster runs here: the claims and the slice are fed as the API serves them
+(``nvidia-memory-shares.yaml``, a ``kubectl get resourceclaims,resourceslices -o yaml`` List
+written from the resource.k8s.io/v1 types and NVIDIA's DRA driver in memory-share mode)."""
+
+from __future__ import annotations
+
+import copy
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.berthd import BERTH, GiB
+from tests.helpers import wait_for
+
+HERE = Path(__file__).resolve().parent
+SHARES = HERE / "nvidia-memory-shares.yaml"
+GPU1 = "0000:02:00.0"
+TWO_CARDS = (("gpu0", "24GiB"), ("gpu1", "24GiB"))
+
+
+def _k8s(d, *args, timeout=60) -> subprocess.CompletedProcess:
+    return subprocess.run([BERTH, "k8s", *args], env=d.env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _leases(d) -> dict[str, list[dict]]:
+    return {le["engine"]: le["shares"] for le in d.status()["leases"]}
+
+
+def test_two_memory_shares_become_two_leases_on_the_card_the_allocation_names(berthd, tmp_path):
+    d = berthd(cards=TWO_CARDS)
+    log = tmp_path / "k8s.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([BERTH, "k8s", "lease", str(SHARES), "--node", "node-a"],
+                                env=d.env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "holding 2 leases" in log.read_text() or proc.poll() is not None,
+                 60, "berth k8s lease to hold its leases")
+        assert proc.poll() is None, log.read_text()
+        leases = _leases(d)
+        assert set(leases) == {"k8s:llm/chat-0-gpu-x7k2p", "k8s:llm/embed-0-gpu-q9m4d"}, leases
+        sizes = {}
+        for engine, shares in leases.items():
+            assert [s["card"] for s in shares] == [GPU1], (engine, shares)
+            sizes[engine] = shares[0]["size_bytes"]
+        assert sizes == {"k8s:llm/chat-0-gpu-x7k2p": 10 * GiB,
+                         "k8s:llm/embed-0-gpu-q9m4d": 6 * GiB}
+        assert all(s[0]["state"] == "active" for s in leases.values()), leases
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()
+        wait_for(lambda: not _leases(d), 30, "the leases released when berth k8s stops")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert "Traceback" not in log.read_text()
+
+
+def _write(tmp_path: Path, docs: dict) -> Path:
+    p = tmp_path / "claims.yaml"
+    p.write_text(yaml.safe_dump(docs))
+    return p
+
+
+def _fixture() -> dict:
+    return yaml.safe_load(SHARES.read_text())
+
+
+def _not_allocated(doc):
+    del doc["items"][0]["status"]
+
+
+def _other_card(doc):
+    doc["items"][2]["spec"]["devices"][1]["attributes"]["uuid"]["string"] = \
+        "GPU-00000000-1111-2222-3333-444444444444"
+
+
+def _no_capacity(doc):
+    del doc["items"][1]["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
+
+
+def _zero_capacity(doc):
+    doc["items"][1]["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = \
+        {"memory": "0"}
+
+
+def _no_slice(doc):
+    del doc["items"][2]
+
+
+def _bad_quantity(doc):
+    doc["items"][0]["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = \
+        {"memory": "ten gigs"}
+
+
+def _old_version(doc):
+    doc["items"][0]["apiVersion"] = "resource.k8s.io/v1beta1"
+
+
+def _wrong_type(doc):
+    doc["items"][0]["status"]["allocation"]["devices"]["results"][0]["device"] = ["gpu-1"]
+
+
+BAD = [
+    (_not_allocated, ["llm/chat-0-gpu-x7k2p", "status.allocation", "not allocated"]),
+    (_other_card, ["gpu.nvidia.com/node-a/gpu-1", "GPU-00000000-1111-2222-3333-444444444444",
+                   "not on this node"]),
+    (_no_capacity, ["results[0].consumedCapacity.memory", "missing"]),
+    (_zero_capacity, ["consumedCapacity.memory", "'0'", "capacity.requests.memory"]),
+    (_no_slice, ["gpu.nvidia.com/node-a/gpu-1", "in no ResourceSlice"]),
+    (_bad_quantity, ["consumedCapacity.memory", "'ten gigs'"]),
+    (_old_version, ["apiVersion", "resource.k8s.io/v1beta1"]),
+    (_wrong_type, ["device", "['gpu-1']"]),
+]
+
+
+@pytest.fixture(scope="module")
+def one_berthd(tmp_path_factory):
+    from tests.berthd import Berthd, sim_config
+    from tests.helpers import stop_all
+    tmp = tmp_path_factory.mktemp("k8s")
+    d = Berthd(tmp, sim_config(tmp, list(TWO_CARDS))).start()
+    yield d
+    stop_all([d.proc], tmp)
+
+
+@pytest.mark.parametrize("spoil,words", BAD, ids=[f.__name__.strip("_") for f, _ in BAD])
+def test_bad_claims_are_refused_in_one_line_naming_the_field(one_berthd, tmp_path, spoil, words):
+    doc = copy.deepcopy(_fixture())
+    spoil(doc)
+    r = _k8s(one_berthd, "lease", str(_write(tmp_path, doc)))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    err = r.stderr.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, (w, err)
+    assert not one_berthd.status()["leases"]
+
+
+def test_a_device_on_another_node_is_refused(one_berthd):
+    r = _k8s(one_berthd, "lease", str(SHARES), "--node", "node-b")
+    assert r.returncode == 2 and "not on this node" in r.stderr and "'node-a'" in r.stderr, \
+        r.stderr
+
+
+def test_plan_reads_stdin_and_makes_no_lease(one_berthd):
+    r = subprocess.run([BERTH, "k8s", "lease", "-", "--plan"], env=one_berthd.env,
+                       input=SHARES.read_text(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "llm/chat-0-gpu-x7k2p: gpu1 (GPU-5e1a0000-0000-0000-0000-000000002000) 10.0GiB" \
+        in r.stdout, r.stdout
+    assert not one_berthd.status()["leases"]
+
+
+def test_berthd_down_is_said_in_one_line(tmp_path):
+    env = {"BERTH_SOCKET": str(tmp_path / "none.sock"), "PATH": "/usr/bin:/bin",
+           "BERTH_STATE_DIR": str(tmp_path)}
+    r = subprocess.run([BERTH, "k8s", "lease", str(SHARES)], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "berthd is not reachable" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
