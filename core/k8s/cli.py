@@ -118,6 +118,7 @@ async def _granted(client, lid: str) -> bool:
     """Wait for lease ``lid``'s grant (berthd's long poll, again and again); prints it.
     ``False``: the lease ended first."""
     from berth.client import ApiError
+    from berth.decide.units import format_size
     while True:
         try:
             g = await client.wait_grant(lid, 20.0)
@@ -127,7 +128,7 @@ async def _granted(client, lid: str) -> bool:
             raise
         if g.get("granted"):
             print(f"lease {lid} granted: " + ", ".join(
-                f"{c['name']} ({c.get('uuid')}) {c['bytes']} bytes" for c in g["cards"])
+                f"{c['name']} ({c.get('uuid')}) {format_size(c['bytes'])}" for c in g["cards"])
                 + f" ({g.get('rung')})", flush=True)
             return True
         why = (g.get("wait") or {}).get("why")
