@@ -8,6 +8,7 @@ written from the resource.k8s.io/v1 types and NVIDIA's DRA driver in memory-shar
 from __future__ import annotations
 
 import copy
+import json
 import signal
 import subprocess
 from pathlib import Path
@@ -165,3 +166,23 @@ def test_berthd_down_is_said_in_one_line(tmp_path):
                        text=True, timeout=60)
     assert r.returncode == 1 and "berthd is not reachable" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_the_apis_own_lists_whose_items_carry_no_kind(one_berthd, tmp_path):
+    """``GET /apis/resource.k8s.io/v1/resourceclaims`` serves a ResourceClaimList whose items
+    have no ``kind`` or ``apiVersion``: they are the list's."""
+    items = _fixture()["items"]
+
+    def bare(kind):
+        return [{k: v for k, v in i.items() if k not in ("kind", "apiVersion")}
+                for i in items if i["kind"] == kind]
+    claims, slices = tmp_path / "claims.json", tmp_path / "slices.json"
+    claims.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                                  "metadata": {"resourceVersion": "48240"},
+                                  "items": bare("ResourceClaim")}))
+    slices.write_text(json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+                                  "metadata": {}, "items": bare("ResourceSlice")}))
+    r = _k8s(one_berthd, "lease", "--plan", str(claims), str(slices))
+    assert r.returncode == 0, r.stderr
+    assert "llm/embed-0-gpu-q9m4d: gpu1 (GPU-5e1a0000-0000-0000-0000-000000002000) 6.0GiB" \
+        in r.stdout, r.stdout
