@@ -11,7 +11,9 @@ device's capacity (the request rounded up by the device's ``requestPolicy``). Th
 not carry the card's UUID: the device's ResourceSlice does, as its ``uuid`` attribute (NVIDIA's
 driver, ``gpu.nvidia.com``: device ``gpu-<minor>``; Berth's own slices the same). So:
 
-1. a claim with no ``status.allocation`` is refused (the scheduler has not placed it);
+1. a claim with no ``status.allocation`` is refused (the scheduler has not placed it); with
+   the node's name known, a claim whose ``status.allocation.nodeSelector`` names another node
+   is left to that node's agent (:func:`allocated_nodes`; the caller skips it);
 2. each result of a GPU driver (``drivers``) is looked up in the slices given: the slice of its
    driver and pool with a device of that name; a slice for another node (``spec.nodeName``) is
    "not on this node";
@@ -32,7 +34,7 @@ from berth.decide.units import format_size
 
 from .objects import K8sInputError, quantity_bytes
 
-__all__ = ["Share", "LeasePlan", "plan", "NVIDIA_DRIVER", "BERTH_DRIVER", "GPU_DRIVERS",
+__all__ = ["Share", "LeasePlan", "plan", "allocated_nodes", "NVIDIA_DRIVER", "BERTH_DRIVER", "GPU_DRIVERS",
            "engine_name"]
 
 #: NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin).
@@ -94,6 +96,19 @@ def _device_index(slices: list) -> dict[tuple[str, str, str], tuple[str, object,
         for dev in spec.devices or []:
             out[(spec.driver, spec.pool.name, dev.name)] = (w, sl, dev)
     return out
+
+
+def allocated_nodes(claim) -> list[str] | None:
+    """The nodes a claim's ``status.allocation.nodeSelector`` names by ``metadata.name`` (a
+    node-local device's allocation: one node), ``None`` when it names none that way."""
+    alloc = claim.status.allocation if claim.status else None
+    sel = alloc.node_selector if alloc else None
+    names: list[str] = []
+    for term in (sel.node_selector_terms or []) if sel else []:
+        for f in term.match_fields or []:
+            if f.key == "metadata.name" and f.operator == "In":
+                names.extend(f.values or [])
+    return names or None
 
 
 def plan(w: str, claim, slices: list, cards: list[dict], node: str | None = None,

@@ -38,8 +38,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("files", nargs="+", metavar="FILE",
                    help="ResourceClaims (resource.k8s.io/v1) and this node's ResourceSlices, "
                         "JSON or YAML, as the API serves them; - reads stdin")
-    q.add_argument("--node", help="this node's name: a device whose slice is another node's "
-                                  "is refused (default: not checked)")
+    q.add_argument("--node", help="this node's name: claims allocated on other nodes are left "
+                                  "alone, and a device whose slice is another node's is refused "
+                                  "(default: not checked)")
     q.add_argument("--driver", action="append", metavar="NAME",
                    help=f"a GPU driver whose devices are read (repeatable; default "
                         f"{', '.join(GPU_DRIVERS)})")
@@ -86,9 +87,16 @@ async def _lease_async(args, loaded) -> int:
             cards = (await client.status())["cards"]
         except (BerthdUnavailable, ApiError) as e:
             return _fail(str(e), 1)
+        mine, elsewhere = _on_node(loaded.claims, args.node)
+        for w, nodes in elsewhere:
+            print(f"left alone: {w} is allocated on {', '.join(nodes)}, not this node")
+        if not mine:
+            return _fail(f"no claim given is allocated on this node ({args.node!r}): "
+                         + "; ".join(f"{w} is on {', '.join(repr(n) for n in nodes)}"
+                                     for w, nodes in elsewhere), 2)
         try:
             plans = [plan(w, claim, loaded.slices, cards, args.node, drivers)
-                     for w, claim in loaded.claims]
+                     for w, claim in mine]
         except K8sInputError as e:
             return _fail(str(e), 2)
         for p in plans:
@@ -112,6 +120,22 @@ async def _lease_async(args, loaded) -> int:
         finally:
             await _release(client, held)
     return 0
+
+
+def _on_node(claims: list, node: str | None) -> tuple[list, list]:
+    """``claims`` split into those for this node (all of them when ``node`` is unknown) and
+    ``[(where, nodes)]`` of those allocated on other nodes (another agent's)."""
+    from .claims import allocated_nodes
+    if not node:
+        return list(claims), []
+    mine, elsewhere = [], []
+    for w, claim in claims:
+        nodes = allocated_nodes(claim)
+        if nodes is not None and node not in nodes:
+            elsewhere.append((w, nodes))
+        else:
+            mine.append((w, claim))
+    return mine, elsewhere
 
 
 async def _granted(client, lid: str) -> bool:

@@ -144,10 +144,38 @@ def test_bad_claims_are_refused_in_one_line_naming_the_field(one_berthd, tmp_pat
     assert not one_berthd.status()["leases"]
 
 
-def test_a_device_on_another_node_is_refused(one_berthd):
+def test_claims_of_another_node_are_left_alone(one_berthd, tmp_path):
     r = _k8s(one_berthd, "lease", str(SHARES), "--node", "node-b")
-    assert r.returncode == 2 and "not on this node" in r.stderr and "'node-a'" in r.stderr, \
-        r.stderr
+    assert r.returncode == 2, r.stderr
+    assert "no claim given is allocated on this node ('node-b')" in r.stderr, r.stderr
+    assert "llm/chat-0-gpu-x7k2p is on 'node-a'" in r.stderr, r.stderr
+    # One claim moved to node-b (its slice too): node-b's agent plans it, node-a's leaves it.
+    doc = _fixture()
+    claim = doc["items"][1]
+    claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
+        "values"] = ["node-b"]
+    claim["status"]["allocation"]["devices"]["results"][0]["pool"] = "node-b"
+    other = copy.deepcopy(doc["items"][2])
+    other["spec"]["nodeName"] = other["spec"]["pool"]["name"] = "node-b"
+    doc["items"].append(other)
+    f = _write(tmp_path, doc)
+    r = _k8s(one_berthd, "lease", "--plan", str(f), "--node", "node-a")
+    assert r.returncode == 0, r.stderr
+    assert "llm/chat-0-gpu-x7k2p: gpu1" in r.stdout and "embed-0" not in r.stdout.split(
+        "left alone")[0], r.stdout
+    assert "left alone:" in r.stdout and "embed-0-gpu-q9m4d is allocated on node-b" in r.stdout
+    # The same claim read by node-b's agent: its slice is node-b's, the card's uuid berthd's.
+    r = _k8s(one_berthd, "lease", "--plan", str(f), "--node", "node-b")
+    assert r.returncode == 0, r.stderr
+    assert "llm/embed-0-gpu-q9m4d: gpu1" in r.stdout, r.stdout
+
+
+def test_a_device_whose_slice_is_another_nodes_is_refused(one_berthd, tmp_path):
+    doc = _fixture()
+    doc["items"][2]["spec"]["nodeName"] = "node-b"
+    r = _k8s(one_berthd, "lease", str(_write(tmp_path, doc)), "--node", "node-a")
+    assert r.returncode == 2 and "not on this node" in r.stderr, r.stderr
+    assert "node 'node-b''s, this is 'node-a'" in r.stderr, r.stderr
 
 
 def test_plan_reads_stdin_and_makes_no_lease(one_berthd):
