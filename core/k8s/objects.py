@@ -126,7 +126,7 @@ def _flatten(source: str, doc: Any) -> list[dict]:
             raise K8sInputError(f"{source}: {kind}.items[{i}]: expected an object, got "
                                 f"{type(item).__name__}")
         item = dict(item)
-        if item_kind and item_kind != "":
+        if item_kind:
             item.setdefault("kind", item_kind)
         if doc.get("apiVersion") and doc.get("apiVersion") != "v1":
             item.setdefault("apiVersion", doc["apiVersion"])

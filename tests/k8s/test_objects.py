@@ -3,7 +3,10 @@ KEP-5075's fields named rather than its fields dropped (issue 39)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 from berth.k8s.objects import K8sInputError, K8sMissing, check_client, quantity_bytes
@@ -43,3 +46,16 @@ def test_the_installed_client_has_every_field_read():
 def test_a_client_without_a_field_is_named(model, field):
     with pytest.raises(K8sMissing, match=rf"has no {model}\.{field} .*berth-gpu\[k8s\]"):
         check_client(_client(**{model: field}))
+
+
+def test_without_the_client_berth_k8s_says_how_to_get_it(tmp_path):
+    """The extra not installed (here: ``kubernetes`` made unimportable in the process)."""
+    shares = Path(__file__).resolve().parent / "nvidia-memory-shares.yaml"
+    code = ("import sys; sys.modules['kubernetes'] = None\n"
+            "from berth.cli import main\n"
+            f"sys.exit(main(['k8s', 'lease', {str(shares)!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.strip() == ("berth k8s: the kubernetes client is not installed; install the "
+                                "k8s extra: pip install 'berth-gpu[k8s]'"), r.stderr
