@@ -103,23 +103,53 @@ async def _lease_async(args, loaded) -> int:
             print(f"claim {p.words()}" + "".join(f"\n  left alone: {s}" for s in p.skipped))
         if args.plan:
             return 0
-        held: list[str] = []
-        try:
-            for p in plans:
-                r = await client.request_lease(p.body(os.getpid()))
-                held.append(r["id"])
-                print(f"lease {r['id']} for {engine_name(p.claim)}: {r['state']}", flush=True)
-            for lid in held:
-                if not await _granted(client, lid):
-                    return _fail(f"lease {lid} ended before its grant (see berthd's log)", 1)
-            print(f"holding {len(held)} lease{'s' if len(held) != 1 else ''} until stopped "
-                  f"(Ctrl-C or SIGTERM releases them)", flush=True)
-            await _until_stopped()
-        except (BerthdUnavailable, ApiError) as e:
-            return _fail(str(e), 1)
-        finally:
-            await _release(client, held)
+        return await _hold(client, plans)
+
+
+async def _hold(client, plans: list) -> int:
+    """Request every plan's lease, wait for the grants, hold them until SIGINT or SIGTERM,
+    then release them (also when stopped while a lease still waits)."""
+    from berth.client import ApiError, BerthdUnavailable
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    held: list[str] = []
+    try:
+        for p in plans:
+            r = await client.request_lease(p.body(os.getpid()))
+            held.append(r["id"])
+            print(f"lease {r['id']} for {engine_name(p.claim)}: {r['state']}", flush=True)
+        for lid in held:
+            granted = await _unless(stop, _granted(client, lid))
+            if granted is None:
+                print(f"stopped while lease {lid} waited", flush=True)
+                return 0
+            if not granted:
+                return _fail(f"lease {lid} ended before its grant (see berthd's log)", 1)
+        print(f"holding {len(held)} lease{'s' if len(held) != 1 else ''} until stopped "
+              f"(Ctrl-C or SIGTERM releases them)", flush=True)
+        await stop.wait()
+    except (BerthdUnavailable, ApiError) as e:
+        return _fail(str(e), 1)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await _release(client, held)
     return 0
+
+
+async def _unless(stop: asyncio.Event, coro):
+    """``coro``'s result, or ``None`` when ``stop`` is set first (``coro`` is then cancelled)."""
+    task = asyncio.ensure_future(coro)
+    halt = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({task, halt}, return_when=asyncio.FIRST_COMPLETED)
+    for t in (task, halt):
+        if t not in done:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+    return task.result() if task in done else None
 
 
 def _on_node(claims: list, node: str | None) -> tuple[list, list]:
@@ -158,18 +188,6 @@ async def _granted(client, lid: str) -> bool:
         why = (g.get("wait") or {}).get("why")
         if why:
             print(f"lease {lid} waits: {why}", flush=True)
-
-
-async def _until_stopped() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
 
 
 async def _release(client, held: list[str]) -> None:

@@ -214,3 +214,50 @@ def test_the_apis_own_lists_whose_items_carry_no_kind(one_berthd, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "llm/embed-0-gpu-q9m4d: gpu1 (GPU-5e1a0000-0000-0000-0000-000000002000) 6.0GiB" \
         in r.stdout, r.stdout
+
+
+def _start(d, tmp_path: Path, name: str, *files) -> tuple[subprocess.Popen, Path]:
+    log = tmp_path / f"{name}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([BERTH, "k8s", "lease", *map(str, files)], env=d.env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    return proc, log
+
+
+def test_a_share_that_does_not_fit_waits_and_a_stop_then_releases_it(berthd, tmp_path):
+    """The scheduler allocated 10 + 6 + 20 GiB of gpu-1's 24 (NVIDIA publishes the card's
+    total); Berth keeps the card's 1 GiB reserve, so the third share waits."""
+    d = berthd(cards=TWO_CARDS)
+    first, first_log = _start(d, tmp_path, "first", SHARES)
+    procs = [first]
+    try:
+        wait_for(lambda: "holding 2 leases" in first_log.read_text() or first.poll() is not None,
+                 60, "the first two leases held")
+        doc = _fixture()
+        big = copy.deepcopy(doc["items"][0])
+        big["metadata"]["name"] = "big-0-gpu-h3n8w"
+        big["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = {
+            "memory": "20Gi"}
+        doc["items"] = [big, doc["items"][2]]
+        second, second_log = _start(d, tmp_path, "second", _write(tmp_path, doc))
+        procs.append(second)
+
+        def waiting():
+            le = [x for x in d.status()["leases"] if x["engine"] == "k8s:llm/big-0-gpu-h3n8w"]
+            return le and le[0]["shares"][0]["state"] == "waiting" and le[0]["shares"][0]
+        share = wait_for(waiting, 60, "the 20 GiB share to wait")
+        assert (share["card"], share["size_bytes"]) == (GPU1, 20 * GiB)
+        assert second.poll() is None, second_log.read_text()
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(30) == 0, second_log.read_text()
+        assert "stopped while lease" in second_log.read_text()
+        wait_for(lambda: "k8s:llm/big-0-gpu-h3n8w" not in _leases(d), 30,
+                 "the waiting lease released")
+        assert set(_leases(d)) == {"k8s:llm/chat-0-gpu-x7k2p", "k8s:llm/embed-0-gpu-q9m4d"}
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(30) == 0, first_log.read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
