@@ -53,6 +53,8 @@ COMMANDS = (
             "berth.run.cli:arguments"),
     Command("sim", "the simulation kit: simulated cards and a stub engine",
             "berth.sim.cli:arguments"),
+    Command("k8s", "Kubernetes: a claim's leases, this node's ResourceSlice (berth-gpu[k8s])",
+            "berth.k8s.cli:arguments"),
     Command("gateway", "one endpoint for every engine (routing by model, peers)",
             "berth.gateway.cli:arguments"),
     Command("llama-swap", "the llama-swap host: run its models under berth run",
