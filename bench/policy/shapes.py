@@ -36,6 +36,8 @@ also runs live (``tests/run/test_shapes.py``):
 - ``m-busy-beside``: a busy client on A (short pauses) beside a client alternating A and B.
 - ``n-comfy-chats``: a ComfyUI-like queue (one slot, grows and keeps it) of image jobs
   submitted in batches, beside a client alternating two chat models that fit together.
+- ``o-bursty-ping-pong``: one client per engine, each sending bursts of 3-6 requests back to
+  back, then reading 3-25 s: a long turn for one side starves the other's bursts.
 
 Cards: one 24 GiB card with the 1 GiB reserve gen.py uses; host RAM 64 GiB; the mechanisms'
 default costs (:class:`~.workload.Mechanisms`).
@@ -234,12 +236,33 @@ def comfy_chats(rng: random.Random) -> Workload:
                [c], params={"run_s": run_s}, seed=c.seed, issue=34)
 
 
+def bursty_ping_pong(rng: random.Random) -> Workload:
+    """Two clients, one per engine, each sending bursts of requests back to back, then
+    reading: a long turn for one side starves the other's bursts."""
+    run_s = round(rng.uniform(120, 180))
+    clients = []
+    for e in ("A", "B"):
+        clients.append(ClientSpec(e, round(rng.uniform(0, 10), 1), run_s,
+                                  round(rng.uniform(3, 8), 1), CHAT_S,
+                                  pause_max_s=round(rng.uniform(10, 25), 1), service_max_s=2.0,
+                                  burst=rng.randint(3, 6), burst_gap_s=round(rng.uniform(0.2, 1),
+                                                                             1),
+                                  seed=rng.randrange(1 << 30)))
+    a, b = clients
+    return _wl("o-bursty-ping-pong", f"Two 14 GiB engines (checkpoint parks), one client each: "
+               f"bursts of {a.burst} and {b.burst} requests {a.burst_gap_s:g} and "
+               f"{b.burst_gap_s:g} s apart, then {a.pause_s:g}-{a.pause_max_s:g} and "
+               f"{b.pause_s:g}-{b.pause_max_s:g} s of reading, for {run_s:g} s (issue 34).",
+               run_s, [_engine("A"), _engine("B")], clients=clients,
+               params={"run_s": run_s}, seed=a.seed, issue=34)
+
+
 #: issue 24's shapes (rng=None: their live tests' parameters), then issue 34's (seeded only)
 ISSUE_24 = {"e-ping-pong": ping_pong, "f-fresh-engine": fresh_engine, "g-priority": priority,
             "h-client-leaves": client_leaves, "i-unfreeable": unfreeable}
 SHAPES = {**ISSUE_24, "j-alternate-two": alternate_two, "k-alternate-three": alternate_three,
           "l-think-times": think_times, "m-busy-beside": busy_beside,
-          "n-comfy-chats": comfy_chats}
+          "n-comfy-chats": comfy_chats, "o-bursty-ping-pong": bursty_ping_pong}
 
 
 def build_shapes(seed: int | None = None) -> dict[str, Workload]:

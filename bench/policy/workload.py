@@ -127,7 +127,9 @@ class ClientSpec:
 
     - engine: ``engine`` alone (a fixed engine), or ``engines``: a sequence it cycles through
       (A, B, A, B, ...), or with ``weights`` (one per engine) a random choice for each request.
-    - think time: ``pause_s`` seconds, or uniform in ``[pause_s, pause_max_s]``.
+    - think time: ``pause_s`` seconds, or uniform in ``[pause_s, pause_max_s]``; with
+      ``burst`` > 1, that think time follows every ``burst``-th answer and ``burst_gap_s``
+      follows the others (a user who sends a few requests back to back, then reads).
     - each request runs ``service_s`` (uniform up to ``service_max_s`` when given) and grows its
       engine by ``growth_bytes`` over ``ramp_s``.
     - ``seed``: the client's own draws, so the n-th request's engine, service and think time
@@ -147,6 +149,8 @@ class ClientSpec:
     pause_max_s: float | None = None
     service_max_s: float | None = None
     seed: int = 0
+    burst: int = 1
+    burst_gap_s: float = 0.0
 
     def __post_init__(self):
         # JSON gives lists; the spec stays hashable and comparable.
@@ -178,6 +182,8 @@ class ClientSpec:
                        else rng.uniform(self.service_s, self.service_max_s))
             think = (self.pause_s if self.pause_max_s is None
                      else rng.uniform(self.pause_s, self.pause_max_s))
+            if (n + 1) % self.burst:
+                think = self.burst_gap_s
             yield engine, service, think
 
 
@@ -299,6 +305,9 @@ class Workload:
                           or sum(c.weights) <= 0):
             raise ValueError(f"{where}: weights {list(c.weights)!r}: need one weight >= 0 per "
                              f"engine of {list(c.engines)!r}, not all 0")
+        if c.burst < 1 or c.burst_gap_s < 0:
+            raise ValueError(f"{where}: need burst >= 1 and burst_gap_s >= 0, got {c.burst} and "
+                             f"{c.burst_gap_s}")
         if c.pause_max_s is not None and c.pause_max_s < c.pause_s:
             raise ValueError(f"{where}: pause_max_s {c.pause_max_s} < pause_s {c.pause_s}")
         if c.service_max_s is not None and c.service_max_s < c.service_s:

@@ -363,6 +363,19 @@ class TestIssue34Yardstick:
         n = min(len(v) for v in seen.values())
         assert n > 3 and len({tuple(v[:n]) for v in seen.values()}) == 1, seen
 
+    def test_a_bursty_client_thinks_only_after_each_burst(self):
+        from bench.policy.workload import ClientSpec
+        c = ClientSpec("a", 0.0, 60.0, 10.0, 1.0, burst=3, burst_gap_s=0.5)
+        thinks = [t for _, _, t in itertools.islice(c.steps(), 7)]
+        assert thinks == [0.5, 0.5, 10.0, 0.5, 0.5, 10.0, 0.5]
+        # current-need: a loads at once (ready at 9.0); requests at 0, 10.5, 12 (the burst's
+        # gaps), then 23 after 10 s of reading, 24.5, 26; the next would leave at 37 > 30.
+        wl = replace(tiny([]), clients=(replace(c, until_s=30.0),)).validate()
+        world = World(wl, make("current-need"), check=True)
+        world.run()
+        assert [j.arrival_s for j in world.jobs] == pytest.approx([0.0, 10.5, 12.0, 23.0, 24.5,
+                                                                   26.0])
+
     def test_a_client_file_round_trips_and_bad_weights_are_named(self, tmp_path):
         from bench.policy.workload import ClientSpec
         c = ClientSpec("a", 0.0, 60.0, 0.5, 1.0, engines=("a", "b"), weights=(1, 2),

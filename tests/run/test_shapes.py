@@ -138,7 +138,7 @@ def _served(lv: Live) -> dict[str, int]:
 @pytest.mark.early
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", ["j-alternate-two", "k-alternate-three", "l-think-times",
-                                  "m-busy-beside", "n-comfy-chats"])
+                                  "m-busy-beside", "n-comfy-chats", "o-bursty-ping-pong"])
 def test_clients_that_move_between_engines(live, name):
     """Issue 34's shapes under the default policy: a client that moves between engines (and, in
     m and n, another client beside it) sends each request after the last answer. Every request
