@@ -104,7 +104,7 @@ def commit() -> str:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Berth's ladder against the peers' policies.")
     ap.add_argument("--workload", action="append", help="a workload name or .json path "
                     f"(repeatable; default all: {', '.join(WORKLOADS)})")
@@ -130,6 +130,11 @@ def main(argv: list[str] | None = None) -> int:
                     "hindsight row (the best fixed rent per cell)")
     ap.add_argument("--no-hindsight", action="store_true", help="with --seeds: skip the "
                     "hindsight row (8 more runs per cell)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.seeds or args.verdict:
         return _seeds(ap, args)
