@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from .policies.berth import DEFAULT_KNOBS, DEFAULT_RESERVE_BYTES
     print(f"{DEFAULT} knobs (a new install's): "
           + ", ".join(f"{k}={v:g}" for k, v in {**DEFAULT_KNOBS, **knobs}.items())
-          + f", reserve {DEFAULT_RESERVE_BYTES / 2**20:.0f} MiB per card, front forwards all")
+          + f", reserve {DEFAULT_RESERVE_BYTES / 2**20:.0f} MiB per card, front forwards each engine's slots")
     t0 = time.perf_counter()
     runs: dict[str, dict] = {}
     recorders = {}
