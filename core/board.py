@@ -71,6 +71,7 @@ def render(st: dict) -> str:
                 lines.append(f"        ! {w['note']}")
     else:
         lines.append("waiting: none")
+    lines += _drained_lines(st.get("drained") or [])
     for le in st["leases"]:
         if le.get("note"):
             lines.append(f"! {le['engine']} ({le['id']}): {le['note']}")
@@ -86,6 +87,23 @@ def render(st: dict) -> str:
         ("admissions_rejected_with_free", "refused while memory was free"))))
     lines.append(f"reserve: {k['reserve_fraction']:.1%} of the cards")
     return "\n".join(lines)
+
+
+def _drained_lines(drained: list[dict]) -> list[str]:
+    """``drained:`` and one line per run whose engine was drained and whose front stays
+    (issue 35): why, how long, and the requests it holds (its waiters)."""
+    if not drained:
+        return []
+    lines = ["drained (the run and its front stay; the next request starts the engine again):"]
+    for r in drained:
+        waiters = r.get("waiters") or 0
+        held = (f", {waiters} request(s) waiting" + (", asking for a card" if r.get("asking")
+                                                     else "")) if waiters else ""
+        front = f" front {r['front']}" if r.get("front") else ""
+        lines.append(f"    {r['engine']:<20} drained {format_duration(r['drained_s'])} ago"
+                     f"{held}{front}")
+        lines.append(f"        {r['why']}")
+    return lines
 
 
 def _until(le: dict) -> str:

@@ -85,6 +85,7 @@ from berth.daemon.api_claims import (
     peer_of,
     priority_cap,
 )
+from berth.daemon.api_drained import add_routes as add_drained_routes
 from berth.daemon.api_extend import add_routes as add_extend_routes
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
@@ -528,6 +529,7 @@ def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Applicat
     r.add_post("/v1/leases/{id}/wake", wake)
     r.add_delete("/v1/leases/{id}/wake", unwake)
     add_extend_routes(app, broker, _lease)       # POST and DELETE .../extend
+    add_drained_routes(app, broker.drained, broker.cfg)    # PUT and DELETE /v1/drained/{engine}
     r.add_post("/v1/leases/{id}/touch", touch)
     r.add_post("/v1/leases/{id}/jobs", jobs)
     r.add_post("/v1/leases/{id}/ready", ready)

@@ -79,7 +79,9 @@ def board(broker: "Broker") -> dict:
     counters["reserve_fraction"] = round(reserve_fraction(led), 4)
     ram = {"budget_bytes": led.ram_budget_bytes, "parked_bytes": led.parked_in_ram_bytes(),
            "available_bytes": led.ram_available_bytes()}
-    return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
+    drained = broker.drained.board() if hasattr(broker, "drained") else []
+    return {"cards": cards, "leases": leases, "waiting": waiting, "drained": drained,
+            "counters": counters,
             "host_ram": ram, "driver": broker.driver.kind,
             "uptime_s": round(now - broker.started_at, 1)}
 
