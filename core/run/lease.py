@@ -37,6 +37,7 @@ from berth.process import ProcessId
 from berth.run.cli import in_flags
 from berth.run.engine import EngineProcess
 from berth.run.failopen import FailOpen, Room
+from berth.run.pins import pinned
 from berth.run.waits import WaitWords
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
@@ -86,6 +87,9 @@ def request_body(o: RunOptions) -> dict:
         body["priority"] = o.priority
     if o.bound:
         body["bound"] = o.bound
+    pin = pinned(o.cmd, o.options)
+    if pin:
+        body["pinned"] = pin
     return body
 
 

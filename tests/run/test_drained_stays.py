@@ -89,3 +89,29 @@ def test_exit_on_drain_ends_the_run_for_a_manager_that_must_see_it(tmp_path):
         assert _drained(d, "B") is None
     finally:
         stop_all(procs, tmp_path)
+
+
+def test_an_engine_whose_command_pins_its_card_is_never_moved_and_status_says_why(tmp_path):
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB"), ("gpu1", "24GiB")])).start()
+    procs = [d.proc]
+    try:
+        procs.append(berth_run(d, "free", "--front", f"127.0.0.1:{free_port()}", "--size",
+                               "2GiB", weights="1GiB"))
+        log = tmp_path / "run-pinned.log"
+        procs.append(subprocess.Popen(
+            [BERTH, "run", "--engine", "pinned", "--front", f"127.0.0.1:{free_port()}",
+             "--size", "2GiB", "--", "env", "CUDA_VISIBLE_DEVICES=0", BERTH, "sim", "engine",
+             "--port", "{port}", "--weights", "1GiB", "--load-s", "0.1"],
+            env=d.env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True))
+        wait_for(lambda: d.state_of("free") == "active" and d.state_of("pinned") == "active",
+                 60, "both granted")
+        assert d.lease_of("free")["move"] == {"movable": True, "why": None}
+        move = d.lease_of("pinned")["move"]
+        assert not move["movable"] and "CUDA_VISIBLE_DEVICES=0" in move["why"], move
+        board = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
+                               timeout=30).stdout
+        assert "pinned" in board and "never moved: its command sets CUDA_VISIBLE_DEVICES=0" \
+            in board, board
+    finally:
+        stop_all(procs, tmp_path)
