@@ -87,7 +87,8 @@ def request_body(o: RunOptions) -> dict:
         body["priority"] = o.priority
     if o.bound:
         body["bound"] = o.bound
-    pin = pinned(o.cmd, o.options)
+    pin = pinned(o.cmd, o.options) or (None if o.keep_front else
+                                        "it exits on a drain (--exit-on-drain)")
     if pin:
         body["pinned"] = pin
     return body

@@ -237,6 +237,9 @@ class EngineRun:
             return False
         if self.front.holding and self.front.state in (FrontState.ASLEEP, FrontState.STARTING):
             again.set()                 # drained with writes held (parked, or still starting)
+        if self.actions.move_to:
+            again.set()                 # a move: ask for the card again at once (issue 35)
+            log.info("%s moves; its front holds requests meanwhile", self.o.engine)
         self.front.sleep()
         log.info("%s drained; its front stays and holds writes", self.o.engine)
         async with contextlib.AsyncExitStack() as tasks:

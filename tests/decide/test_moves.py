@@ -93,3 +93,39 @@ def test_two_moves_when_one_is_not_enough():
     p = plan_moves(w.s.ledger, "W", 20 * GiB, [G0], w.now)
     assert p is not None and sorted(m.lease_id for m in p.moves) == ["D", "E"]
     assert {m.dst for m in p.moves} == {G1, g2}
+
+
+def test_the_scheduler_moves_a_holder_instead_of_draining_and_grants_the_waiter():
+    """The issue's two-card shape in the scheduler: B and C busy (their turns keep their
+    cards), W asks 20 GiB: C is moved (a drain whose run asks again at once), not drained, and
+    W is granted where C was, by the move rung."""
+    from berth.decide.admission import Policy
+    from berth.decide.placement import Ask
+    from berth.decide.scheduler import Granted, Instruct, Note
+
+    w = World([24 * GiB, 24 * GiB], Policy(min_turn_s=60, juggle_window_s=0), reserve=GiB)
+    for lid, card, size, cost in (("B", G0, 12 * GiB, 6.0), ("C", G1, 10 * GiB, 4.0)):
+        _hold(w, lid, card, size, cost_s=cost)
+        w.apply(w.s.ready(lid, w.now))
+        w.apply(w.s.jobs(lid, 1, w.now))
+    waiter = Lease("W", "W", {}, caps=Capabilities(front="127.0.0.1:2"))
+    w.s.place(waiter, [Ask(None, 20 * GiB)], {})
+    w.apply(w.s.request(waiter, w.now))
+    [move] = [e for e in w.effects if isinstance(e, Instruct) and e.lease_id == "C"]
+    assert move.move_to == G0 and "it moves to gpu0" in move.reason, move
+    assert not [e for e in w.effects if isinstance(e, Instruct) and e.lease_id == "B"]
+    c = w.s.counters
+    assert (c.moves, c.drains, c.parks, c.checkpoints) == (1, 0, 0, 0)
+    notes = [e.text for e in w.effects if isinstance(e, Note) and e.kind == "move"]
+    assert len(notes) == 1 and notes[0].startswith("C moves gpu1→gpu0 (room for W"), notes
+    w.exit("C")
+    w.confirm_all()
+    [grant] = [e for e in w.effects if isinstance(e, Granted) and e.lease_id == "W"]
+    assert list(grant.cards) == [G1] and grant.rung == "move"
+
+
+def test_no_waiter_no_move():
+    w = _two_cards()
+    w.advance(600.0)
+    w.read()
+    assert w.s.counters.moves == 0
