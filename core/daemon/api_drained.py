@@ -42,6 +42,8 @@ class DrainedBody(_Body):
     owner_pid: int | None = Field(None, ge=1)
     # The run asked for a new grant (a write came): its lease waits in the queue.
     asking: bool = False
+    # The drain is a move: the card (PCI address) it goes to.
+    move_to: str | None = Field(None, max_length=100)
 
 
 def _owner(request: web.Request, body: DrainedBody) -> ProcessId | None:

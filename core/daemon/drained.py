@@ -39,12 +39,13 @@ class DrainedRun:
     since: float
     owner: ProcessId | None
     asking: bool = False
+    move_to: str | None = None
 
     def as_json(self, now: float) -> dict:
         return {"engine": self.engine, "front": self.front, "waiters": self.holding,
                 "why": self.why, "since": round(self.since, 3),
                 "drained_s": round(max(0.0, now - self.since), 3), "asking": self.asking,
-                "pid": self.owner.pid if self.owner else None}
+                "pid": self.owner.pid if self.owner else None, "move_to": self.move_to}
 
 
 class DrainedRuns:
@@ -60,7 +61,7 @@ class DrainedRuns:
         old = self.runs.get(engine)
         since = old.since if old is not None and old.owner == owner else time.time()
         run = DrainedRun(engine, body.front, body.holding, body.why or "drained", since, owner,
-                         body.asking)
+                         body.asking, body.move_to)
         self.runs[engine] = run
         return run
 

@@ -204,7 +204,8 @@ class EngineRun:
                 return code
             from berth.run.drained import DrainedNote
             await self._note_done()
-            self._note = DrainedNote(self.o.engine, self.front, self.actions.drained)
+            self._note = DrainedNote(self.o.engine, self.front, self.actions.drained,
+                                     self.actions.move_to)
             self._note.start()
             if not await self._drained():
                 return 0

@@ -169,7 +169,9 @@
       li.appendChild(el("strong", null, r.engine));
       const held = r.waiters ? " · " + r.waiters + " request(s) waiting" +
         (r.asking ? ", asking for a card" : "") : "";
-      li.appendChild(document.createTextNode(" drained, its front stays" + held));
+      li.appendChild(document.createTextNode(
+        (r.move_to ? " moving to " + r.move_to + ", its front holds requests" :
+          " drained, its front stays") + held));
       li.appendChild(el("span", "why", r.why || ""));
       li.appendChild(el("span", "eta", "drained " + secs(r.drained_s) + " ago"));
       root.appendChild(li);
