@@ -66,28 +66,48 @@ class Client(threading.Thread):
                 self.answers.append(repr(e))
 
 
-def test_a_busy_engine_moves_beside_the_other_so_the_waiter_fits(tmp_path):
+SIZES = {"A": ("8GiB", "7GiB"), "B": ("12GiB", "11GiB"), "C": ("10GiB", "9GiB"),
+         "W": ("20GiB", "19GiB")}
+
+
+def _shape(tmp_path, procs: dict, pins: tuple[str, ...] = ()) -> tuple[Berthd, dict, list]:
+    """berthd on the two cards; A and B on one card, C on the other, A gone, B's and C's busy
+    clients started. ``pins``: engines whose run line pins their card (``--option
+    device=N``). Returns berthd, the front ports and the clients."""
     (tmp_path / "berth.toml").write_text(CONFIG.format(tmp=tmp_path, read=READ_INTERVAL))
     d = Berthd(tmp_path, tmp_path / "berth.toml").start()
+    procs["berthd"] = d.proc
     ports = {n: free_port() for n in "ABCW"}
-    sizes = {"A": ("8GiB", "7GiB"), "B": ("12GiB", "11GiB"), "C": ("10GiB", "9GiB"),
-             "W": ("20GiB", "19GiB")}
-    procs = {}
+    for n in "ABC":
+        pin = ("--option", "device=0") if n in pins else ()
+        procs[n] = berth_run(d, n, "--front", f"127.0.0.1:{ports[n]}", "--size", SIZES[n][0],
+                             *pin, weights=SIZES[n][1], extra_engine=("--tokens-per-s", "40"))
+        wait_for(lambda n=n: _card(d, n), 60, f"{n} serving")
+    cards = {n: _card(d, n) for n in "ABC"}
+    assert cards["A"] == cards["B"] != cards["C"], cards     # best fit keeps holes whole
+    assert stop_proc(procs.pop("A")) == 0
+    wait_for(lambda: d.lease_of("A") is None, 30, "A gone")
+    clients = [Client(ports[n], n) for n in "BC"]
+    for c in clients:
+        c.start()
+    wait_for(lambda: all(c.answers for c in clients), 60, "both clients answered")
+    return d, ports, clients
+
+
+def _end(clients: list, procs: dict, tmp_path) -> None:
+    for c in clients:
+        c.done.set()
+    for c in clients:
+        c.join(130)
+    stop_all(list(procs.values()), tmp_path)
+
+
+def test_a_busy_engine_moves_beside_the_other_so_the_waiter_fits(tmp_path):
+    procs: dict = {}
     clients: list[Client] = []
     try:
-        for n in "ABC":
-            procs[n] = berth_run(d, n, "--front", f"127.0.0.1:{ports[n]}", "--size",
-                                 sizes[n][0], weights=sizes[n][1],
-                                 extra_engine=("--tokens-per-s", "40"))
-            wait_for(lambda n=n: _card(d, n), 60, f"{n} serving")
-        cards = {n: _card(d, n) for n in "ABC"}
-        assert cards["A"] == cards["B"] != cards["C"], cards     # best fit keeps holes whole
-        assert stop_proc(procs.pop("A")) == 0
-        wait_for(lambda: d.lease_of("A") is None, 30, "A gone")
-        clients = [Client(ports[n], n) for n in "BC"]
-        for c in clients:
-            c.start()
-        wait_for(lambda: all(c.answers for c in clients), 60, "both clients answered")
+        d, ports, clients = _shape(tmp_path, procs)
+        sizes = SIZES
         procs["W"] = berth_run(d, "W", "--front", f"127.0.0.1:{ports['W']}", "--size",
                                sizes["W"][0], weights=sizes["W"][1])
         wait_for(lambda: _card(d, "W"), 120, "W granted and serving")
@@ -105,11 +125,28 @@ def test_a_busy_engine_moves_beside_the_other_so_the_waiter_fits(tmp_path):
         assert grant and "(move)" in grant[0]["text"], grant
         assert [e for e in d.timeline() if e["kind"] == "move"]
     finally:
-        for c in clients:
-            c.done.set()
-        for c in clients:
-            c.join(130)
-        stop_all(list(procs.values()) + [d.proc], tmp_path)
+        _end(clients, procs, tmp_path)
     for c in clients:
         assert c.answers and all(a == "200" for a in c.answers), (c.model, c.answers)
     assert d.sim_oom() == 0
+
+
+def test_engines_that_pin_their_card_are_never_moved_and_the_waiter_gets_the_usual_answer(
+        tmp_path):
+    procs: dict = {}
+    clients: list[Client] = []
+    try:
+        d, ports, clients = _shape(tmp_path, procs, pins=("B", "C"))
+        for n in "BC":
+            move = d.lease_of(n)["move"]
+            assert not move["movable"] and "option device=0" in move["why"], move
+        procs["W"] = berth_run(d, "W", "--front", f"127.0.0.1:{ports['W']}", "--size",
+                               SIZES["W"][0], weights=SIZES["W"][1])
+        # The ladder's usual answer: W waits, saying why, while B and C serve their turns.
+        w = wait_for(lambda: next((w for w in d.status()["waiting"] if w["engine"] == "W"),
+                                  None), 60, "W waiting")
+        assert w["why"], w
+        assert d.status()["counters"]["moves"] == 0
+        assert not [e for e in d.timeline() if e["kind"] == "move"]
+    finally:
+        _end(clients, procs, tmp_path)
