@@ -129,3 +129,16 @@ def test_no_waiter_no_move():
     w.advance(600.0)
     w.read()
     assert w.s.counters.moves == 0
+
+
+def test_a_waiter_over_two_cards_gets_the_cheapest_two_cards_emptied():
+    """Three 24 GiB cards: D 6 GiB on gpu0, E 6 GiB (dearer) on gpu1, gpu2 empty. A waiter of
+    20 GiB on each of two cards: only D moves, beside E (never onto a card of the waiter's
+    set), and the waiter takes gpu0 and gpu2."""
+    w = World([24 * GiB, 24 * GiB, 24 * GiB], reserve=GiB)
+    g2 = pci_of(2)
+    _hold(w, "D", G0, 6 * GiB, cost_s=2.0)
+    _hold(w, "E", G1, 6 * GiB, cost_s=8.0)
+    p = plan_moves(w.s.ledger, "W", 20 * GiB, [G0, G1, g2], w.now, count=2)
+    assert p is not None and set(p.cards) == {G0, g2}, p
+    assert [(m.lease_id, m.dst) for m in p.moves] == [("D", G1)] and p.cost_s == 2.0
