@@ -36,7 +36,6 @@ from berth.config import Config
 from berth.daemon import restore, status
 from berth.daemon.channels import Channel, LeaseGone, Timeline, set_waits
 from berth.daemon.costs import SwitchCosts
-from berth.daemon.drained import DrainedRuns
 from berth.daemon.reads import Reads
 from berth.decide.effects import Effect, Ended, Granted, Instruct, Note, Rejected, Until, Watch
 from berth.decide.model import Card, Lease
@@ -84,7 +83,6 @@ class Broker:
         self.closing = False
         self._carry_out_later: list[Effect] = []
         self.engines: dict[str, str] = {}     # lease id -> engine name, ended leases too
-        self.drained = DrainedRuns()           # runs whose engine was drained (issue 35)
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:

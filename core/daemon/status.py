@@ -61,8 +61,7 @@ def board(broker: "Broker") -> dict:
             "capabilities": le.caps.as_dict(),
             # Why Berth can free none of its memory (issue 24), or None.
             "cannot_free": le.cannot_free(),
-            # Whether Berth may move it to another card, and why not (issue 35).
-            "move": {"movable": move_block(le) is None, "why": move_block(le)},
+            "move": {"movable": move_block(le) is None, "why": move_block(le)},  # issue 35
             "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
                         "size_bytes": sh.size_bytes, "state": sh.state.value,
                         "reserved_bytes": sh.reserved_bytes, "used_bytes": sh.used_bytes,
@@ -82,9 +81,8 @@ def board(broker: "Broker") -> dict:
     counters["reserve_fraction"] = round(reserve_fraction(led), 4)
     ram = {"budget_bytes": led.ram_budget_bytes, "parked_bytes": led.parked_in_ram_bytes(),
            "available_bytes": led.ram_available_bytes()}
-    drained = broker.drained.board() if hasattr(broker, "drained") else []
-    return {"cards": cards, "leases": leases, "waiting": waiting, "drained": drained,
-            "counters": counters,
+    return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
+            "drained": broker.drained.board() if hasattr(broker, "drained") else [],
             "host_ram": ram, "driver": broker.driver.kind,
             "uptime_s": round(now - broker.started_at, 1)}
 

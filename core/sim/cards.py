@@ -398,30 +398,18 @@ class SimCards:
             return moved
 
     def restore(self, pid: int, device_map: dict[str, str] | None = None) -> int:
-        """checkpointed → locked: the host bytes come back onto their cards. Returns the bytes
-        moved. A card without room raises :class:`SimOOM` (CUDA error 2), counts an OOM event and
-        leaves the process checkpointed and stuck; a stuck process's later restores raise
-        :class:`SimError` 304 (reference "Failure classes").
-
-        ``device_map`` (UUID → UUID, cuda-checkpoint's ``--device-map``, driver 580+; issue 35)
-        restores onto other cards: every checkpointed card must be listed, and each new card be
-        declared and of the same kind (:attr:`CardSpec.model`), else :class:`SimError` 1
-        (invalid value) or 801 (not supported: another kind), the process left checkpointed.
-        From then on the process's allocations on an old card go to its new one, as CUDA's
-        device ordinal now names the new card."""
+        """checkpointed → locked: the host bytes come back onto their cards (or, with
+        ``device_map``, onto others: :func:`_map_devices`). Returns the bytes moved. A card
+        without room raises :class:`SimOOM` (CUDA error 2), counts an OOM event and leaves the
+        process checkpointed and stuck; a stuck process's later restores raise
+        :class:`SimError` 304 (reference "Failure classes")."""
         with store.transaction(self.directory) as st:
             p = self._edge(st.data, pid, CHECKPOINTED, "restore")
             if p["stuck"]:
                 raise SimError(f"pid {pid}: an earlier restore failed; the process is stuck "
                                "checkpointed and only a kill helps", cuda_error=304)
             if device_map:
-                moves = _device_moves(st.data, p, device_map)
-                p["host"] = {moves.get(pci, pci): n for pci, n in p["host"].items()}
-                remap = p.setdefault("remap", {})
-                for old, new in moves.items():
-                    for k in [k for k, v in remap.items() if v == old]:
-                        remap[k] = new
-                    remap[old] = new
+                _map_devices(st.data, p, device_map)
                 st.dirty = True
             for pci, n in p["host"].items():
                 i = self._index(st.data, pci)
@@ -492,6 +480,21 @@ class SimCards:
 def _describe(cards: list[dict]) -> str:
     return ", ".join(f"{c['name']}={format_size(c['total_bytes'])}@{c['pci']}"
                      for c in cards) or "none"
+
+
+def _map_devices(data: dict, p: dict, device_map: dict[str, str]) -> None:
+    """Restore onto other cards (cuda-checkpoint's ``--device-map``, driver 580+; issue 35):
+    ``device_map`` (UUID → UUID) must list every card ``p`` checkpointed, each new card declared
+    and of the same kind (:attr:`CardSpec.model`), else :class:`SimError` 1 (invalid value) or
+    801 (not supported: another kind), ``p`` left as it was. From then on ``p``'s allocations
+    on an old card go to its new one, as its CUDA device ordinal now names the new card."""
+    moves = _device_moves(data, p, device_map)
+    p["host"] = {moves.get(pci, pci): n for pci, n in p["host"].items()}
+    remap = p.setdefault("remap", {})
+    for old, new in moves.items():
+        for k in [k for k, v in remap.items() if v == old]:
+            remap[k] = new
+        remap[old] = new
 
 
 def _device_moves(data: dict, p: dict, device_map: dict[str, str]) -> dict[str, str]:
