@@ -84,7 +84,7 @@ def render(st: dict) -> str:
     k = st["counters"]
     lines.append("since start: " + ", ".join(f"{label} {k[n]}" for n, label in (
         ("grants", "grants"), ("parks", "parks by hook"), ("checkpoints", "parks by checkpoint"),
-        ("wakes", "wakes"), ("lends", "lends"), ("drains", "drains"),
+        ("wakes", "wakes"), ("lends", "lends"), ("drains", "drains"), ("moves", "moves"),
         ("fallbacks_to_drain", "fallbacks to drain"), ("unparked", "unparked"),
         ("admissions_rejected_with_free", "refused while memory was free"))))
     lines.append(f"reserve: {k['reserve_fraction']:.1%} of the cards")
