@@ -82,7 +82,7 @@ def render(st: dict) -> str:
         lines.append(f"host RAM for parks: {format_size(ram['parked_bytes'])} parked of a "
                      f"{format_size(ram['budget_bytes'])} budget")
     k = st["counters"]
-    lines.append("since start: " + ", ".join(f"{label} {k[n]}" for n, label in (
+    lines.append("since start: " + ", ".join(f"{label} {k.get(n, 0)}" for n, label in (
         ("grants", "grants"), ("parks", "parks by hook"), ("checkpoints", "parks by checkpoint"),
         ("wakes", "wakes"), ("lends", "lends"), ("drains", "drains"), ("moves", "moves"),
         ("fallbacks_to_drain", "fallbacks to drain"), ("unparked", "unparked"),
