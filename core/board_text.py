@@ -72,23 +72,44 @@ def render(st: dict) -> str:
                 lines.append(f"        ! {w['note']}")
     else:
         lines.append("waiting: none")
+    lines += _drained_lines(st.get("drained") or [])
     for le in st["leases"]:
         if le.get("note"):
             lines.append(f"! {le['engine']} ({le['id']}): {le['note']}")
+        if (le.get("capabilities") or {}).get("pinned"):
+            lines.append(f"  {le['engine']} ({le['id']}): {le['move']['why']}")
     ram = st.get("host_ram") or {}
     if ram.get("budget_bytes") is not None:
         lines.append(f"host RAM for parks: {format_size(ram['parked_bytes'])} parked of a "
                      f"{format_size(ram['budget_bytes'])} budget")
     k = st["counters"]
-    lines.append("since start: " + ", ".join(f"{label} {k[n]}" for n, label in (
+    lines.append("since start: " + ", ".join(f"{label} {k.get(n, 0)}" for n, label in (
         ("grants", "grants"), ("parks", "parks by hook"), ("checkpoints", "parks by checkpoint"),
-        ("wakes", "wakes"), ("lends", "lends"), ("drains", "drains"),
+        ("wakes", "wakes"), ("lends", "lends"), ("drains", "drains"), ("moves", "moves"),
         ("fallbacks_to_drain", "fallbacks to drain"), ("unparked", "unparked"),
         ("admissions_rejected_with_free", "refused while memory was free"))))
     lines.append(f"reserve: {k['reserve_fraction']:.1%} of the cards")
     if "adapters" in st:            # berthd's registry of adapters (issue 38)
         lines.append("adapters: " + (", ".join(st["adapters"]) or "none"))
     return "\n".join(lines)
+
+
+def _drained_lines(drained: list[dict]) -> list[str]:
+    """``drained:`` and one line per run whose engine was drained and whose front stays
+    (issue 35): why, how long, and the requests it holds (its waiters)."""
+    if not drained:
+        return []
+    lines = ["drained (the run and its front stay; the next request starts the engine again):"]
+    for r in drained:
+        waiters = r.get("waiters") or 0
+        held = (f", {waiters} request(s) waiting" + (", asking for a card" if r.get("asking")
+                                                     else "")) if waiters else ""
+        front = f" front {r['front']}" if r.get("front") else ""
+        what = f"moving to {r['move_to']} for" if r.get("move_to") else "drained"
+        lines.append(f"    {r['engine']:<20} {what} {format_duration(r['drained_s'])}"
+                     f"{'' if r.get('move_to') else ' ago'}{held}{front}")
+        lines.append(f"        {r['why']}")
+    return lines
 
 
 def _until(le: dict) -> str:

@@ -62,6 +62,8 @@ class SimCard(_Strict):
     name: str
     total: Total
     baseline: CardBytes = 0
+    # The chip's kind: a checkpoint restores onto another card only of the same kind (issue 35).
+    model: str | None = Field(None, min_length=1, max_length=100)
 
     @model_validator(mode="before")
     @classmethod

@@ -85,9 +85,11 @@ from berth.daemon.api_claims import (
     peer_of,
     priority_cap,
 )
+from berth.daemon.api_drained import add_routes as add_drained_routes
 from berth.daemon.api_extend import add_routes as add_extend_routes
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
+from berth.daemon.drained import DrainedRuns
 from berth.decide.model import Capabilities, Lease, ParkMechanism
 from berth.decide.placement import Ask, PlacementError
 from berth.decide.units import format_size
@@ -234,7 +236,8 @@ def _new_lease(broker: Broker, body: LeaseBody, adopted: ProcessId | None,
                  growth_allowance_bytes=body.growth_allowance, keep_warm_s=body.keep_warm,
                  caps=Capabilities(park=ParkMechanism(body.park) if body.park else None,
                                    lend=body.lend, lend_max_bytes=body.lend_max,
-                                   front=body.front, drain=body.drain, no_park=body.no_park),
+                                   front=body.front, drain=body.drain, no_park=body.no_park,
+                                   pinned=body.pinned),
                  owner_pid=owner.pid if owner else None,
                  owner_start_time=owner.start_time if owner else None,
                  pid=adopted.pid if adopted else None,
@@ -528,6 +531,9 @@ def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Applicat
     r.add_post("/v1/leases/{id}/wake", wake)
     r.add_delete("/v1/leases/{id}/wake", unwake)
     add_extend_routes(app, broker, _lease)       # POST and DELETE .../extend
+    # Runs whose engine was drained (issue 35): the board lists them (status.board).
+    broker.drained = getattr(broker, "drained", None) or DrainedRuns()
+    add_drained_routes(app, broker.drained, broker.cfg)    # PUT and DELETE /v1/drained/{engine}
     r.add_post("/v1/leases/{id}/touch", touch)
     r.add_post("/v1/leases/{id}/jobs", jobs)
     r.add_post("/v1/leases/{id}/ready", ready)

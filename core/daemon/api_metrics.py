@@ -16,6 +16,17 @@ __all__ = ["REGISTRY", "metrics", "registry"]
 REGISTRY = web.AppKey("registry", CollectorRegistry)
 
 
+def _drained(drained: list[dict]):
+    """Runs whose engine was drained and whose front stays (issue 35), and their waiters."""
+    yield GaugeMetricFamily("berth_drained", "Runs whose engine is drained, their front kept",
+                            value=len(drained))
+    g = GaugeMetricFamily("berth_drained_waiters", "Requests held by a drained run's front",
+                          labels=["engine"])
+    for r in drained:
+        g.add_metric([r["engine"]], r["waiters"])
+    yield g
+
+
 class _BoardCollector:
     """Prometheus figures read from the board at scrape time (same numbers as the status)."""
 
@@ -46,6 +57,7 @@ class _BoardCollector:
         yield shares
         yield GaugeMetricFamily("berth_waiting", "Entries in the waiting queue",
                                 value=len(st["waiting"]))
+        yield from _drained(st.get("drained") or [])
         for k, v in st["counters"].items():
             if k == "reserve_fraction":
                 yield GaugeMetricFamily("berth_reserve_fraction", "Reserve / total", value=v)

@@ -61,7 +61,8 @@ def open_driver(cfg: Config) -> Driver:
     if cfg.driver.kind == "sim":
         from berth.sim.cards import CardSpec, SimCards, SimError
         from berth.sim.driver import SimDriver
-        specs = [CardSpec.make(c.name, c.total, pci=c.pci, baseline_bytes=c.baseline, index=i)
+        specs = [CardSpec.make(c.name, c.total, pci=c.pci, baseline_bytes=c.baseline, index=i,
+                               model=c.model)
                  for i, c in enumerate(cfg.driver.cards)]
         d = paths.sim_dir(cfg)
         try:

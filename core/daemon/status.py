@@ -14,6 +14,7 @@ from berth.decide.ladder import turn_end
 from berth.decide.ledger import RESIDUAL_SLACK_BYTES, counted_bytes
 from berth.decide.measures import reserve_fraction, suggested_reserve
 from berth.decide.model import Lease, Share, ShareState
+from berth.decide.moves import move_block
 from berth.decide.units import format_size
 from berth.process import ProcessId, alive
 
@@ -60,6 +61,7 @@ def board(broker: "Broker") -> dict:
             "capabilities": le.caps.as_dict(),
             # Why Berth can free none of its memory (issue 24), or None.
             "cannot_free": le.cannot_free(),
+            "move": {"movable": move_block(le) is None, "why": move_block(le)},  # issue 35
             "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
                         "size_bytes": sh.size_bytes, "state": sh.state.value,
                         "reserved_bytes": sh.reserved_bytes, "used_bytes": sh.used_bytes,
@@ -80,6 +82,7 @@ def board(broker: "Broker") -> dict:
     ram = {"budget_bytes": led.ram_budget_bytes, "parked_bytes": led.parked_in_ram_bytes(),
            "available_bytes": led.ram_available_bytes()}
     return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
+            "drained": broker.drained.board() if hasattr(broker, "drained") else [],
             "host_ram": ram, "driver": broker.driver.kind, "adapters": _adapters(broker),
             "uptime_s": round(now - broker.started_at, 1)}
 

@@ -71,9 +71,11 @@ def begin_lend(st: State, lease: Lease, pci: str, n: int, now: float, reason: st
 
 
 def stop(st: State, lease: Lease, now: float, reason: str,
-         quiet_s: float | None = None) -> list[Effect]:
+         quiet_s: float | None = None, move_to: str | None = None) -> list[Effect]:
     """Drain: every live share -> draining, and tell the run to stop its engine, after its
-    requests in flight end if ``quiet_s`` allows (issue 12 case 4)."""
+    requests in flight end if ``quiet_s`` allows (issue 12 case 4). ``move_to``: the drain is
+    a move (issue 35): the run keeps its front holding requests and asks for a card again at
+    once; it is counted as a move, not a drain."""
     fx: list[Effect] = []
     moved = False
     for pci, sh in lease.shares.items():
@@ -87,10 +89,19 @@ def stop(st: State, lease: Lease, now: float, reason: str,
     if moved:
         st.queue.remove(lease.id)
         st.wake_wanted.discard(lease.id)
-        st.counters.drains += 1
+        if move_to is None:
+            st.counters.drains += 1
+        else:
+            st.counters.moves += 1
         fx.insert(0, Instruct(lease.id, Op.DRAIN, tuple(lease.shares), st.next_seq(),
-                              reason=reason, quiet_s=quiet_s))
-        fx.append(Note(lease.id, "drain", f"{lease.engine} drains ({reason})"))
+                              reason=reason, quiet_s=quiet_s, move_to=move_to))
+        if move_to is None:
+            fx.append(Note(lease.id, "drain", f"{lease.engine} drains ({reason})"))
+        else:
+            src = ", ".join(card_name(st, p) for p in lease.shares)
+            fx.append(Note(lease.id, "move", f"{lease.engine} moves {src}→"
+                           f"{card_name(st, move_to)} ({reason})",
+                           {"from": list(lease.shares), "to": move_to}))
     return fx
 
 

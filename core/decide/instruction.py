@@ -47,13 +47,16 @@ class Instruction:
     reason: str = ""
     quiet_s: float | None = None
     call_off: bool = False
+    #: For a drain that is a move (issue 35): the card (PCI address) the engine goes to; the run
+    #: keeps its front holding requests and asks for its card again at once.
+    move_to: str | None = None
 
     def to_wire(self) -> dict:
-        """The JSON object the control API sends:
-        ``{"op", "seq", "cards": [pci], "bytes": {pci: N}, "reason", "quiet_s", "call_off"}``."""
+        """The JSON object the control API sends: ``{"op", "seq", "cards": [pci], "bytes":
+        {pci: N}, "reason", "quiet_s", "call_off", "move_to"}``."""
         return {"op": self.op.value, "seq": self.seq, "cards": list(self.cards),
                 "bytes": dict(self.bytes), "reason": self.reason, "quiet_s": self.quiet_s,
-                "call_off": self.call_off}
+                "call_off": self.call_off, "move_to": self.move_to}
 
     @classmethod
     def from_wire(cls, d: object) -> Instruction:
@@ -71,9 +74,13 @@ class Instruction:
         if not isinstance(call_off, bool):
             raise InstructionError("instruction.call_off", f"expected true or false, got "
                                                            f"{call_off!r}")
+        move_to = d.get("move_to")
+        if move_to is not None and not isinstance(move_to, str):
+            raise InstructionError("instruction.move_to", f"expected a PCI address, got "
+                                                          f"{move_to!r}")
         return cls(Op(op), _cards(d.get("cards", [])), _count("instruction.seq", d.get("seq")),
                    _bytes(d.get("bytes", {})), _reason(d.get("reason", "")),
-                   _seconds("instruction.quiet_s", d.get("quiet_s")), call_off)
+                   _seconds("instruction.quiet_s", d.get("quiet_s")), call_off, move_to)
 
 
 def read_poll(raw: object, after_seq: int

@@ -47,6 +47,7 @@ class Rung(enum.StrEnum):
     LEND = "lend"
     PARK = "park"
     DRAIN = "drain"
+    MOVE = "move"       # a holder changes cards (issue 35; planned by berth.decide.moves)
 
 
 #: The ladder's order: the cheapest way to make room first (seed 002 "Making room").
@@ -57,6 +58,7 @@ class Action(enum.StrEnum):
     LEND = "lend"
     PARK = "park"
     DRAIN = "drain"
+    MOVE = "move"
 
 
 _FALLBACK = {Action.LEND: Action.DRAIN, Action.PARK: Action.DRAIN, Action.DRAIN: None}
@@ -83,6 +85,7 @@ class Step:
     why: str = ""
     quiet_s: float | None = None
     jobs: int = 0
+    move_to: str | None = None      # a move's card (PCI address; issue 35)
 
 
 @dataclass(frozen=True)

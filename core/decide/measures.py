@@ -39,6 +39,7 @@ class Counters:
     unparked: int = 0
     extensions: int = 0
     rejected_never: int = 0
+    moves: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -207,6 +207,8 @@ class Capabilities:
       rule 6): such a lease makes room only by a park (issue 24).
     - ``no_park``: why a host registered without a park, in words (``"--highvram: unloading
       frees nothing"``), named to whoever waits for its card.
+    - ``pinned``: why the engine's own command pins its card, in words (issue 35): Berth never
+      moves it to another card.
     """
 
     park: ParkMechanism | None = None
@@ -215,6 +217,7 @@ class Capabilities:
     front: str | None = None
     drain: bool = True
     no_park: str | None = None
+    pinned: str | None = None
 
     def can_park(self) -> bool:
         return self.park is not None and self.front is not None
@@ -225,7 +228,7 @@ class Capabilities:
     def as_dict(self) -> dict:
         return {"park": self.park.value if self.park else None, "lend": self.lend,
                 "lend_max_bytes": self.lend_max_bytes, "front": self.front,
-                "drain": self.drain, "no_park": self.no_park}
+                "drain": self.drain, "no_park": self.no_park, "pinned": self.pinned}
 
 
 @dataclass

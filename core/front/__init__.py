@@ -15,7 +15,7 @@ States (:class:`FrontState`; edges in :data:`EDGES`, each labelled with why it i
                   ▲          │         │  ▲         │
                   └──────────┘         │  └─────────┘  wake failed: the next write asks again
               park called off          └──▶ open       woken by the broker, no write held
-    (any) ──▶ stopped ──▶ starting
+    (any) ──▶ stopped ──▶ starting       starting ──▶ asleep: drained before it served
 
 =========  ========================================  ================================
 state      a write (POST, PUT, ...)                  a read (GET, HEAD, OPTIONS)

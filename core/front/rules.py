@@ -33,6 +33,7 @@ F = FrontState
 #: Every legal transition, labelled with why it is taken.
 EDGES: dict[tuple[FrontState, FrontState], str] = {
     (F.STARTING, F.OPEN): "the engine answered",
+    (F.STARTING, F.ASLEEP): "drained before it served: the run stays, the next write asks again",
     (F.OPEN, F.CLOSING): "a park, checkpoint or lend begins: drain first (rule 3)",
     (F.CLOSING, F.ASLEEP): "in-flight requests done, the engine sleeps",
     (F.CLOSING, F.OPEN): "the park was called off, or the lend is done (the engine serves on)",

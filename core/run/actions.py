@@ -68,6 +68,8 @@ class Actions:
         self.stop_event = stop_event
         #: berthd's reason when it drained the run (the stop sequence names it).
         self.drained: str | None = None
+        #: The card berthd moves the engine to (a drain that is a move, issue 35), or None.
+        self.move_to: str | None = None
         #: how long the stop may wait for the requests in flight (berthd's quiet_s, issue 12)
         self.drain_quiet_s: float | None = None
         #: bytes this run's engine has lent and not yet grown back, by card
@@ -113,6 +115,7 @@ class Actions:
             self.stop_event.set()
             self.drained = ins.reason or "drained"
             self.drain_quiet_s = ins.quiet_s
+            self.move_to = ins.move_to
             return
         ok, detail = True, ""
         if op is Op.RETURN:

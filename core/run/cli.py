@@ -43,7 +43,9 @@ class RunOptions:
     bound: str | None = None
     health: str = "/health"
     front_health: bool = False
-    keep_front: bool = False
+    # After a drain the run and its front stay, and the next write starts the engine again
+    # (issue 35); ``--exit-on-drain`` opts out where a manager must see the exit.
+    keep_front: bool = True
     checkpoint_path: str | None = None
     stop_grace_s: float = 1.0
     term_grace_s: float = 4.0
@@ -167,7 +169,8 @@ def _options(args, cmd: list[str]) -> RunOptions:
         cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
         front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
         adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
-        health=args.health, front_health=args.front_health, keep_front=args.keep_front,
+        health=args.health, front_health=args.front_health,
+        keep_front=not args.exit_on_drain,
         checkpoint_path=args.checkpoint_path,
         wait_limit_s=_positive(args.wait_limit, "--wait-limit"),
         max_in_flight=args.max_in_flight,
@@ -263,10 +266,13 @@ def _path_arguments(p) -> None:
                         "at its first poll and requests wait in the front (berth llama-swap wrap "
                         "writes it)")
     p.add_argument("--keep-front", action="store_true",
-                   help="after berthd drains the engine, the run and its front stay: writes are "
-                        "held and the next one starts the engine again under a new lease "
-                        "(llama-swap keeps the model ready, so no request reaches a run that is "
-                        "exiting; berth llama-swap wrap writes it)")
+                   help="the default, kept for run lines that write it: after berthd drains the "
+                        "engine, the run and its front stay; writes are held and the next one "
+                        "asks for a new grant and starts the engine again on the card it is "
+                        "given (a cold wake)")
+    p.add_argument("--exit-on-drain", action="store_true",
+                   help="exit (code 0) when berthd drains the engine instead of keeping the "
+                        "front, for a manager that must see the exit and start the run itself")
     p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: on PATH, or "
                                              "$BERTH_CUDA_CHECKPOINT)")
     p.add_argument("--wait-limit", help="longest a request is held (default: berthd's "

@@ -39,6 +39,7 @@ from berth.front import Front
 from berth.process import ProcessId
 from berth.run.engine import EngineProcess
 from berth.run.failopen import FailOpen, Room
+from berth.run.pins import pinned
 from berth.run.waits import WaitWords
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
@@ -88,6 +89,10 @@ def request_body(o: RunOptions) -> dict:
         body["priority"] = o.priority
     if o.bound:
         body["bound"] = o.bound
+    pin = pinned(o.cmd, o.options) or (None if o.keep_front else
+                                        "it exits on a drain (--exit-on-drain)")
+    if pin:
+        body["pinned"] = pin
     return body
 
 

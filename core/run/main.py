@@ -17,7 +17,9 @@ stage A1; reference/llama-swap.md ("Consequences for a cmd wrapper").
 4. Carry out berthd's instructions: park (close the front, wait for in-flight requests, then
    the park mechanism: cuda-checkpoint on every CUDA process of the engine's tree, or a hook),
    wake (restore, probe health, open), lend, return, drain (stop). berthd confirms every
-   release with a driver read (rule 1); the run's word is never proof.
+   release with a driver read (rule 1); the run's word is never proof. After a drain the run
+   and its front stay (issue 35; ``--exit-on-drain`` exits instead): berthd's board lists it as
+   drained, the next write asks for a new grant, and the engine starts again on the card given.
 5. On SIGTERM/SIGINT (llama-swap's stop): close the front, wait for in-flight requests up to a
    grace, SIGTERM the engine's group, then SIGKILL, wait for the driver to confirm the memory
    free, release the lease, exit with the engine's code. The defaults fit llama-swap's
@@ -94,6 +96,7 @@ class EngineRun:
         self.signalled = False                   # a stop signal came (not a drain)
         self._again: asyncio.Event | None = None  # set: a write came for a drained engine
         self.slots = Slots(opts)                 # what the front forwards at once (issue 34)
+        self._note = None                        # berthd's entry while drained (DrainedNote)
 
     async def main(self) -> int:
         """Start, serve until the engine exits or a stop signal (SIGTERM, SIGINT) or a drain,
@@ -172,7 +175,7 @@ class EngineRun:
             self.front.wait_limit_s = self.lease.limit("wait_limit_s")
 
     def _wire(self) -> None:
-        """The actions over this round's lease (``--keep-front`` replaces it after a drain)."""
+        """The actions over this round's lease (replaced after a drain, for the next round)."""
         from berth.run.actions import Actions
         self.actions = Actions(self.o, self._pm, self.lease, self.engine, self.front,
                                self.stop_event)
@@ -184,8 +187,8 @@ class EngineRun:
     # The front's callbacks: a wake, activity and an unwanted wake need a lease, which exists
     # by then (the front is open, or asleep after a park, only once the run holds one).
     async def _on_wake(self) -> None:
-        """The front holds a write while asleep: after a drain (``--keep-front``) the run starts
-        the engine again; otherwise berthd is asked to wake the parked lease."""
+        """The front holds a write while asleep: after a drain the run starts the engine again;
+        otherwise berthd is asked to wake the parked lease."""
         if self._again is not None:
             self._again.set()
             return
@@ -200,38 +203,55 @@ class EngineRun:
             self.lease.on_unwanted()
 
     async def _serve(self, stack: contextlib.AsyncExitStack) -> int:
-        """Serve lease after lease: one round, and with ``--keep-front`` after a drain, the
-        next when a write arrives (a stop signal ends it)."""
+        """Serve lease after lease: one round, and after a drain (unless ``--exit-on-drain``)
+        the next when a write arrives (a stop signal ends it). Meanwhile berthd's board lists
+        the run as drained, with its waiters (:class:`~berth.run.drained.DrainedNote`)."""
+        stack.push_async_callback(self._note_done)
         while True:
             code = await self._round()
             if not self._keeps():
                 return code
+            from berth.run.drained import DrainedNote
+            await self._note_done()
+            self._note = DrainedNote(self.o.engine, self.front, self.actions.drained,
+                                     self.actions.move_to)
+            self._note.start()
             if not await self._drained():
                 return 0
+            self._note.asking()
             await self.lease.close()
             self._new_lease()
             self._wire()
 
+    async def _note_done(self) -> None:
+        """The engine serves again, or the run ends: berthd's board drops it from drained."""
+        note, self._note = self._note, None
+        if note is not None:
+            await note.close()
+
     def _keeps(self) -> bool:
-        """``--keep-front`` and berthd drained the engine (no stop signal): the run and its
-        front stay. Only a front that served is kept (it closed for the drain; one drained
-        while its engine was still starting stops as before)."""
+        """berthd drained the engine (no stop signal), and the run keeps its front (issue 35:
+        the default; ``--exit-on-drain`` opts out): the run and its front stay, whether the
+        engine served or was drained while it still started."""
         return bool(self.o.keep_front and self.front is not None and self.actions is not None
                     and self.actions.drained and not self.signalled
-                    and self.front.state in (FrontState.CLOSING, FrontState.ASLEEP,
-                                             FrontState.WAKING))
+                    and self.front.state is not FrontState.STOPPED)
 
     async def _drained(self) -> bool:
-        """``--keep-front`` after a drain: the front sleeps, holding writes; True when one
-        arrives (the run starts the engine again), False on a stop signal."""
+        """After a drain the front sleeps, holding writes; True when one arrives (the run asks
+        for a new grant and starts the engine again on the card it is given), False on a stop
+        signal."""
         self._again = again = asyncio.Event()
         self.stop_event.clear()
         if self.signalled:
             return False
-        if self.front.state is FrontState.ASLEEP and self.front.holding:
-            again.set()                 # parked, then drained, with writes held: go on
+        if self.front.holding and self.front.state in (FrontState.ASLEEP, FrontState.STARTING):
+            again.set()                 # drained with writes held (parked, or still starting)
+        if self.actions.move_to:
+            again.set()                 # a move: ask for the card again at once (issue 35)
+            log.info("%s moves; its front holds requests meanwhile", self.o.engine)
         self.front.sleep()
-        log.info("%s drained; its front stays and holds writes (--keep-front)", self.o.engine)
+        log.info("%s drained; its front stays and holds writes", self.o.engine)
         async with contextlib.AsyncExitStack() as tasks:
             ends = {_task(tasks, self.stop_event.wait()), _task(tasks, again.wait())}
             await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
@@ -299,6 +319,7 @@ class EngineRun:
                 log.info("%s is serving%s", self.o.engine, f" on {self.engine.url}"
                          if self.engine.url else f" (pid {self.engine.proc.pid})")
                 await self.lease.ready()
+                await self._note_done()
             _task(tasks, self.lease.follow(self.actions.carry_out, self.engine))
             if self.front is not None:
                 # berthd's ladder waits for the requests in flight (issue 12 case 4): tell it.

@@ -42,6 +42,7 @@ from typing import Any
 from berth import paths
 from berth.decide.model import normalize_pci
 from berth.decide.units import format_size
+from berth.driver.cuda import INVALID_VALUE, NOT_SUPPORTED
 
 from . import store
 from .store import _VERSION, SimError
@@ -79,6 +80,10 @@ class SimBusy(RuntimeError):
     """The process is locked or checkpointed: its CUDA calls block until it runs again."""
 
 
+#: A simulated card's kind unless its declaration names one.
+DEFAULT_MODEL = "Berth simulated card"
+
+
 def sim_uuid(pci: str) -> str:
     """A deterministic CUDA-looking UUID for a simulated card: ``GPU-5e1a0000-0000-0000-0000-`` and
     the PCI address's hex digits (domain, bus, device, function) padded to 12."""
@@ -96,12 +101,19 @@ class CardSpec:
     uuid: str
     total_bytes: int
     baseline_bytes: int = 0
+    #: The chip's kind (the product name NVML gives): cuda-checkpoint restores a process onto
+    #: another card only of the same kind (issue 35).
+    model: str = DEFAULT_MODEL
 
     @classmethod
     def make(cls, name: str, total_bytes: int, pci: str | None = None, baseline_bytes: int = 0,
-             uuid: str | None = None, index: int = 0) -> "CardSpec":
+             uuid: str | None = None, index: int = 0, model: str | None = None) -> "CardSpec":
         """Build and check a spec. ``pci`` defaults to ``0000:<index+1>:00.0``; ``uuid`` to
-        :func:`sim_uuid`. Raises ``ValueError`` naming the field and value."""
+        :func:`sim_uuid`; ``model`` to :data:`DEFAULT_MODEL`. Raises ``ValueError`` naming the
+        field and value."""
+        model = DEFAULT_MODEL if model is None else model
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(f"card {name}: model must name the card's kind, got {model!r}")
         if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name):
             raise ValueError(f"card name: expected a short name like 'gpu0', got {name!r}")
         pci = normalize_pci(pci if pci is not None else f"0000:{index + 1:02x}:00.0")
@@ -114,11 +126,12 @@ class CardSpec:
         if not uuid.startswith("GPU-"):
             raise ValueError(f"card {name}: uuid must look like 'GPU-…', got {uuid!r}")
         return cls(pci=pci, name=name, uuid=uuid, total_bytes=total_bytes,
-                   baseline_bytes=baseline_bytes)
+                   baseline_bytes=baseline_bytes, model=model)
 
     def as_dict(self) -> dict[str, Any]:
         return {"pci": self.pci, "name": self.name, "uuid": self.uuid,
-                "total_bytes": self.total_bytes, "baseline_bytes": self.baseline_bytes}
+                "total_bytes": self.total_bytes, "baseline_bytes": self.baseline_bytes,
+                "model": self.model}
 
 
 @dataclass(frozen=True)
@@ -201,7 +214,8 @@ class SimCards:
         wanted = [s.as_dict() for s in specs]
         with store.transaction(self.directory, create=True) as st:
             if st.data is not None:
-                have = [{k: c[k] for k in wanted[0]} for c in st.data["cards"]]
+                have = [{k: c.get(k, DEFAULT_MODEL if k == "model" else None) for k in wanted[0]}
+                        for c in st.data["cards"]]
                 if have != wanted:
                     if not replace:
                         raise SimError(
@@ -250,7 +264,8 @@ class SimCards:
         """The card named by ``key``: a PCI address, a sim name, a UUID, or an index (``"0"``),
         as ``CUDA_VISIBLE_DEVICES`` may give it. Raises :class:`SimError` naming the key."""
         data = store.load(self.directory)
-        cards = [CardSpec(**{k: c[k] for k in CardSpec.__dataclass_fields__}) for c in data["cards"]]
+        cards = [CardSpec(**{k: c[k] for k in CardSpec.__dataclass_fields__ if k in c})
+                 for c in data["cards"]]
         key = key.strip()
         for c in cards:
             if key in (c.name, c.uuid):
@@ -324,10 +339,11 @@ class SimCards:
             raise SimError(f"pid {pid}: no such process")
         while True:
             with store.transaction(self.directory) as st:
-                i = self._index(st.data, pci)
-                card = st.data["cards"][i]
                 key = _key(pid, start)
                 p = st.data["procs"].get(key)
+                # A process restored onto another card (--device-map) allocates there now.
+                i = self._index(st.data, (p or {}).get("remap", {}).get(pci, pci))
+                card = st.data["cards"][i]
                 if p is not None and p["state"] != RUNNING:
                     if not block:
                         raise SimBusy(f"pid {pid} is {p['state']}: its CUDA calls block")
@@ -381,16 +397,20 @@ class SimCards:
             st.dirty = True
             return moved
 
-    def restore(self, pid: int) -> int:
-        """checkpointed → locked: the host bytes come back onto their cards. Returns the bytes
-        moved. A card without room raises :class:`SimOOM` (CUDA error 2), counts an OOM event and
-        leaves the process checkpointed and stuck; a stuck process's later restores raise
+    def restore(self, pid: int, device_map: dict[str, str] | None = None) -> int:
+        """checkpointed → locked: the host bytes come back onto their cards (or, with
+        ``device_map``, onto others: :func:`_map_devices`). Returns the bytes moved. A card
+        without room raises :class:`SimOOM` (CUDA error 2), counts an OOM event and leaves the
+        process checkpointed and stuck; a stuck process's later restores raise
         :class:`SimError` 304 (reference "Failure classes")."""
         with store.transaction(self.directory) as st:
             p = self._edge(st.data, pid, CHECKPOINTED, "restore")
             if p["stuck"]:
                 raise SimError(f"pid {pid}: an earlier restore failed; the process is stuck "
                                "checkpointed and only a kill helps", cuda_error=304)
+            if device_map:
+                _map_devices(st.data, p, device_map)
+                st.dirty = True
             for pci, n in p["host"].items():
                 i = self._index(st.data, pci)
                 free_bytes = self._free(st.data, i)
@@ -460,3 +480,46 @@ class SimCards:
 def _describe(cards: list[dict]) -> str:
     return ", ".join(f"{c['name']}={format_size(c['total_bytes'])}@{c['pci']}"
                      for c in cards) or "none"
+
+
+def _map_devices(data: dict, p: dict, device_map: dict[str, str]) -> None:
+    """Restore onto other cards (cuda-checkpoint's ``--device-map``, driver 580+; issue 35):
+    ``device_map`` (UUID → UUID) must list every card ``p`` checkpointed, each new card declared
+    and of the same kind (:attr:`CardSpec.model`), else :class:`SimError` 1 (invalid value) or
+    801 (not supported: another kind), ``p`` left as it was. From then on ``p``'s allocations
+    on an old card go to its new one, as its CUDA device ordinal now names the new card."""
+    moves = _device_moves(data, p, device_map)
+    p["host"] = {moves.get(pci, pci): n for pci, n in p["host"].items()}
+    remap = p.setdefault("remap", {})
+    for old, new in moves.items():
+        for k in [k for k, v in remap.items() if v == old]:
+            remap[k] = new
+        remap[old] = new
+
+
+def _device_moves(data: dict, p: dict, device_map: dict[str, str]) -> dict[str, str]:
+    """``device_map`` (UUID → UUID) as PCI → PCI for the cards ``p`` checkpointed. Raises
+    :class:`SimError` 1 for a card left out or unknown, 801 for a card of another kind."""
+    cards = data["cards"]
+    by_uuid = {c["uuid"]: c for c in cards}
+    by_pci = {c["pci"]: c for c in cards}
+    for old, new in device_map.items():
+        for u in (old, new):
+            if u not in by_uuid:
+                raise SimError(f"--device-map: no card {u!r}", cuda_error=INVALID_VALUE)
+    moves: dict[str, str] = {}
+    for pci in p["host"]:
+        old = by_pci[pci]
+        new_uuid = device_map.get(old["uuid"])
+        if new_uuid is None:
+            raise SimError(f"--device-map: it must list every checkpointed card; "
+                           f"{old['uuid']} ({old['name']}) is missing", cuda_error=INVALID_VALUE)
+        new = by_uuid[new_uuid]
+        old_kind, new_kind = old.get("model", DEFAULT_MODEL), new.get("model", DEFAULT_MODEL)
+        if old_kind != new_kind:
+            raise SimError(f"cannot restore onto {new['name']} ({new_kind}): the process was "
+                           f"checkpointed on {old['name']} ({old_kind}), and a checkpoint "
+                           f"restores only onto a card of the same kind",
+                           cuda_error=NOT_SUPPORTED)
+        moves[pci] = new["pci"]
+    return moves

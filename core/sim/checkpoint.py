@@ -6,6 +6,11 @@ classes). Installed as ``berth-sim-cuda-checkpoint``; the command line is the re
     berth-sim-cuda-checkpoint --get-state --pid P
     berth-sim-cuda-checkpoint --toggle --pid P [--timeout MS]
     berth-sim-cuda-checkpoint --action lock|checkpoint|restore|unlock --pid P [--timeout MS]
+    berth-sim-cuda-checkpoint --action restore --pid P --device-map OLD_UUID=NEW_UUID[,...]
+
+``--device-map`` (driver 580+, issue 35) restores onto other simulated cards of the same kind
+(the card's ``model``); across kinds it exits 801 and says why, the process left checkpointed.
+``$BERTH_SIM_CHECKPOINT_NO_DEVICE_MAP=1`` plays an older tool without the option (a usage error).
 
 States and cycle: running → lock → locked → checkpoint → checkpointed → restore → locked →
 unlock → running (the simulation has no uncorrectable errors, so ``--get-state`` never prints
@@ -38,7 +43,7 @@ import time
 from berth.driver.cuda import ILLEGAL_STATE, INVALID_VALUE, NOT_SUPPORTED
 from berth.sim.cards import CHECKPOINTED, LOCKED, RUNNING, SimCards, SimError, SimOOM
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run", "device_map"]
 
 
 class _Usage(argparse.ArgumentParser):
@@ -59,7 +64,26 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--action", choices=["lock", "checkpoint", "restore", "unlock"])
     p.add_argument("--pid", type=int, required=True, help="the process (a PID, not a thread ID)")
     p.add_argument("--timeout", type=int, metavar="MS", help="lock timeout in milliseconds")
+    if os.environ.get("BERTH_SIM_CHECKPOINT_NO_DEVICE_MAP") != "1":
+        p.add_argument("--device-map", metavar="OLD_UUID=NEW_UUID[,...]",
+                       help="restore onto other cards of the same kind (driver 580+): every "
+                            "checkpointed card, by UUID")
     return p
+
+
+def device_map(text: str | None) -> dict[str, str] | None:
+    """``GPU-a=GPU-b,GPU-c=GPU-d`` -> ``{"GPU-a": "GPU-b", ...}``. Raises :class:`SimError` 1
+    naming ``--device-map`` and the value."""
+    if text is None:
+        return None
+    out: dict[str, str] = {}
+    for pair in text.split(","):
+        old, eq, new = pair.strip().partition("=")
+        if not eq or not old.startswith("GPU-") or not new.startswith("GPU-"):
+            raise SimError(f"--device-map: expected OLD_UUID=NEW_UUID[,...] with GPU-... UUIDs, "
+                           f"got {text!r}", cuda_error=INVALID_VALUE)
+        out[old] = new
+    return out
 
 
 def _env_float(name: str, default: float | None) -> float | None:
@@ -80,7 +104,7 @@ def _move_s(store: SimCards, nbytes: int) -> float:
     return nbytes / bps
 
 
-def _act(store: SimCards, action: str, pid: int) -> None:
+def _act(store: SimCards, action: str, pid: int, mapping: dict[str, str] | None = None) -> None:
     """One action; raises :class:`SimError` / :class:`SimOOM` carrying the CUDA error number."""
     if action == "lock":
         store.lock(pid)
@@ -97,7 +121,7 @@ def _act(store: SimCards, action: str, pid: int) -> None:
         time.sleep(_move_s(store, store.bytes_of(pid)))   # copy out, then release the card
         store.checkpoint(pid)
     else:  # restore: the memory is claimed first, then the copy comes back in
-        moved = store.restore(pid)
+        moved = store.restore(pid, mapping)
         time.sleep(_move_s(store, moved))
 
 
@@ -130,8 +154,11 @@ def run(argv: list[str] | None = None) -> int:
                                cuda_error=ILLEGAL_STATE)
         else:
             steps = [args.action]
+        mapping = device_map(getattr(args, "device_map", None))
+        if mapping and "restore" not in steps:
+            raise SimError("--device-map: only a restore takes it", cuda_error=INVALID_VALUE)
         for step in steps:
-            _act(store, step, pid)
+            _act(store, step, pid, mapping)
         return 0
     except SimOOM as e:
         print(f"cuda-checkpoint: could not restore process {pid}: CUDA error 2 "

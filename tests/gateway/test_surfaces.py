@@ -60,12 +60,13 @@ def test_a_drained_engine_is_a_503_with_a_reason_and_only_an_unknown_name_a_404(
     wait_for(lambda: m.d.lease_of("alpha") is None and m.d.lease_of("beta") is None, 30,
              "both leases ended")
     wait_for(lambda: "alpha" not in m.models(), 10, "the gateway to see alpha gone")
-    # alpha (a run with no entry) was a 404 "model_not_found"; beta (an entry whose front is
-    # gone with its run) a 502 "front_unreachable". Both are stopped, not unknown.
-    for name in ("alpha", "beta"):
-        code, doc, h = chat(m.port, name)
-        assert code == 503 and doc["reason"] == "engine_stopped", (name, code, doc)
-        assert int(h["Retry-After"]) >= 1 and "stopped" in doc["error"]["message"]
+    # alpha (a run with no entry) was a 404 "model_not_found": it is stopped, not unknown.
+    code, doc, h = chat(m.port, "alpha")
+    assert code == 503 and doc["reason"] == "engine_stopped", ("alpha", code, doc)
+    assert int(h["Retry-After"]) >= 1 and "stopped" in doc["error"]["message"]
+    # beta's entry names its front, which stays after the drain (issue 35): the request is
+    # held there and its run starts the engine again.
+    assert chat(m.port, "beta")[0] == 200
     code, doc, _ = chat(m.port, "gamma")
     assert code == 404 and doc["reason"] == "model_not_found", doc
 

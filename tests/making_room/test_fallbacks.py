@@ -25,7 +25,7 @@ CARD = [("gpu0", "8GiB")]
 def _fell_back_to_drain(lv, h, hl, waiter: str, *, within_s: float, since: float) -> dict:
     """The holder's run stopped its engine, the waiter was granted once the driver confirmed the
     memory free, and exactly one fallback was counted. Returns the fallback entry."""
-    wait_for(lambda: h.exited() is not None, within_s, "the holder's run to stop its engine")
+    wait_for(lambda: gone(hl["pid"]), within_s, "the holder's run to stop its engine (the run stays)")
     assert time.monotonic() - since < within_s
     assert gone(hl["pid"]), "the holder's engine still runs"
     w = lv.wait_serving(waiter, 60)
@@ -47,7 +47,7 @@ def test_a_park_acknowledged_but_never_freed_falls_back_to_drain(live):
     served(h.front)
     t0 = time.monotonic()
     lv.run("W", ["--size", "4GiB"], ["--weights", "3GiB"])
-    wait_for(lambda: lv.states("H") == {"gpu0": "parking"} or h.exited() is not None, 30,
+    wait_for(lambda: lv.states("H") == {"gpu0": "parking"} or gone(hl["pid"]), 30,
              "H to park")
     fb = _fell_back_to_drain(lv, h, hl, "W", within_s=30, since=t0)
     assert "park not confirmed by the driver within release_grace (2s)" in fb["text"], fb
@@ -71,7 +71,7 @@ def test_a_checkpoint_tool_that_hangs_falls_back_to_drain(live, who):
     served(h.front)
     t0 = time.monotonic()
     lv.run("W", ["--size", "4GiB"], ["--weights", "3GiB"])
-    wait_for(lambda: _tools(hl["pid"]) or h.exited() is not None, 30, "the checkpoint tool to run")
+    wait_for(lambda: _tools(hl["pid"]) or gone(hl["pid"]), 30, "the checkpoint tool to run")
     fb = _fell_back_to_drain(lv, h, hl, "W", within_s=30, since=t0)
     if who == "berthd":
         assert "park not confirmed by the driver within release_grace (2s)" in fb["text"], fb
@@ -100,7 +100,7 @@ def test_a_wake_that_never_answers_stops_the_engine_and_its_held_request_gets_a_
     assert "wake" in body["reason"] and "did not answer within" in body["reason"], body
     assert "did not answer" in body["error"]["message"], body
     assert 2 <= waited < 40, waited                  # the 3 s wake_limit, not a 60 s default
-    wait_for(lambda: h.exited() is not None, 30, "the run to stop its engine")
+    wait_for(lambda: gone(hl["pid"]), 30, "the run to stop its engine")
     assert gone(hl["pid"])
     drain = lv.entry("H", "drain")
     assert "wake" in drain["text"] and "did not answer" in drain["text"], drain

@@ -147,6 +147,7 @@ class BerthPolicy(SimPolicy):
         self.engine_of: dict[str, str] = {}
         self.proc_of: dict = {}
         self.held = {e: deque() for e in world.specs}
+        self.moving: set[str] = set()       # engines whose drain is a move (issue 35)
         self.watches: dict[tuple[str, str], Watch] = {}
         self.confirming: set[tuple[str, str]] = set()
         self.tick_handle, self.tick_at = None, math.inf
@@ -333,6 +334,10 @@ class BerthPolicy(SimPolicy):
                     proc.after = None
                 w.loop.soon(self._report, f.lease_id, Op.WAKE)
         elif f.op == Op.DRAIN:
+            if f.move_to is not None:
+                # A move (issue 35): as berth run does, the front holds requests and the run
+                # asks for its card again as soon as its engine is gone.
+                self.moving.add(proc.engine)
             w.stop(proc)
         elif f.op == Op.LEND:
             for pci in f.cards:
@@ -454,6 +459,10 @@ class BerthPolicy(SimPolicy):
         e = proc.engine
         if self.lease_of.get(e) == lid:
             del self.lease_of[e]
+        if e in self.moving:
+            self.moving.discard(e)
+            if e not in self.lease_of:
+                self._new_lease(e)
         self._pump(e)
 
     def on_freed(self, proc) -> None:

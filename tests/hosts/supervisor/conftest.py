@@ -197,13 +197,16 @@ class Stack:
 
     def berth_timeline(self, lease_id: str) -> list[dict]:
         """berthd's timeline entries about one lease (``GET /v1/timeline``)."""
+        return [e for e in self.berth_timeline_all() if e["lease"] == lease_id]
+
+    def berth_timeline_all(self) -> list[dict]:
+        """berthd's timeline entries (``GET /v1/timeline``)."""
         conn = _UnixHTTP(str(self.bsock))
         try:
             conn.request("GET", "/v1/timeline")
-            entries = json.loads(conn.getresponse().read())["entries"]
+            return json.loads(conn.getresponse().read())["entries"]
         finally:
             conn.close()
-        return [e for e in entries if e["lease"] == lease_id]
 
     def mapping(self) -> dict:
         try:

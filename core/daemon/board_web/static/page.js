@@ -141,7 +141,9 @@
   function drawWaiting(st) {
     const root = document.getElementById("waiting");
     clear(root);
-    if (!st.waiting.length) root.appendChild(el("li", "empty", "nobody waits"));
+    if (!st.waiting.length && !(st.drained || []).length) {
+      root.appendChild(el("li", "empty", "nobody waits"));
+    }
     for (const w of st.waiting) {
       const li = el("li");
       li.dataset.engine = w.engine;
@@ -155,6 +157,24 @@
       }
       if (w.note) eta += " · " + w.note;
       li.appendChild(el("span", "eta", eta));
+      root.appendChild(li);
+    }
+    drawDrained(root, st.drained || []);
+  }
+  // Runs whose engine was drained and whose front stays: the next request starts
+  // the engine again; their waiters are the requests their front holds.
+  function drawDrained(root, drained) {
+    for (const r of drained) {
+      const li = el("li", "drained");
+      li.dataset.engine = r.engine;
+      li.appendChild(el("strong", null, r.engine));
+      const held = r.waiters ? " · " + r.waiters + " request(s) waiting" +
+        (r.asking ? ", asking for a card" : "") : "";
+      li.appendChild(document.createTextNode(
+        (r.move_to ? " moving to " + r.move_to + ", its front holds requests" :
+          " drained, its front stays") + held));
+      li.appendChild(el("span", "why", r.why || ""));
+      li.appendChild(el("span", "eta", "drained " + secs(r.drained_s) + " ago"));
       root.appendChild(li);
     }
   }

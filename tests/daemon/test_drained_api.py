@@ -1,0 +1,42 @@
+"""Issue 35: ``PUT`` / ``DELETE /v1/drained/{engine}``, the note a drained run leaves on the board:
+a malformed call is a 400 naming the field and value; an entry whose run is gone is dropped."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.berthd import Berthd, sim_config
+
+
+def test_drained_entries_are_checked_listed_and_dropped_with_their_run(tmp_path):
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    try:
+        code, body = d.call("PUT", "/v1/drained/B", {"holding": -1})
+        assert code == 400 and "holding" in body["error"]["message"], body
+        code, body = d.call("PUT", "/v1/drained/B", {"holding": 0, "colour": "red"})
+        assert code == 400 and "colour" in body["error"]["message"], body
+        code, body = d.call("PUT", "/v1/drained/B", {"owner_pid": 1})
+        assert code == 400 and "owner_pid" in body["error"]["message"], body
+        code, body = d.call("PUT", "/v1/drained/a%20b", {})
+        assert code == 400 and "engine" in body["error"]["message"], body
+
+        # A run (here a child of this test) puts its entry, then dies: berthd drops it.
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        try:
+            code, body = d.call("PUT", "/v1/drained/B", {"holding": 2, "why": "room for W",
+                                                         "owner_pid": child.pid})
+            assert code == 200, body
+            [entry] = d.status()["drained"]
+            assert (entry["engine"], entry["waiters"], entry["why"], entry["pid"]) == \
+                ("B", 2, "room for W", child.pid)
+        finally:
+            child.kill()
+            child.wait()
+        assert d.status()["drained"] == []
+
+        assert d.call("PUT", "/v1/drained/C", {"holding": 0})[0] == 200
+        assert d.call("DELETE", "/v1/drained/C")[1] == {"engine": "C", "removed": True}
+        assert d.call("DELETE", "/v1/drained/C")[1] == {"engine": "C", "removed": False}
+    finally:
+        d.stop()

@@ -1,0 +1,117 @@
+"""Issue 35, part 1: a run outlives its engine's stops, by default.
+
+One simulated 24 GiB card (1 GiB reserve); B (12 GiB) serves behind a plain ``berth run``
+(no ``--keep-front``, no park), then W (20 GiB) asks and B is drained. Before issue 35 B's run
+exited and its next request got "connection refused" for good. Now B's run keeps its front:
+``berth status`` lists it as drained; B's next request, sent while W serves a long stream, waits
+(held, the queue saying why), B's run asks for a new grant, and once W's turn ends (its stream
+done, W drained in turn) B's engine starts again on the card and the request is answered 200;
+W's run stays too, listed as drained. ``--exit-on-drain`` keeps the old exit for a manager that
+must see it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import subprocess
+
+from tests.berthd import BERTH, Berthd, berth_run, sim_config
+from tests.helpers import free_port, stop_all, wait_for
+from tests.run.world import chat
+
+
+def _drained(d: Berthd, engine: str) -> dict | None:
+    return next((r for r in d.status()["drained"] if r["engine"] == engine), None)
+
+
+def _waiting(d: Berthd, engine: str) -> dict | None:
+    return next((w for w in d.status()["waiting"] if w["engine"] == engine), None)
+
+
+def test_a_drained_run_keeps_its_front_and_serves_again_once_the_card_has_room(tmp_path):
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    pb, pw = free_port(), free_port()
+    b = berth_run(d, "B", "--front", f"127.0.0.1:{pb}", "--size", "12GiB", weights="11GiB")
+    procs = [b, d.proc]
+    pool = futures.ThreadPoolExecutor(2)
+    try:
+        wait_for(lambda: d.state_of("B") == "active", 60, "B granted")
+        assert chat(pb, "B").finish_reason is not None
+        w = berth_run(d, "W", "--front", f"127.0.0.1:{pw}", "--size", "20GiB", weights="19GiB",
+                      extra_engine=("--tokens-per-s", "20"))
+        procs.append(w)
+        wait_for(lambda: d.state_of("W") == "active", 60, "W granted")
+        entry = wait_for(lambda: _drained(d, "B"), 30, "B listed as drained")
+        assert b.poll() is None, "B's run exited on the drain"
+        assert entry["waiters"] == 0 and entry["front"] == f"127.0.0.1:{pb}", entry
+        assert d.lease_of("B") is None          # no lease: it holds nothing on the card
+
+        wait_for(lambda: chat(pw, "W", max_tokens=1), 30, "W serving")
+        busy = pool.submit(chat, pw, "W", max_tokens=300, timeout_s=120)   # 15 s of tokens
+        wait_for(lambda: (d.lease_of("W") or {}).get("in_flight"), 30, "W's stream reported")
+        held = pool.submit(chat, pb, "B", timeout_s=120)
+        entry = wait_for(lambda: (_drained(d, "B") or {}).get("waiters") == 1
+                         and _drained(d, "B"), 30, "B's request counted as its waiter")
+        wait_for(lambda: _waiting(d, "B"), 30, "B asking for a new grant")
+        assert _waiting(d, "B")["why"], "the queue says why B waits"
+        assert not held.done()
+        board = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
+                               timeout=30).stdout
+        assert "drained" in board and "1 request(s) waiting" in board, board
+        metrics = d.call("GET", "/metrics")[1]["raw"]
+        assert 'berth_drained_waiters{engine="B"} 1.0' in metrics, metrics
+
+        answer = held.result(timeout=120)       # W's turn ends with its stream: room again
+        assert answer.finish_reason is not None and answer.text, answer
+        assert busy.result(timeout=10).finish_reason is not None
+        wait_for(lambda: _drained(d, "B") is None, 30, "B no longer drained")
+        assert d.state_of("B") == "active" and b.poll() is None
+        assert _drained(d, "W") is not None and w.poll() is None
+        assert d.sim_oom() == 0
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_all(procs, tmp_path)
+
+
+def test_exit_on_drain_ends_the_run_for_a_manager_that_must_see_it(tmp_path):
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    pb = free_port()
+    b = berth_run(d, "B", "--front", f"127.0.0.1:{pb}", "--size", "12GiB", "--exit-on-drain",
+                  weights="11GiB")
+    procs = [b, d.proc]
+    try:
+        wait_for(lambda: d.state_of("B") == "active", 60, "B granted")
+        assert chat(pb, "B").finish_reason is not None
+        w = berth_run(d, "W", "--front", f"127.0.0.1:{free_port()}", "--size", "20GiB",
+                      "--priority", "10", weights="19GiB")
+        procs.append(w)
+        assert b.wait(60) == 0
+        assert _drained(d, "B") is None
+    finally:
+        stop_all(procs, tmp_path)
+
+
+def test_an_engine_whose_command_pins_its_card_is_never_moved_and_status_says_why(tmp_path):
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB"), ("gpu1", "24GiB")])).start()
+    procs = [d.proc]
+    try:
+        procs.append(berth_run(d, "free", "--front", f"127.0.0.1:{free_port()}", "--size",
+                               "2GiB", weights="1GiB"))
+        log = tmp_path / "run-pinned.log"
+        procs.append(subprocess.Popen(
+            [BERTH, "run", "--engine", "pinned", "--front", f"127.0.0.1:{free_port()}",
+             "--size", "2GiB", "--", "env", "CUDA_VISIBLE_DEVICES=0", BERTH, "sim", "engine",
+             "--port", "{port}", "--weights", "1GiB", "--load-s", "0.1"],
+            env=d.env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True))
+        wait_for(lambda: d.state_of("free") == "active" and d.state_of("pinned") == "active",
+                 60, "both granted")
+        assert d.lease_of("free")["move"] == {"movable": True, "why": None}
+        move = d.lease_of("pinned")["move"]
+        assert not move["movable"] and "CUDA_VISIBLE_DEVICES=0" in move["why"], move
+        board = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
+                               timeout=30).stdout
+        assert "pinned" in board and "never moved: its command sets CUDA_VISIBLE_DEVICES=0" \
+            in board, board
+    finally:
+        stop_all(procs, tmp_path)
