@@ -63,14 +63,13 @@ def _count(text: str | None) -> int | None:
 
 
 def _kind(cmd: list[str]) -> str | None:
-    """Which engine the command starts: ``llama-server``, ``vllm``, ``comfyui`` or None."""
-    for i, arg in enumerate(cmd):
+    """Which engine the command starts: ``llama-server``, ``comfyui`` or None (an engine
+    known by a flag alone, such as ``--max-num-seqs``, needs no kind: core names no adapter,
+    issue 38)."""
+    for arg in cmd:
         base = os.path.basename(arg)
         if base.startswith("llama-server"):
             return "llama-server"
-        if (base == "vllm" and cmd[i + 1:i + 2] == ["serve"]) \
-                or arg.startswith("vllm.entrypoints"):
-            return "vllm"
         if base in ("comfy", "comfyui") or (
                 base == "main.py" and "comfyui" in os.path.abspath(arg).lower()):
             return "comfyui"
@@ -94,12 +93,11 @@ def from_command(cmd: list[str], env: Mapping[str, str] | None = None
         if n is not None and n >= 1:
             return n, f"llama-server's --parallel {n}"
         return LLAMA_AUTO_SLOTS, f"llama-server's automatic --parallel ({LLAMA_AUTO_SLOTS})"
-    if kind == "vllm":
-        n = _count(_value(cmd, ("--max-num-seqs", "--max_num_seqs")))
-        return (n, f"vLLM's --max-num-seqs {n}") if n is not None and n >= 1 else (None, "")
     if kind == "comfyui":
         return 1, "ComfyUI runs one prompt at a time"
-    return None, ""
+    # vLLM's flag for the sequences it runs at once, read by the flag alone (no engine name).
+    n = _count(_value(cmd, ("--max-num-seqs", "--max_num_seqs")))
+    return (n, f"its --max-num-seqs {n}") if n is not None and n >= 1 else (None, "")
 
 
 async def from_props(http: "aiohttp.ClientSession", url: str,
