@@ -74,6 +74,8 @@ def render(st: dict) -> str:
     for le in st["leases"]:
         if le.get("note"):
             lines.append(f"! {le['engine']} ({le['id']}): {le['note']}")
+        if le.get("size_note"):
+            lines.append(f"! {le['engine']} ({le['id']}) size: {le['size_note']}")
     ram = st.get("host_ram") or {}
     if ram.get("budget_bytes") is not None:
         lines.append(f"host RAM for parks: {format_size(ram['parked_bytes'])} parked of a "

@@ -49,6 +49,8 @@ COMMANDS = (
             "berth.board:operator_arguments"),
     Command("run", "run an engine under a lease, behind its own front",
             "berth.run.cli:arguments"),
+    Command("size", "the memory to declare for an engine: from a GGUF file, or its measured peak",
+            "berth.size:arguments"),
     Command("sim", "the simulation kit: simulated cards and a stub engine",
             "berth.sim.cli:arguments"),
     Command("gateway", "one endpoint for every engine (routing by model, peers)",

@@ -60,9 +60,12 @@ def board(broker: "Broker") -> dict:
             "capabilities": le.caps.as_dict(),
             # Why Berth can free none of its memory (issue 24), or None.
             "cannot_free": le.cannot_free(),
+            # A declared size far from the measured peak (issue 37), or None.
+            "size_note": _size_note(le),
             "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
                         "size_bytes": sh.size_bytes, "state": sh.state.value,
                         "reserved_bytes": sh.reserved_bytes, "used_bytes": sh.used_bytes,
+                        "peak_bytes": sh.peak_bytes or None,
                         "lent_bytes": sh.lent_bytes, "residual_bytes": sh.residual_bytes,
                         "lent_to": sh.lent_to, "borrowed_from": sh.borrowed_from,
                         "in_ram_bytes": _in_ram(sh)}
@@ -82,6 +85,17 @@ def board(broker: "Broker") -> dict:
     return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
             "host_ram": ram, "driver": broker.driver.kind,
             "uptime_s": round(now - broker.started_at, 1)}
+
+
+def _size_note(le: Lease) -> str | None:
+    """The first share whose declared size is far from its measured peak, said with the size
+    to declare instead (:func:`berth.size.far_from_peak`), or ``None``."""
+    from berth.size import far_from_peak
+    for sh in le.shares.values():
+        note = far_from_peak(sh.size_bytes, sh.peak_bytes)
+        if note:
+            return note
+    return None
 
 
 def protection(lease: Lease, policy: Policy, now: float, wall: float) -> dict:

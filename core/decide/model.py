@@ -235,7 +235,8 @@ class Share:
     Sizes are bytes. ``size_bytes`` is the declared maximum (``whole_card`` when the lease asked
     for the card; it is then set at the grant). ``reserved_bytes`` is what admission reserved under
     the lease's bound; ``used_bytes`` the last driver read of the holder's use (``None`` while
-    unknown). ``lent_bytes`` is N in lending(N)/lent(N)/returning(N); ``residual_bytes`` is what a parked share
+    unknown), ``peak_bytes`` the highest of those reads since the grant (its high-water mark,
+    issue 37: what ``berth size`` suggests a size from). ``lent_bytes`` is N in lending(N)/lent(N)/returning(N); ``residual_bytes`` is what a parked share
     leaves on the card, as the driver measured it; ``parked_bytes`` what it counted when its park
     began (its reservation, or its real use if larger): what a wake will bring back. ``lent_to``/``borrowed_from`` link a lend's two
     shares by lease id.
@@ -247,6 +248,7 @@ class Share:
     whole_card: bool = False
     reserved_bytes: int = 0
     used_bytes: int | None = None
+    peak_bytes: int = 0
     lent_bytes: int = 0
     residual_bytes: int = 0
     parked_bytes: int = 0

@@ -40,7 +40,8 @@ def observe(st: State, reads: dict[str, CardRead], now: float) -> list[Effect]:
             lease = led.leases.get(lid)
             if lease is None or pci not in lease.shares:
                 continue
-            sh = led.update(lid, pci, used_bytes=used)
+            sh = led.update(lid, pci, used_bytes=used,
+                            peak_bytes=max(lease.shares[pci].peak_bytes, used or 0))
             # Growth is what a serving engine adds past its reservation (admission counted the
             # rest); its load or restore is not growth.
             serving = sh.state is S.ACTIVE and lease.ready_at is not None and \
