@@ -116,7 +116,10 @@ def _lease(broker: Broker, lease_id: str) -> Lease:
 
 def _cards_json(broker: Broker, cards: dict[str, int]) -> list[dict]:
     led = broker.sched.ledger
-    return [{"pci": p, "name": led.cards[p].name, "uuid": broker.uuids.get(p), "bytes": b}
+    # free_bytes: the card's last driver read, so that a run can bound an engine that sizes
+    # itself to what is free (llama-server's --fit-target; issue 37).
+    return [{"pci": p, "name": led.cards[p].name, "uuid": broker.uuids.get(p), "bytes": b,
+             "free_bytes": led.cards[p].free_bytes}
             for p, b in cards.items()]
 
 
