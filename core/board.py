@@ -45,8 +45,9 @@ def render(st: dict) -> str:
                      f"budget {format_size(c['budget_bytes'])}, driver free "
                      f"{format_size(c['free_bytes'])}")
         # Stowaways by PID, so that the process to deal with is named (issue 12 case 5).
-        pids = ", ".join(f"pid {s['pid']} {format_size(s['bytes'])}" for s in c.get("stowaways")
-                         or [])
+        pids = ", ".join(f"pid {s['pid']}" + (f" {s['program']} (user {s['user']})"
+                                              if s.get("program") else "")
+                         + f" {format_size(s['bytes'])}" for s in c.get("stowaways") or [])
         lines.append(f"    reserve {format_size(c['reserve_bytes'])} · baseline "
                      f"{format_size(c['baseline_bytes'])} · stowaways "
                      f"{format_size(c['stowaway_bytes'])}" + (f" ({pids})" if pids else "")

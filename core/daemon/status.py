@@ -169,7 +169,8 @@ def _running_unleased(lease: Lease, kind: str) -> dict:
 def _stowaways(broker: "Broker", pci: str) -> list[dict]:
     """The processes counted as stowaways on ``pci`` at the last driver read (held memory, no
     lease of theirs granted, not the baseline): ``[{"pid", "bytes"}]``, largest first (issue 15:
-    the board names them). Empty when the driver does not list processes."""
+    the board names them), with ``program`` and ``user`` where the process table named them
+    (issue 37; ``None`` otherwise). Empty when the driver does not list processes."""
     reads = broker.reads
     r = reads.last_reads.get(pci)
     if r is None or not getattr(r, "processes_known", True):
@@ -181,8 +182,10 @@ def _stowaways(broker: "Broker", pci: str) -> list[dict]:
         if le is not None and not le.is_waiting():
             owned |= per.get(pci, set())
     base = reads.baseline_pids.get(pci, set())
-    out = [{"pid": pid, "bytes": b or 0} for pid, b in r.processes.items()
-           if pid not in owned and pid not in base]
+    who = led.cards[pci].stowaway_who
+    out = [{"pid": pid, "bytes": b or 0, "program": (who.get(pid) or (None, None))[0],
+            "user": (who.get(pid) or (None, None))[1]}
+           for pid, b in r.processes.items() if pid not in owned and pid not in base]
     return sorted(out, key=lambda x: -x["bytes"])
 
 

@@ -420,6 +420,8 @@ class Card:
     baseline_bytes: int = 0
     stowaway_bytes: int = 0
     stowaways: dict[int, int] = field(default_factory=dict)
+    #: ``(program, user)`` of each stowaway PID the process table named (issue 37).
+    stowaway_who: dict[int, tuple[str, str]] = field(default_factory=dict)
     claims: dict[str, int] = field(default_factory=dict)
     free_bytes: int | None = None
     read_at: float | None = None

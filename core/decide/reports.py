@@ -34,6 +34,7 @@ def observe(st: State, reads: dict[str, CardRead], now: float) -> list[Effect]:
         card.free_bytes, card.read_at = r.free_bytes, now
         card.stowaway_bytes = r.stowaway_bytes
         card.stowaways = dict(r.stowaways)
+        card.stowaway_who = dict(r.stowaway_who)
         if r.total_bytes is not None:
             card.total_bytes = r.total_bytes
         for lid, used in r.used.items():

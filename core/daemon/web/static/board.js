@@ -104,7 +104,8 @@
       }
       box.appendChild(bar);
       const notes = [];
-      if (stow.length) notes.push("stowaways: " + stow.map(s => "pid " + s.pid + " " + size(s.bytes)).join(", "));
+      if (stow.length) notes.push("stowaways: " + stow.map(s => "pid " + s.pid +
+          (s.program ? " " + s.program + " (user " + s.user + ")" : "") + " " + size(s.bytes)).join(", "));
       if (c.reserve_below_suggested) notes.push("reserve below the suggested " + size(c.suggested_reserve_bytes));
       if (notes.length) box.appendChild(el("div", "card-notes", notes.join(" · ")));
       root.appendChild(box);
