@@ -58,6 +58,7 @@ def render(st: dict) -> str:
             marks = (" held" if sh.get("held") else "") + (
                 f" ! {format_size(sh['over_bytes'])} over its lease" if sh.get("over_bytes") else "")
             lines.append(f"    {sh['engine']:<20} {sh['state']:<10} {format_size(sh['counted_bytes'])}"
+                         f" counted, {_size_words(sh)}"
                          f"  ({sh['lease']}){marks}{until.get(sh['lease'], '')}")
     if st["waiting"]:
         lines.append("waiting:")
@@ -89,6 +90,15 @@ def render(st: dict) -> str:
         ("admissions_rejected_with_free", "refused while memory was free"))))
     lines.append(f"reserve: {k['reserve_fraction']:.1%} of the cards")
     return "\n".join(lines)
+
+
+def _size_words(sh: dict) -> str:
+    """``"size 3.0GiB"``, or ``"ceiling 6.0GiB"`` for a lease whose bound is not declared (it
+    counts what it needs, up to that size; issue 37)."""
+    if sh.get("size_bytes") is None:
+        return "size ?"
+    word = "size" if sh.get("bound", "declared") == "declared" else f"{sh['bound']} bound, ceiling"
+    return f"{word} {format_size(sh['size_bytes'])}"
 
 
 def _until(le: dict) -> str:

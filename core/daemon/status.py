@@ -32,10 +32,7 @@ def board(broker: "Broker") -> dict:
     cards = []
     for pci, c in led.cards.items():
         v = led.view(pci)
-        shares = [{"lease": le.id, "engine": le.engine, "state": sh.state.value,
-                   "counted_bytes": _counted(sh), "held": le.held,
-                   "over_bytes": _over(sh)}
-                  for le, sh in led.shares_on(pci) if sh.state not in (S.WAITING, S.FREED)]
+        shares = _card_shares(led, pci)
         cards.append({"pci": pci, "name": c.name, "uuid": c.uuid,
                       "total_bytes": c.total_bytes, "reserve_bytes": c.reserve_bytes,
                       "baseline_bytes": c.baseline_bytes, "stowaway_bytes": c.stowaway_bytes,
@@ -85,6 +82,15 @@ def board(broker: "Broker") -> dict:
     return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
             "host_ram": ram, "driver": broker.driver.kind,
             "uptime_s": round(now - broker.started_at, 1)}
+
+
+def _card_shares(led, pci: str) -> list[dict]:
+    """The shares on card ``pci`` that count there (bytes), each with its lease's size, a
+    ceiling unless the lease's bound is declared (issue 37)."""
+    return [{"lease": le.id, "engine": le.engine, "state": sh.state.value,
+             "counted_bytes": _counted(sh), "held": le.held,
+             "size_bytes": sh.size_bytes, "bound": le.bound.value, "over_bytes": _over(sh)}
+            for le, sh in led.shares_on(pci) if sh.state not in (S.WAITING, S.FREED)]
 
 
 def _size_note(le: Lease) -> str | None:

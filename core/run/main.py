@@ -221,7 +221,7 @@ class EngineRun:
             return False
         if self.front.state is FrontState.ASLEEP and self.front.holding:
             again.set()                 # parked, then drained, with writes held: go on
-        self.front.sleep()
+        self.front.sleep(engine="drained")
         log.info("%s drained; its front stays and holds writes (--keep-front)", self.o.engine)
         async with contextlib.AsyncExitStack() as tasks:
             ends = {_task(tasks, self.stop_event.wait()), _task(tasks, again.wait())}

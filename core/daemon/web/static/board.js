@@ -176,6 +176,10 @@
     b.addEventListener("click", () => act(op, target));
     return b;
   }
+  function sizeWords(le, sh) {
+    if (le.bound === "declared") return size(sh.size_bytes);
+    return size(sh.reserved_bytes) + " of a " + size(sh.size_bytes) + " ceiling";
+  }
   function drawLeases(st) {
     const body = document.querySelector("#leases tbody");
     clear(body);
@@ -189,7 +193,14 @@
         const s = el("td");
         s.appendChild(el("span", "pill " + stateClass(sh.state), sh.state));
         tr.appendChild(s);
-        tr.appendChild(el("td", null, size(sh.used_bytes !== null ? sh.used_bytes : sh.reserved_bytes)));
+        // The lease's size, never the driver's read of its use (a 3 GiB lease whose engine
+        // had not loaded yet showed "0 B"; issue 37); a bound other than declared makes the
+        // size a ceiling, and what the lease counts now is said beside it.
+        const sz = el("td", "size", sizeWords(le, sh));
+        sz.dataset.sizeBytes = sh.size_bytes;
+        tr.appendChild(sz);
+        tr.appendChild(el("td", "used", sh.used_bytes === null ? "—" : size(sh.used_bytes) +
+                          (sh.peak_bytes ? " (peak " + size(sh.peak_bytes) + ")" : "")));
         tr.appendChild(el("td", "wide", le.pid === null ? "" : le.pid));
         const c = costs[le.engine];
         tr.appendChild(el("td", "wide", c ? ["park", "restore", "cold_start"]
