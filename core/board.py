@@ -78,6 +78,9 @@ def render(st: dict) -> str:
             lines.append(f"! {le['engine']} ({le['id']}): {le['note']}")
         if le.get("size_note"):
             lines.append(f"! {le['engine']} ({le['id']}) size: {le['size_note']}")
+    for n in st.get("host_notes") or []:
+        lines.append(f"! {n['engine']} ({time.strftime('%H:%M:%S', time.localtime(n['at']))}): "
+                     f"{n['text']}")
     ram = st.get("host_ram") or {}
     if ram.get("budget_bytes") is not None:
         lines.append(f"host RAM for parks: {format_size(ram['parked_bytes'])} parked of a "

@@ -205,6 +205,10 @@ class Client:
         return await self.call("POST", f"/v1/leases/{lease_id}/release", {"reason": reason},
                                timeout_s=wait_s + 10, wait=wait_s)
 
+    async def note(self, engine: str, text: str) -> dict:
+        """``POST /v1/notes``: a host's word about an engine no lease carries (issue 37)."""
+        return await self.call("POST", "/v1/notes", {"engine": engine, "text": text[:500]})
+
     async def operator(self, op: str, target: str) -> dict:
         return await self.call("POST", f"/v1/operator/{op}", {"target": target})
 

@@ -81,6 +81,7 @@ def board(broker: "Broker") -> dict:
            "available_bytes": led.ram_available_bytes()}
     return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
             "host_ram": ram, "driver": broker.driver.kind,
+            "host_notes": broker.host_notes.values() if hasattr(broker, "host_notes") else [],
             "uptime_s": round(now - broker.started_at, 1)}
 
 
