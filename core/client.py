@@ -48,8 +48,9 @@ class ConfigUnusable(BerthdUnavailable):
 #: Why a connect failed, in words, by errno (aiohttp's own words name its internals:
 #: "Cannot connect to unix socket … ssl:default [No such file or directory]").
 _WHY = {
-    errno.ENOENT: "no such file (berthd is not running, or it listens elsewhere: "
-                  "$BERTH_SOCKET or berth.toml's [api] socket)",
+    errno.ENOENT: "no such file (berthd is not running, or it listens elsewhere: set "
+                  "BERTH_SOCKET to its socket, which berthd's first log line names, in the "
+                  "environment of whatever starts this command, or [api] socket in berth.toml)",
     errno.ECONNREFUSED: "connection refused (nothing listens there: berthd stopped or "
                         "never started)",
     errno.EACCES: "permission denied (your user may not use berthd's socket: join the group "
