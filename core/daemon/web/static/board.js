@@ -194,8 +194,8 @@
         s.appendChild(el("span", "pill " + stateClass(sh.state), sh.state));
         tr.appendChild(s);
         // The lease's size, never the driver's read of its use (a 3 GiB lease whose engine
-        // had not loaded yet showed "0 B"; issue 37); a bound other than declared makes the
-        // size a ceiling, and what the lease counts now is said beside it.
+        // had not loaded yet showed "0 B"); a bound other than declared makes the size a
+        // ceiling, and what the lease counts now is said beside it.
         const sz = el("td", "size", sizeWords(le, sh));
         sz.dataset.sizeBytes = sh.size_bytes;
         tr.appendChild(sz);
