@@ -44,12 +44,18 @@ def jobs_words(n: int) -> str:
     return f"{n} request{'' if n == 1 else 's'} in flight"
 
 
+#: A holder whose requests nothing reports, in words (no front: a supervisord program, a run
+#: without ``--front``); it counts as busy.
+UNREPORTED = "requests in flight unknown: nothing reports them (no front), so it counts as busy"
+
+
 def holder_words(lease: Lease, pci: str | None = None) -> str:
     """``"boss (priority 5, 0 requests in flight) holds 14.0GiB in lease boss-77-1"``: a
-    holder as a waiting client is told about it, engine and lease (issue 37). A holder whose front never reported its requests is said to be
-    so (``"requests in flight not reported"``): it counts as busy, and no count is known."""
+    holder as a waiting client is told about it, engine and lease (issue 37). A holder whose
+    front never reported its requests is said to be so in words a user can act on
+    (:data:`UNREPORTED`; ``berth run --front`` gives an engine a front that reports them)."""
     held = f" holds {format_size(counted_bytes(lease.shares[pci]))}" if pci else ""
-    jobs = jobs_words(lease.in_flight) if lease.jobs_reported else "requests in flight not reported"
+    jobs = jobs_words(lease.in_flight) if lease.jobs_reported else UNREPORTED
     return f"{lease.engine} (priority {lease.priority}, {jobs}){held} in lease {lease.id}"
 
 
