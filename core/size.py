@@ -192,16 +192,19 @@ def suggest(peak_bytes: int) -> int:
     return _round_up(math.ceil(peak_bytes * (1 + HEADROOM)), ROUND_BYTES)
 
 
-def far_from_peak(size_bytes: int, peak_bytes: int | None) -> str | None:
+def far_from_peak(size_bytes: int, peak_bytes: int | None,
+                  ceiling: bool = False) -> str | None:
     """Why a declared ``size_bytes`` is far from the measured ``peak_bytes`` (bytes), or
-    ``None``: the peak above the size, or under half of it (a size that wastes the card)."""
+    ``None``: the peak above the size, or, unless the size is a ``ceiling`` (a growth or
+    current bound, which counts only what the engine needs), under half of it (a size that
+    holds the card for nothing)."""
     if not peak_bytes or not size_bytes:
         return None
     if peak_bytes > size_bytes:
         return (f"its measured peak {format_size(peak_bytes)} is above its declared size "
                 f"{format_size(size_bytes)}: declare {_size_text(suggest(peak_bytes))} "
                 f"(`berth size` on it says more)")
-    if peak_bytes < size_bytes / 2:
+    if peak_bytes < size_bytes / 2 and not ceiling:
         return (f"its measured peak {format_size(peak_bytes)} is under half its declared size "
                 f"{format_size(size_bytes)}: {_size_text(suggest(peak_bytes))} would do")
     return None

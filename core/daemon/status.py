@@ -99,7 +99,7 @@ def _size_note(le: Lease) -> str | None:
     to declare instead (:func:`berth.size.far_from_peak`), or ``None``."""
     from berth.size import far_from_peak
     for sh in le.shares.values():
-        note = far_from_peak(sh.size_bytes, sh.peak_bytes)
+        note = far_from_peak(sh.size_bytes, sh.peak_bytes, ceiling=le.bound.value != "declared")
         if note:
             return note
     return None

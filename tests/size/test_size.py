@@ -101,3 +101,12 @@ def test_a_running_engine_has_a_peak_a_suggestion_and_a_flag(berthd, runs):
         status.stdout
     r = _size("nobody", env=d.env)
     assert r.returncode == 1 and "no lease or engine 'nobody'" in r.stderr
+
+
+def test_a_ceiling_is_not_flagged_for_a_peak_under_it():
+    """A growth bound's size is a ceiling (ComfyUI's 20 GiB): a peak far under it is what the
+    bound is for; a peak above it is still said."""
+    from berth.size import far_from_peak
+    assert far_from_peak(20 * GiB, 1 * GiB, ceiling=True) is None
+    assert "under half" in far_from_peak(20 * GiB, 1 * GiB)
+    assert "above its declared size" in far_from_peak(2 * GiB, 3 * GiB, ceiling=True)
