@@ -46,8 +46,9 @@ def render(st: dict) -> str:
                      f"budget {format_size(c['budget_bytes'])}, driver free "
                      f"{format_size(c['free_bytes'])}")
         # Stowaways by PID, so that the process to deal with is named (issue 12 case 5).
-        pids = ", ".join(f"pid {s['pid']} {format_size(s['bytes'])}" for s in c.get("stowaways")
-                         or [])
+        pids = ", ".join(f"pid {s['pid']}" + (f" {s['program']} (user {s['user']})"
+                                              if s.get("program") else "")
+                         + f" {format_size(s['bytes'])}" for s in c.get("stowaways") or [])
         lines.append(f"    reserve {format_size(c['reserve_bytes'])} · baseline "
                      f"{format_size(c['baseline_bytes'])} · stowaways "
                      f"{format_size(c['stowaway_bytes'])}" + (f" ({pids})" if pids else "")
@@ -58,6 +59,7 @@ def render(st: dict) -> str:
             marks = (" held" if sh.get("held") else "") + (
                 f" ! {format_size(sh['over_bytes'])} over its lease" if sh.get("over_bytes") else "")
             lines.append(f"    {sh['engine']:<20} {sh['state']:<10} {format_size(sh['counted_bytes'])}"
+                         f" counted, {_size_words(sh)}"
                          f"  ({sh['lease']}){marks}{until.get(sh['lease'], '')}")
     if st["waiting"]:
         lines.append("waiting:")
@@ -78,6 +80,11 @@ def render(st: dict) -> str:
             lines.append(f"! {le['engine']} ({le['id']}): {le['note']}")
         if (le.get("capabilities") or {}).get("pinned"):
             lines.append(f"  {le['engine']} ({le['id']}): {le['move']['why']}")
+        if le.get("size_note"):
+            lines.append(f"! {le['engine']} ({le['id']}) size: {le['size_note']}")
+    for n in st.get("host_notes") or []:
+        lines.append(f"! {n['engine']} ({time.strftime('%H:%M:%S', time.localtime(n['at']))}): "
+                     f"{n['text']}")
     ram = st.get("host_ram") or {}
     if ram.get("budget_bytes") is not None:
         lines.append(f"host RAM for parks: {format_size(ram['parked_bytes'])} parked of a "
@@ -110,6 +117,15 @@ def _drained_lines(drained: list[dict]) -> list[str]:
                      f"{'' if r.get('move_to') else ' ago'}{held}{front}")
         lines.append(f"        {r['why']}")
     return lines
+
+
+def _size_words(sh: dict) -> str:
+    """``"size 3.0GiB"``, or ``"ceiling 6.0GiB"`` for a lease whose bound is not declared (it
+    counts what it needs, up to that size; issue 37)."""
+    if sh.get("size_bytes") is None:
+        return "size ?"
+    word = "size" if sh.get("bound", "declared") == "declared" else f"{sh['bound']} bound, ceiling"
+    return f"{word} {format_size(sh['size_bytes'])}"
 
 
 def _until(le: dict) -> str:

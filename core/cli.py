@@ -51,6 +51,8 @@ COMMANDS = (
             "berth.board_text:operator_arguments"),
     Command("run", "run an engine under a lease, behind its own front",
             "berth.run.cli:arguments"),
+    Command("size", "the memory to declare for an engine: from a GGUF file, or its measured peak",
+            "berth.size:arguments"),
     Command("sim", "the simulation kit: simulated cards and a stub engine",
             "berth.sim.cli:arguments"),
     Command("k8s", "Kubernetes: a claim's leases, this node's ResourceSlice (berth-gpu[k8s])",

@@ -48,8 +48,9 @@ class ConfigUnusable(BerthdUnavailable):
 #: Why a connect failed, in words, by errno (aiohttp's own words name its internals:
 #: "Cannot connect to unix socket … ssl:default [No such file or directory]").
 _WHY = {
-    errno.ENOENT: "no such file (berthd is not running, or it listens elsewhere: "
-                  "$BERTH_SOCKET or berth.toml's [api] socket)",
+    errno.ENOENT: "no such file (berthd is not running, or it listens elsewhere: set "
+                  "BERTH_SOCKET to its socket, which berthd's first log line names, in the "
+                  "environment of whatever starts this command, or [api] socket in berth.toml)",
     errno.ECONNREFUSED: "connection refused (nothing listens there: berthd stopped or "
                         "never started)",
     errno.EACCES: "permission denied (your user may not use berthd's socket: join the group "
@@ -204,6 +205,10 @@ class Client:
     async def release(self, lease_id: str, wait_s: float = 0.0, reason: str = "released") -> dict:
         return await self.call("POST", f"/v1/leases/{lease_id}/release", {"reason": reason},
                                timeout_s=wait_s + 10, wait=wait_s)
+
+    async def note(self, engine: str, text: str) -> dict:
+        """``POST /v1/notes``: a host's word about an engine no lease carries (issue 37)."""
+        return await self.call("POST", "/v1/notes", {"engine": engine, "text": text[:500]})
 
     async def operator(self, op: str, target: str) -> dict:
         return await self.call("POST", f"/v1/operator/{op}", {"target": target})

@@ -25,7 +25,7 @@ import stat
 from pathlib import Path
 
 __all__ = ["state_dir", "socket_path", "sim_dir", "config_path", "find_config", "CONFIG_PLACES",
-           "client_socket",
+           "client_socket", "default_sockets", "find_socket",
            "client_sim_dir", "prepare_state_dir", "open_lock", "check_socket", "write_atomic",
            "UnsafePath"]
 
@@ -151,10 +151,41 @@ def client_sim_dir() -> Path:
 
 def client_socket() -> Path:
     """The socket a client (``berth status``, ``berth run``) uses: as berthd resolves it, from
-    the config berthd reads (:func:`berth.config.load_config`). Raises
+    the config berthd reads (:func:`berth.config.load_config`). With nothing naming it (no
+    ``$BERTH_SOCKET``, ``$BERTH_STATE_DIR``, ``[api] socket`` or ``state_dir``), the first of
+    :func:`default_sockets` where a socket is: a ``berth run`` that a manager started with
+    another environment (no ``$XDG_RUNTIME_DIR`` under cron or a system unit, or a user's run
+    beside a system berthd) finds berthd without shared variables (issue 37). Raises
     :class:`berth.config.ConfigError` when that config does not load: a client that went on
     with the default socket would report berthd unreachable where the config is at fault."""
-    return socket_path(_client_config())
+    cfg = _client_config()
+    named = os.environ.get("BERTH_SOCKET") or os.environ.get("BERTH_STATE_DIR") or (
+        cfg is not None and (getattr(cfg, "state_dir", None) or getattr(cfg.api, "socket", None)))
+    if named:
+        return socket_path(cfg)
+    return find_socket(default_sockets()) or socket_path(cfg)
+
+
+def default_sockets() -> list[Path]:
+    """Where berthd's socket is when nothing names it, this user's places first: the state
+    directory's default now, ``/run/user/$UID/berth`` (``$XDG_RUNTIME_DIR`` as a login session
+    sets it), ``/tmp/berth-$UID``, then a system berthd's ``/run/berth``."""
+    out = [state_dir() / "berthd.sock"]
+    for p in (Path(f"/run/user/{os.getuid()}/berth/berthd.sock"), _fallback() / "berthd.sock",
+              Path("/run/berth/berthd.sock")):
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def find_socket(places: list[Path]) -> Path | None:
+    """The first of ``places`` that is a socket owned by this user or root, or ``None``."""
+    for p in places:
+        with contextlib.suppress(OSError):
+            st = os.lstat(p)
+            if stat.S_ISSOCK(st.st_mode) and st.st_uid in (0, os.geteuid()):
+                return p
+    return None
 
 
 def sim_dir(cfg=None) -> Path:

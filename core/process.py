@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import psutil
 
-__all__ = ["ProcessId", "identify", "alive", "signal_process", "signal_group", "tree_pids",
+__all__ = ["ProcessId", "identify", "alive", "program_and_user", "signal_process", "signal_group", "tree_pids",
            "peer_credentials", "SignalRefused"]
 
 #: Start times from psutil are floats; two reads of one process agree to well under this.
@@ -41,6 +41,27 @@ def identify(pid: int) -> ProcessId | None:
         return ProcessId(pid, psutil.Process(pid).create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
         return None
+
+
+def program_and_user(pid: int, width: int = 60) -> tuple[str, str] | None:
+    """``("python3 train.py --big", "ana")``: the process's command line (its program's base
+    name first, cut to ``width`` characters; its name when the command line is hidden) and
+    its user (the uid as digits when it has no name), or ``None`` when ``pid`` is gone or
+    cannot be read. Source: issue 37 (a stowaway named whole)."""
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            argv, name = p.cmdline(), p.name()
+            try:
+                user = p.username()
+            except KeyError:
+                user = str(p.uids().real)
+    except (psutil.Error, OSError):
+        return None
+    words = " ".join([os.path.basename(argv[0]), *argv[1:]]) if argv else name
+    if len(words) > width:
+        words = words[:width - 1] + "…"
+    return words, user
 
 
 def alive(pid_id: ProcessId) -> bool:

@@ -65,6 +65,7 @@ from berth.daemon.api_bodies import (
     AttachBody,
     JobsBody,
     LeaseBody,
+    NoteBody,
     OperatorBody,
     ReleaseBody,
     ReportBody,
@@ -118,7 +119,10 @@ def _lease(broker: Broker, lease_id: str) -> Lease:
 
 def _cards_json(broker: Broker, cards: dict[str, int]) -> list[dict]:
     led = broker.sched.ledger
-    return [{"pci": p, "name": led.cards[p].name, "uuid": broker.uuids.get(p), "bytes": b}
+    # free_bytes: the card's last driver read, so that a run can bound an engine that sizes
+    # itself to what is free (llama-server's --fit-target; issue 37).
+    return [{"pci": p, "name": led.cards[p].name, "uuid": broker.uuids.get(p), "bytes": b,
+             "free_bytes": led.cards[p].free_bytes}
             for p, b in cards.items()]
 
 
@@ -511,6 +515,19 @@ async def timeline(request: web.Request) -> web.Response:
     return web.json_response({"entries": entries})
 
 
+async def note(request: web.Request) -> web.Response:
+    """``POST /v1/notes {"engine", "text"}``: a host's word about an engine it manages that no
+    lease carries; ``berth status`` shows the newest per engine (issue 37)."""
+    broker = request.app[BROKER]
+    body: NoteBody = await parse_body(request, NoteBody)
+    peer = peer_of(request)
+    by = f"pid {peer[0]}" if peer is not None else "a client"
+    now = broker.clock()
+    broker.host_notes.add(body.engine, body.text, by, broker.timeline, now - broker.started_at, now)
+    log.warning("host note on %s (%s): %s", body.engine, by, body.text)
+    return web.json_response({"engine": body.engine})
+
+
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True, "pid": os.getpid()})
 
@@ -541,6 +558,7 @@ def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Applicat
     r.add_post("/v1/operator/{op}", operator)
     r.add_get("/v1/status", status)
     r.add_get("/v1/timeline", timeline)
+    r.add_post("/v1/notes", note)
     r.add_get("/v1/health", health)
     r.add_get("/metrics", metrics)
     return app

@@ -19,7 +19,7 @@ from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
-__all__ = ["AttachBody", "JobsBody", "LeaseBody", "OperatorBody", "ReleaseBody", "ReportBody", "ShareBody",
+__all__ = ["AttachBody", "JobsBody", "LeaseBody", "NoteBody", "OperatorBody", "ReleaseBody", "ReportBody", "ShareBody",
            "error", "errors", "parse_body", "query_number"]
 
 log = logging.getLogger("berth.daemon.api")
@@ -111,6 +111,14 @@ class OperatorBody(_Body):
 
 class ReleaseBody(_Body):
     reason: str = Field("released", max_length=500)
+
+
+class NoteBody(_Body):
+    """``POST /v1/notes``: a host says something about an engine it manages that has no lease
+    to carry it (issue 37: a supervisord program that died for lack of memory)."""
+
+    engine: str = Field(min_length=1, max_length=200, pattern=r"^[^\s\x00-\x1f\x7f]+$")
+    text: str = Field(min_length=1, max_length=500)
 
 
 

@@ -55,6 +55,8 @@ class _BoardCollector:
         for (card, state), n in sorted(counts.items()):
             shares.add_metric([card, state], n)
         yield shares
+        yield from _lease_figures(st)
+        yield _engines_up(st, set(getattr(self.broker, "engines", {}).values()))
         yield GaugeMetricFamily("berth_waiting", "Entries in the waiting queue",
                                 value=len(st["waiting"]))
         yield from _drained(st.get("drained") or [])
@@ -75,6 +77,57 @@ class _BoardCollector:
                     if k.endswith("_s") and v is not None:
                         g.add_metric([engine, k[:-2]], v)
             yield g
+
+
+def _lease_figures(st: dict):
+    """Each share's figures by engine, lease and card (issue 37: the board, ``berth status``
+    and the metrics say the same size): ``berth_share_size_bytes`` (the lease's size; a ceiling
+    when ``bound`` is not ``declared``), ``_counted_bytes``, ``_used_bytes`` (the last driver
+    read), ``_peak_bytes`` (its high-water mark), and ``berth_share_state`` (1 for the share's
+    state: what a monitor reads instead of a health check that keeps llama-swap's readiness)."""
+    labels = ["engine", "lease", "card"]
+    fams = {k: GaugeMetricFamily(f"berth_share_{k}_bytes", text, labels=labels + (
+        ["bound"] if k == "size" else []))
+        for k, text in (("size", "The lease's size on the card (a ceiling unless the bound "
+                                 "is declared), bytes"),
+                        ("counted", "What the share counts on the card, bytes"),
+                        ("used", "The share's use at the last driver read, bytes"),
+                        ("peak", "The share's highest use read since its grant, bytes"))}
+    state = GaugeMetricFamily("berth_share_state", "1 for each share's state",
+                              labels=labels + ["state"])
+    counted = {(sh["lease"], c["pci"]): sh["counted_bytes"] for c in st["cards"]
+               for sh in c["shares"]}
+    for le in st["leases"]:
+        for sh in le["shares"]:
+            key = [le["engine"], le["id"], sh["card_name"]]
+            fams["size"].add_metric(key + [le["bound"]], sh["size_bytes"])
+            fams["counted"].add_metric(key, counted.get((le["id"], sh["card"]), 0))
+            if sh["used_bytes"] is not None:
+                fams["used"].add_metric(key, sh["used_bytes"])
+            if sh.get("peak_bytes"):
+                fams["peak"].add_metric(key, sh["peak_bytes"])
+            state.add_metric(key + [sh["state"]], 1)
+    yield from fams.values()
+    yield state
+
+
+def _engines_up(st: dict, seen: set[str]) -> GaugeMetricFamily:
+    """``berth_engine_up{engine, state}``: 1 for an engine whose lease is active and serving,
+    0 otherwise, with its state (``parked``, ``waiting``, …, or ``stopped`` for an engine
+    berthd saw whose lease ended: a drained one). A front's health check answers 200 while
+    its engine sleeps (llama-swap's readiness); a monitor reads this (issue 37)."""
+    g = GaugeMetricFamily("berth_engine_up", "1 when the engine's lease is active and serving "
+                          "(0: parked, waiting, stopped, ...)", labels=["engine", "state"])
+    live: dict[str, tuple[int, str]] = {}
+    for le in st["leases"]:
+        states = sorted({sh["state"] for sh in le["shares"]})
+        up = int(states == ["active"] and bool(le.get("ready")))
+        if le["engine"] not in live or up:
+            live[le["engine"]] = (up, "/".join(states) or "waiting")
+    for engine in sorted(seen | set(live)):
+        up, state = live.get(engine, (0, "stopped"))
+        g.add_metric([engine, state], up)
+    return g
 
 
 class _WaitCollector:

@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 from berth.config import Config
 from berth.daemon import restore, status
-from berth.daemon.channels import Channel, LeaseGone, Timeline, set_waits
+from berth.daemon.channels import Channel, HostNotes, LeaseGone, Timeline, set_waits
 from berth.daemon.costs import SwitchCosts
 from berth.daemon.reads import Reads
 from berth.decide.effects import Effect, Ended, Granted, Instruct, Note, Rejected, Until, Watch
@@ -67,7 +67,7 @@ class Broker:
         # The API reads these two of the reader's maps (lease pids; the last read per card).
         self.lease_pids = self.reads.lease_pids
         self.channels: dict[str, Channel] = {}
-        self.timeline = Timeline()
+        self.timeline, self.host_notes = Timeline(), HostNotes()
         self.costs = SwitchCosts()              # measured park / restore / cold start (issue 14)
         self.uuids: dict[str, str] = {}
         self.started_at = clock()

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from berth.decide.effects import Granted, Instruct
 from berth.decide.model import Op
 
-__all__ = ["LeaseGone", "Channel", "Timeline", "set_waits"]
+__all__ = ["LeaseGone", "Channel", "HostNotes", "Timeline", "set_waits"]
 
 
 class LeaseGone(Exception):
@@ -188,3 +189,28 @@ class Timeline:
             except TimeoutError:
                 pass
         return newer()
+
+
+class HostNotes:
+    """What hosts said about engines no lease carries (a supervisord program that died for lack
+    of memory; issue 37): the newest per engine, for the last :attr:`KEEP` engines, shown by
+    ``berth status`` (``host_notes``) and put in the timeline."""
+
+    KEEP = 32
+
+    def __init__(self) -> None:
+        self._by_engine: dict[str, dict] = {}
+
+    def add(self, engine: str, text: str, by: str, timeline: "Timeline", t: float,
+            now: float) -> None:
+        """Keep ``text`` about ``engine`` (from ``by``, words); ``t``: seconds since berthd
+        started, ``now``: its clock."""
+        self._by_engine.pop(engine, None)
+        self._by_engine[engine] = {"engine": engine, "text": text, "by": by, "at": time.time()}
+        while len(self._by_engine) > self.KEEP:
+            self._by_engine.pop(next(iter(self._by_engine)))
+        timeline.add({"t": round(t, 3), "at": now, "lease": None, "engine": engine,
+                      "kind": "host.note", "text": f"{engine}: {text}"})
+
+    def values(self) -> list[dict]:
+        return list(self._by_engine.values())

@@ -16,7 +16,7 @@ from berth.decide.ledger import Ledger
 from berth.decide.model import LIVE_STATES, Lease
 from berth.decide.units import format_size
 from berth.driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost
-from berth.process import ProcessId, alive, tree_pids
+from berth.process import ProcessId, alive, program_and_user, tree_pids
 
 __all__ = ["Reads"]
 
@@ -36,6 +36,20 @@ class Reads:
         self.last_reads: dict[str, Reading] = {}
         self.lease_pids: dict[str, dict[str, set[int]]] = {}
         self.baseline_pids: dict[str, set[int]] = {}
+        self._named: dict[int, tuple[str, str]] = {}
+
+    def _who(self, pids: dict[int, int]) -> dict[int, tuple[str, str]]:
+        """``(program, user)`` for each of ``pids`` (stowaways) as the process table names
+        them, remembered while the PID stays a stowaway (a read every interval would otherwise
+        walk /proc for each); a process that cannot be read is left out (issue 37)."""
+        for pid in [p for p in self._named if p not in pids]:
+            del self._named[pid]
+        for pid in pids:
+            if pid not in self._named:
+                who = program_and_user(pid)
+                if who is not None:
+                    self._named[pid] = who
+        return {p: self._named[p] for p in pids if p in self._named}
 
     def read(self, pci: str) -> Reading:
         """One driver read of ``pci``, kept as its last read."""
@@ -99,8 +113,9 @@ class Reads:
         waiting = {le.id for le in leases if le.is_waiting()}
         stowaways = {pid: b or 0 for pid, b in r.processes.items()
                      if (pid not in owner or owner[pid] in waiting) and pid not in base}
+        held = {p: b for p, b in stowaways.items() if b}
         return CardRead(free_bytes=r.free_bytes, stowaway_bytes=sum(stowaways.values()),
-                        stowaways={p: b for p, b in stowaways.items() if b}, used=used,
+                        stowaways=held, stowaway_who=self._who(held), used=used,
                         total_bytes=r.total_bytes)
 
     def read_if_asked(self, sched, fx: list[Effect], clock) -> list[Effect]:

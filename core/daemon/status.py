@@ -33,10 +33,7 @@ def board(broker: "Broker") -> dict:
     cards = []
     for pci, c in led.cards.items():
         v = led.view(pci)
-        shares = [{"lease": le.id, "engine": le.engine, "state": sh.state.value,
-                   "counted_bytes": _counted(sh), "held": le.held,
-                   "over_bytes": _over(sh)}
-                  for le, sh in led.shares_on(pci) if sh.state not in (S.WAITING, S.FREED)]
+        shares = _card_shares(led, pci)
         cards.append({"pci": pci, "name": c.name, "uuid": c.uuid,
                       "total_bytes": c.total_bytes, "reserve_bytes": c.reserve_bytes,
                       "baseline_bytes": c.baseline_bytes, "stowaway_bytes": c.stowaway_bytes,
@@ -62,9 +59,12 @@ def board(broker: "Broker") -> dict:
             # Why Berth can free none of its memory (issue 24), or None.
             "cannot_free": le.cannot_free(),
             "move": {"movable": move_block(le) is None, "why": move_block(le)},  # issue 35
+            # A declared size far from the measured peak (issue 37), or None.
+            "size_note": _size_note(le),
             "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
                         "size_bytes": sh.size_bytes, "state": sh.state.value,
                         "reserved_bytes": sh.reserved_bytes, "used_bytes": sh.used_bytes,
+                        "peak_bytes": sh.peak_bytes or None,
                         "lent_bytes": sh.lent_bytes, "residual_bytes": sh.residual_bytes,
                         "lent_to": sh.lent_to, "borrowed_from": sh.borrowed_from,
                         "in_ram_bytes": _in_ram(sh)}
@@ -84,6 +84,7 @@ def board(broker: "Broker") -> dict:
     return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
             "drained": broker.drained.board() if hasattr(broker, "drained") else [],
             "host_ram": ram, "driver": broker.driver.kind, "adapters": _adapters(broker),
+            "host_notes": broker.host_notes.values() if hasattr(broker, "host_notes") else [],
             "uptime_s": round(now - broker.started_at, 1)}
 
 
@@ -94,6 +95,26 @@ def _adapters(broker: "Broker") -> list[str]:
         return []
     from berth_plugins.manager import adapters
     return adapters(broker.pm)
+
+
+def _card_shares(led, pci: str) -> list[dict]:
+    """The shares on card ``pci`` that count there (bytes), each with its lease's size, a
+    ceiling unless the lease's bound is declared (issue 37)."""
+    return [{"lease": le.id, "engine": le.engine, "state": sh.state.value,
+             "counted_bytes": _counted(sh), "held": le.held,
+             "size_bytes": sh.size_bytes, "bound": le.bound.value, "over_bytes": _over(sh)}
+            for le, sh in led.shares_on(pci) if sh.state not in (S.WAITING, S.FREED)]
+
+
+def _size_note(le: Lease) -> str | None:
+    """The first share whose declared size is far from its measured peak, said with the size
+    to declare instead (:func:`berth.size.far_from_peak`), or ``None``."""
+    from berth.size import far_from_peak
+    for sh in le.shares.values():
+        note = far_from_peak(sh.size_bytes, sh.peak_bytes, ceiling=le.bound.value != "declared")
+        if note:
+            return note
+    return None
 
 
 def protection(lease: Lease, policy: Policy, now: float, wall: float) -> dict:
@@ -167,7 +188,8 @@ def _running_unleased(lease: Lease, kind: str) -> dict:
 def _stowaways(broker: "Broker", pci: str) -> list[dict]:
     """The processes counted as stowaways on ``pci`` at the last driver read (held memory, no
     lease of theirs granted, not the baseline): ``[{"pid", "bytes"}]``, largest first (issue 15:
-    the board names them). Empty when the driver does not list processes."""
+    the board names them), with ``program`` and ``user`` where the process table named them
+    (issue 37; ``None`` otherwise). Empty when the driver does not list processes."""
     reads = broker.reads
     r = reads.last_reads.get(pci)
     if r is None or not getattr(r, "processes_known", True):
@@ -179,8 +201,10 @@ def _stowaways(broker: "Broker", pci: str) -> list[dict]:
         if le is not None and not le.is_waiting():
             owned |= per.get(pci, set())
     base = reads.baseline_pids.get(pci, set())
-    out = [{"pid": pid, "bytes": b or 0} for pid, b in r.processes.items()
-           if pid not in owned and pid not in base]
+    who = led.cards[pci].stowaway_who
+    out = [{"pid": pid, "bytes": b or 0, "program": (who.get(pid) or (None, None))[0],
+            "user": (who.get(pid) or (None, None))[1]}
+           for pid, b in r.processes.items() if pid not in owned and pid not in base]
     return sorted(out, key=lambda x: -x["bytes"])
 
 

@@ -372,12 +372,16 @@ class _Pass:
     def _refuse(self, w: Waiter, need: dict[str, int], fits: bool) -> None:
         """Steps (4) and (5)."""
         led, pol, cards = self.ledger, self.policy, set(need)
-        if not w.counted_rejected and all(led.available(p, w.lease_id) > 0 for p in cards):
-            w.counted_rejected = True                                            # (4)
-            self.res.rejected_with_free += 1
         started = False
         if not fits and not (cards & self.held) and self.make_room is not None:
             started = self.make_room(w)
+        # (4) Counted only once nothing is done for it: a waiter for whom room is being made
+        # (a park, lend or drain begun) is served, not refused (issue 37: every switch on the
+        # simulated cards counted as "refused while memory was free").
+        if not started and not w.counted_rejected and \
+                all(led.available(p, w.lease_id) > 0 for p in cards):
+            w.counted_rejected = True
+            self.res.rejected_with_free += 1
         # (5) A waiter that would not fit even on its emptied cards (stowaways stand in the
         # way) holds nothing: holding memory idle for it would only starve the others.
         hopeless = any(b > led.capacity(p) - led.unfreeable(p) for p, b in need.items())

@@ -44,20 +44,33 @@ def jobs_words(n: int) -> str:
     return f"{n} request{'' if n == 1 else 's'} in flight"
 
 
+#: A holder whose requests nothing reports, in words (no front: a supervisord program, a run
+#: without ``--front``); it counts as busy.
+UNREPORTED = "requests in flight unknown: nothing reports them (no front), so it counts as busy"
+
+
 def holder_words(lease: Lease, pci: str | None = None) -> str:
-    """``"boss (priority 5, 0 requests in flight) holds 14.0GiB"``: a holder as a waiting
-    client is told about it. A holder whose front never reported its requests is said to be
-    so (``"requests in flight not reported"``): it counts as busy, and no count is known."""
+    """``"boss (priority 5, 0 requests in flight) holds 14.0GiB in lease boss-77-1"``: a
+    holder as a waiting client is told about it, engine and lease (issue 37). A holder whose
+    front never reported its requests is said to be so in words a user can act on
+    (:data:`UNREPORTED`; ``berth run --front`` gives an engine a front that reports them)."""
     held = f" holds {format_size(counted_bytes(lease.shares[pci]))}" if pci else ""
-    jobs = jobs_words(lease.in_flight) if lease.jobs_reported else "requests in flight not reported"
-    return f"{lease.engine} (priority {lease.priority}, {jobs}){held}"
+    jobs = jobs_words(lease.in_flight) if lease.jobs_reported else UNREPORTED
+    return f"{lease.engine} (priority {lease.priority}, {jobs}){held} in lease {lease.id}"
 
 
 def stowaway_words(card: Card) -> str:
-    """``"stowaway pid 123 holds 20.0GiB"`` for each process on the card without a lease."""
+    """``"stowaway pid 123 (python3 train.py, user ana) holds 20.0GiB"`` for each process on
+    the card without a lease: its program and user where the process table named them (issue
+    37), so that the user need not go and look."""
     if not card.stowaways:
         return f"stowaways hold {format_size(card.stowaway_bytes)}"
-    return ", ".join(f"stowaway pid {pid} holds {format_size(b)}"
+
+    def one(pid: int, b: int) -> str:
+        who = card.stowaway_who.get(pid)
+        named = f" ({who[0]}, user {who[1]})" if who else ""
+        return f"stowaway pid {pid}{named} holds {format_size(b)}"
+    return ", ".join(one(pid, b)
                      for pid, b in sorted(card.stowaways.items(), key=lambda kv: -kv[1]))
 
 
@@ -101,7 +114,10 @@ def card_causes(ledger: Ledger, pci: str, waiter_id: str, gap_bytes: int,
         out.append(Cause("holder" if lasting else "turn",
                          f"{holder_words(holder, pci)}: {reason}", lasting))
     if card.stowaway_bytes > 0:
-        out.append(Cause("stowaway", stowaway_words(card), True))
+        pids = " ".join(str(p) for p in sorted(card.stowaways)) or "PID"
+        out.append(Cause("stowaway", f"{stowaway_words(card)}: a process outside Berth, which "
+                                     f"Berth never stops; end it (kill {pids}) or run it "
+                                     f"under `berth run`", True))
     if not out:
         out.append(Cause("reserve", f"the card's reserve of {format_size(card.reserve_bytes)} "
                                     f"stays free", True))

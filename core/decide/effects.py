@@ -93,10 +93,13 @@ class Note(Effect):
 class CardRead:
     """One driver read of one card, mapped to leases by the broker. Bytes. ``used`` maps lease
     id to that lease's use on the card (``None``: the driver cannot say per process).
-    ``stowaways`` maps the PID of each process outside any lease to its bytes."""
+    ``stowaways`` maps the PID of each process outside any lease to its bytes, and
+    ``stowaway_who`` the same PIDs to ``(program, user)`` as the process table names them
+    (issue 37: a culprit named whole), where it could be read."""
 
     free_bytes: int
     stowaway_bytes: int = 0
     stowaways: dict[int, int] = field(default_factory=dict)
+    stowaway_who: dict[int, tuple[str, str]] = field(default_factory=dict)
     used: dict[str, int | None] = field(default_factory=dict)
     total_bytes: int | None = None

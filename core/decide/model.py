@@ -238,7 +238,8 @@ class Share:
     Sizes are bytes. ``size_bytes`` is the declared maximum (``whole_card`` when the lease asked
     for the card; it is then set at the grant). ``reserved_bytes`` is what admission reserved under
     the lease's bound; ``used_bytes`` the last driver read of the holder's use (``None`` while
-    unknown). ``lent_bytes`` is N in lending(N)/lent(N)/returning(N); ``residual_bytes`` is what a parked share
+    unknown), ``peak_bytes`` the highest of those reads since the grant (its high-water mark,
+    issue 37: what ``berth size`` suggests a size from). ``lent_bytes`` is N in lending(N)/lent(N)/returning(N); ``residual_bytes`` is what a parked share
     leaves on the card, as the driver measured it; ``parked_bytes`` what it counted when its park
     began (its reservation, or its real use if larger): what a wake will bring back. ``lent_to``/``borrowed_from`` link a lend's two
     shares by lease id.
@@ -250,6 +251,7 @@ class Share:
     whole_card: bool = False
     reserved_bytes: int = 0
     used_bytes: int | None = None
+    peak_bytes: int = 0
     lent_bytes: int = 0
     residual_bytes: int = 0
     parked_bytes: int = 0
@@ -421,6 +423,8 @@ class Card:
     baseline_bytes: int = 0
     stowaway_bytes: int = 0
     stowaways: dict[int, int] = field(default_factory=dict)
+    #: ``(program, user)`` of each stowaway PID the process table named (issue 37).
+    stowaway_who: dict[int, tuple[str, str]] = field(default_factory=dict)
     claims: dict[str, int] = field(default_factory=dict)
     free_bytes: int | None = None
     read_at: float | None = None

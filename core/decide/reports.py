@@ -34,13 +34,15 @@ def observe(st: State, reads: dict[str, CardRead], now: float) -> list[Effect]:
         card.free_bytes, card.read_at = r.free_bytes, now
         card.stowaway_bytes = r.stowaway_bytes
         card.stowaways = dict(r.stowaways)
+        card.stowaway_who = dict(r.stowaway_who)
         if r.total_bytes is not None:
             card.total_bytes = r.total_bytes
         for lid, used in r.used.items():
             lease = led.leases.get(lid)
             if lease is None or pci not in lease.shares:
                 continue
-            sh = led.update(lid, pci, used_bytes=used)
+            sh = led.update(lid, pci, used_bytes=used,
+                            peak_bytes=max(lease.shares[pci].peak_bytes, used or 0))
             # Growth is what a serving engine adds past its reservation (admission counted the
             # rest); its load or restore is not growth.
             serving = sh.state is S.ACTIVE and lease.ready_at is not None and \

@@ -365,6 +365,13 @@ def _asked(st: State, lease: Lease, pci: str) -> str:
 
 def _check_parkable(lease: Lease) -> None:
     """Raise ``ValueError`` unless the operator may park ``lease`` now (rule 3)."""
+    if not lease.caps.can_park() and not lease.caps.drain:
+        # An in-process host (ComfyUI's node): a drain would not stop it either (rule 6), so
+        # the advice names what does free its memory (issue 37).
+        raise ValueError(f"lease {lease.id}: {lease.engine} cannot park: "
+                         f"{lease.caps.no_park or 'it registered without a park'}; it is an "
+                         f"in-process host, which Berth never stops (`berth drain` would only "
+                         f"refuse its work): restart {lease.engine} itself to free its memory")
     if not lease.caps.can_park():
         missing = "--park" if lease.caps.park is None else "--front"
         raise ValueError(f"lease {lease.id}: {lease.engine} cannot park: its run gave no "

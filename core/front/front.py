@@ -81,6 +81,9 @@ class Front(FastPath):
         self._fail_epoch, self._fail_reason = 0, ""
         self._stop_reason = "engine stopped"
         self.cause: str | None = None           # why the engine's lease waits (berthd's words)
+        # The engine's true state while the front sleeps, when it is not "parked": "drained"
+        # (its process stopped). A health read says it to monitors (issue 37).
+        self.engine_state: str | None = None
         self.lasting = False                    # nothing under way can end that wait
         self._idle = asyncio.Event()            # set while in_flight == 0
         self._idle.set()
@@ -180,6 +183,8 @@ class Front(FastPath):
                 f"front {self.name!r}: {old} -> {new} is not allowed; from {old} it may go to "
                 f"{', '.join(sorted(TRANSITIONS[old])) or 'nowhere'}")
         self._state, self.since = new, time.monotonic()
+        if new not in (F.ASLEEP, F.WAKING):
+            self.engine_state = None
         self._notify()
         log.info("front %s: %s -> %s (%s)", self.name, old, new, why or edge)
         if self._on_state is not None:
@@ -223,10 +228,14 @@ class Front(FastPath):
         except TimeoutError:
             return False
 
-    def sleep(self) -> bool:
+    def sleep(self, engine: str | None = None) -> bool:
         """``closing -> asleep`` (or ``waking -> asleep`` when a wake is refused). Writes held
-        from now on, or already held, make the front ask for the card through ``on_wake``."""
-        return self._move(F.ASLEEP)
+        from now on, or already held, make the front ask for the card through ``on_wake``.
+        ``engine``: the engine's state when it is not parked (``"drained"``: its process
+        stopped), which health reads give monitors (issue 37)."""
+        moved = self._move(F.ASLEEP)
+        self.engine_state = engine
+        return moved
 
     def waking(self) -> bool:
         """``asleep -> waking``: the broker resumes the lease on its own (no ``on_wake`` call)."""

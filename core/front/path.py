@@ -38,6 +38,11 @@ _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
 _READS = frozenset({b"GET", b"HEAD", b"OPTIONS"})
 
 
+#: The engine's state behind a front that holds writes, as a health read says it (issue 37).
+_ENGINE_WORDS = {F.STARTING: "starting", F.CLOSING: "parking", F.ASLEEP: "parked",
+                 F.WAKING: "waking"}
+
+
 class RequestPath:
     """The request path of a front. Answers return whether the client's connection may carry
     another request."""
@@ -63,6 +68,7 @@ class RequestPath:
     refused_reads: int
     _state: FrontState
     _stop_reason: str
+    engine_state: str | None
     _fail_epoch: int
     _fail_reason: str
     _holding: int
@@ -332,10 +338,7 @@ class RequestPath:
         return min(self._arrived.values(), default=None)
 
     def _accepting(self, req: "Request", st: FrontState) -> bool:
-        body = b'{"status": "ok", "src": "berth", "front": "%s"}' % str(st).encode()
-        req.conn.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                       b"Cache-Control: no-store\r\nContent-Length: %d\r\n\r\n%s"
-                       % (len(body), b"" if req.method == b"HEAD" else body))
+        req.conn.write(ready_answer(st, self.engine_state, req.method == b"HEAD"))
         return True
 
     def _unavailable(self, req: "Request", reason: str, message: str) -> bool:
@@ -348,6 +351,18 @@ class RequestPath:
                                     head=req.method == b"HEAD"))
         return True
 
+
+
+def ready_answer(st: FrontState, engine_state: str | None, head: bool) -> bytes:
+    """The ready path's answer while the front holds writes: 200 for llama-swap's readiness
+    (it reads only the status), with the engine's true state for a monitor in ``engine`` and
+    the ``X-Berth-Engine`` header (a drained engine is ``drained``, not up; issue 37)."""
+    engine = (engine_state or _ENGINE_WORDS.get(st, str(st))).encode()
+    body = b'{"status": "ok", "src": "berth", "front": "%s", "engine": "%s"}' % (
+        str(st).encode(), engine)
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nCache-Control: no-store"
+            b"\r\nX-Berth-Engine: %s\r\nContent-Length: %d\r\n\r\n%s"
+            % (engine, len(body), b"" if head else body))
 
 
 def request_head(req: "Request", addr: Address) -> bytes:

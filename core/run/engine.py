@@ -72,6 +72,26 @@ class NoEngine(Exception):
         self.code = code
 
 
+def _fitted(cmd: list[str], cards: list[dict], env: dict[str, str]) -> list[str]:
+    """``cmd`` with a llama-server in it bounded to the lease (:mod:`berth.run.fit`), each
+    choice said in the run's log: the bound, a command left as written and why, a pinned
+    context that needs more than the lease."""
+    from berth.run import fit
+    if fit.find_server(cmd) is None:
+        return cmd
+    why = fit.pinned(cmd, env)
+    if why:
+        log.info("llama-server left as written: %s", why)
+    else:
+        cmd, line = fit.bound(cmd, cards, env)
+        if line:
+            log.info("%s", line)
+    over = fit.mismatch(cmd, cards, env)
+    if over:
+        log.warning("%s", over)
+    return cmd
+
+
 class EngineProcess:
     """The engine ``berth run`` starts: its process, identity (pid and start time), URL and
     watchdog. ``http`` is the session health checks use (the run opens and closes it)."""
@@ -106,6 +126,7 @@ class EngineProcess:
             env["BERTH_LEASE"] = lease_id
         if driver.get("sim_dir"):
             env["BERTH_SIM_DIR"] = driver["sim_dir"]
+        cmd = _fitted(cmd, cards, env)
         parent = os.getpid()
         try:
             self.proc = await asyncio.create_subprocess_exec(

@@ -250,7 +250,7 @@ class EngineRun:
         if self.actions.move_to:
             again.set()                 # a move: ask for the card again at once (issue 35)
             log.info("%s moves; its front holds requests meanwhile", self.o.engine)
-        self.front.sleep()
+        self.front.sleep(engine="drained")
         log.info("%s drained; its front stays and holds writes", self.o.engine)
         async with contextlib.AsyncExitStack() as tasks:
             ends = {_task(tasks, self.stop_event.wait()), _task(tasks, again.wait())}

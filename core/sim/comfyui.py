@@ -288,6 +288,21 @@ class PromptQueue:
     def wipe_queue(self) -> None:
         with self.mutex:
             self.queue = []
+            self.server.queue_updated()
+
+    def delete_queue_item(self, function) -> bool:
+        """Remove the first pending item ``function(item)`` is true for (execution.py)."""
+        with self.mutex:
+            for x in range(len(self.queue)):
+                if function(self.queue[x]):
+                    if len(self.queue) == 1:
+                        self.wipe_queue()
+                    else:
+                        self.queue.pop(x)
+                        heapq.heapify(self.queue)
+                    self.server.queue_updated()
+                    return True
+        return False
 
     def set_flag(self, name: str, data) -> None:
         with self.mutex:

@@ -95,9 +95,33 @@ class PromptServer:
 
         @r.post("/queue")
         async def post_queue(request):
+            # server.py 0.3.64: "clear" wipes the pending prompts; "delete" removes each named
+            # pending prompt (matched on the item's prompt id); 200 with no body either way.
             data = await request.json()
             if data.get("clear"):
                 self.prompt_queue.wipe_queue()
+            for id_to_delete in data.get("delete") or []:
+                self.prompt_queue.delete_queue_item(lambda a, i=id_to_delete: a[1] == i)
+            return web.Response(status=200)
+
+        @r.post("/interrupt")
+        async def post_interrupt(request):
+            # server.py 0.3.64: a body is optional; with a prompt_id, only that prompt is
+            # interrupted, and only if it runs now; without, whatever runs now.
+            try:
+                data = await request.json()
+            except ValueError:
+                data = {}
+            prompt_id = data.get("prompt_id") if isinstance(data, dict) else None
+            running, _ = self.prompt_queue.get_current_queue()
+            if not prompt_id:
+                log.info("Global interrupt (no prompt_id specified)")
+                sys.modules["nodes"].interrupt_processing()
+            elif any(item[1] == prompt_id for item in running):
+                log.info("Interrupting prompt %s", prompt_id)
+                sys.modules["nodes"].interrupt_processing()
+            else:
+                log.info("Prompt %s is not currently running, skipping interrupt", prompt_id)
             return web.Response(status=200)
 
         @r.post("/free")

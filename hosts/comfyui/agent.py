@@ -101,8 +101,10 @@ class Agent(Reservation):
         self.allowance_bytes = (self.entry.growth_allowance if self.entry is not None
                                 and "growth_allowance" in self.entry.model_fields_set
                                 else DEFAULT_ALLOWANCE_BYTES)
-        self.gate = Gate(on_wake=self._wake_asked, before_write=self.before_prompt,
-                         on_notice=lambda body, text: notice.send_text(server, body, text))
+        self.gate = Gate(on_wake=lambda: ask_wake(self), before_write=self.before_prompt,
+                         on_notice=lambda body, text: notice.send_text(server, body, text),
+                         on_unwanted=lambda: self.lease_id and self.call(
+                             withdraw_wake(self._client, self.lease_id)))
         self.extend_waits = notice.WaitMeter()
         self.me = identify(os.getpid())
         self.lease_id: str | None = None
@@ -360,22 +362,6 @@ class Agent(Reservation):
         self.gate.move(G.OPEN, "woken")
         return True
 
-    def _wake_asked(self) -> None:
-        """The gate holds a prompt while asleep: ask berthd to wake the lease (any thread)."""
-        lid = self.lease_id
-
-        async def ask() -> None:
-            try:
-                if lid is None:
-                    raise BerthdUnavailable("no lease")
-                r = await self._client.wake(lid)
-                self.gate.cause = (r.get("wait") or {}).get("why") or self.gate.cause
-            except (BerthdUnavailable, ApiError) as e:
-                # berthd is gone: fail open (ComfyUI's models were unloaded; it loads again).
-                log.warning("Berth: the wake could not be asked (%s); the gate opens", e)
-                self.gate.fail_open("berthd is not reachable")
-        self.call(ask())
-
     def status(self) -> dict:
         """What the "Berth status" node and the protocol's state route show."""
         hr = self._headroom
@@ -385,6 +371,34 @@ class Agent(Reservation):
                 "dynamic_vram": comfy.aimdo_control() is not None,
                 "dynamic_vram_headroom_bytes": self.headroom_bytes,
                 "dynamic_vram_setter": None if hr is None else (hr.how or hr.why)}
+
+
+def ask_wake(agent: "Agent") -> None:
+    """The gate holds a prompt while asleep: ask berthd to wake the agent's lease (any
+    thread); berthd gone fails the gate open (ComfyUI's models were unloaded; it loads again)."""
+    lid = agent.lease_id
+
+    async def ask() -> None:
+        try:
+            if lid is None:
+                raise BerthdUnavailable("no lease")
+            r = await agent._client.wake(lid)
+            agent.gate.cause = (r.get("wait") or {}).get("why") or agent.gate.cause
+        except (BerthdUnavailable, ApiError) as e:
+            log.warning("Berth: the wake could not be asked (%s); the gate opens", e)
+            agent.gate.fail_open("berthd is not reachable")
+    agent.call(ask())
+
+
+async def withdraw_wake(client: Client, lease_id: str) -> None:
+    """Withdraw the lease's wake (``DELETE /v1/leases/{id}/wake``), so berthd makes no room
+    for nobody; a park begun only for it is called off where it still can be (issue 37)."""
+    try:
+        r = await client.call("DELETE", f"/v1/leases/{lease_id}/wake")
+        log.info("Berth: the wake was %s (no prompt waits for it any more)",
+                 "withdrawn" if r.get("withdrawn") else "already under way or done")
+    except (BerthdUnavailable, ApiError) as e:
+        log.info("Berth: the wake could not be withdrawn: %s", e)
 
 
 async def _unload(queue: Any, end: float) -> None:

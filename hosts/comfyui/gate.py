@@ -56,6 +56,12 @@ G = GateState
 
 #: The requests the gate holds (method, path): the writes that use the card.
 GATED = frozenset({("POST", "/prompt"), ("POST", "/api/prompt")})
+#: The requests that take a prompt back (ComfyUI 0.3.64 ``server.py``): ``/queue`` with
+#: ``{"delete": [prompt ids]}`` or ``{"clear": true}``, and ``/interrupt`` (``{"prompt_id"}``, or
+#: none: the prompt running now). They pass to ComfyUI as ever; a held prompt they name is
+#: answered first, and so its wake withdrawn (issue 37).
+TAKE_BACK = frozenset({("POST", "/queue"), ("POST", "/api/queue"), ("POST", "/interrupt"),
+                       ("POST", "/api/interrupt")})
 
 _NOT_STOPPED = frozenset(GateState) - {G.STOPPED}
 _ASLEEP, _WAKING = frozenset({G.ASLEEP}), frozenset({G.WAKING})
@@ -88,13 +94,18 @@ class Gate:
     check: berthd could not make room); cancelled when the client goes away.
     ``on_notice(body, text)``: tells the prompt's page why it waits (any thread, must not
     block). ``cause``: berthd's words for why the lease waits, set by the agent.
+    ``on_unwanted()``: called (any thread, must not block) when every write that asked for a
+    wake has gone (deleted, interrupted, its client left, refused at the wait limit): the
+    agent withdraws the wake, and the gate is ``asleep`` again (issue 37).
     """
 
     def __init__(self, wait_limit_s: float = 120.0, on_wake: Callable[[], None] | None = None,
                  before_write: Callable[[Any], Awaitable[str | None]] | None = None,
                  on_notice: Callable[[Any, str], None] | None = None,
-                 notice_every_s: float = 2.0):
+                 notice_every_s: float = 2.0,
+                 on_unwanted: Callable[[], None] | None = None):
         self.wait_limit_s = wait_limit_s
+        self.on_unwanted = on_unwanted
         self.on_wake, self.before_write, self.on_notice = on_wake, before_write, on_notice
         self.notice_every_s = notice_every_s
         self._lock = threading.Lock()
@@ -108,6 +119,7 @@ class Gate:
         self.in_flight = 0          # gated writes being handled by ComfyUI now
         self.holding = 0
         self._arrived: dict[int, float] = {}       # writes held or handled now: arrival time
+        self.back = TakenBack()                    # held writes a /queue or /interrupt named
         self.queued_at: dict[str, float] = {}      # prompt id: when its write arrived
         self.passed = self.held = self.refused = self.wakes = self.client_gone = 0
 
@@ -195,6 +207,12 @@ class Gate:
     # -- the middleware (ComfyUI's loop) ---------------------------------------------------
     @web.middleware
     async def middleware(self, request: web.Request, handler):
+        if (request.method, request.path) in TAKE_BACK:
+            with contextlib.suppress(Exception):     # ComfyUI answers a bad body itself
+                if self.back.take(request.path.rsplit("/", 1)[1], await request.json(),
+                                  self._state):
+                    self._notify()
+            return await handler(request)
         if (request.method, request.path) not in GATED:
             return await handler(request)
         key, arrived = id(request), time.monotonic()
@@ -242,7 +260,7 @@ class Gate:
             while True:
                 ev.clear()
                 st = self._state
-                refusal = self._refusal(epoch, st)
+                refusal = self._refusal(epoch, st) or self._taken_back(key)
                 if refusal is not None:
                     return refusal
                 if st in PASSING:
@@ -250,6 +268,7 @@ class Gate:
                                             told)
                 if not held:
                     held, self.held, self.holding = True, self.held + 1, self.holding + 1
+                    self.back.hold(key, body)
                 if st is G.ASLEEP:
                     self._ask_wake()
                 if loop.time() >= deadline:
@@ -266,8 +285,27 @@ class Gate:
         finally:
             with self._lock:
                 self._waiters.discard(key)
+                self.back.drop(key)
             if held:
                 self.holding -= 1
+                self._after_held()
+
+    def _taken_back(self, key: tuple) -> web.Response | None:
+        why = self.back.why(key)
+        return None if why is None else self._refuse(
+            why, f"the prompt was {why} while Berth held it; it was not queued")
+
+    def _after_held(self) -> None:
+        """A held write left: the last one gone while a wake is asked withdraws the wake
+        (a prompt that passes finds the gate open, not waking)."""
+        if self.holding > 0 or self._state is not G.WAKING:
+            return
+        if self.move(G.ASLEEP, "every prompt that asked for the wake has gone",
+                     only_from=_WAKING) and self.on_unwanted is not None:
+            try:
+                self.on_unwanted()
+            except Exception as e:
+                log.warning("Berth: withdrawing the wake failed: %s", e)
 
     def _refusal(self, epoch: int, st: GateState) -> web.Response | None:
         if self._fail_epoch != epoch:
@@ -337,6 +375,66 @@ class Gate:
                 log.warning("Berth: asking for the wake failed: %s", e)
                 self.move(G.ASLEEP, f"wake failed: {e}", only_from=_WAKING)
                 self.fail_held(f"wake failed: {e}")
+
+
+class TakenBack:
+    """The writes the gate holds now, by the prompt id a client chose for each (ComfyUI 0.3.64
+    keeps it), and those a ``/queue`` or ``/interrupt`` took back while held, with the reason
+    their 503 gives (issue 37). Any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[tuple, str | None] = {}
+        self._taken: dict[tuple, str] = {}
+        self.count = 0
+
+    def hold(self, key: tuple, body: Any) -> None:
+        pid = body.get("prompt_id") if isinstance(body, dict) else None
+        with self._lock:
+            self._ids[key] = str(pid) if pid else None
+
+    def drop(self, key: tuple) -> None:
+        with self._lock:
+            self._ids.pop(key, None)
+            self._taken.pop(key, None)
+
+    def why(self, key: tuple) -> str | None:
+        return self._taken.get(key)
+
+    def take(self, route: str, body: Any, state: GateState) -> bool:
+        """Mark the held writes the body names (:func:`taken_back_by`); True for any."""
+        found = taken_back_by(route, body, state)
+        if found is None:
+            return False
+        match, why = found
+        with self._lock:
+            hits = [k for k, pid in self._ids.items() if k not in self._taken and match(pid)]
+            for k in hits:
+                self._taken[k] = why
+            self.count += len(hits)
+        if hits:
+            log.info("Berth: %d held prompt(s) %s while held (POST /%s)", len(hits), why, route)
+        return bool(hits)
+
+
+def taken_back_by(route: str, body: Any, state: GateState):
+    """``(match(prompt_id) -> bool, reason)`` for the held prompts a ``POST /queue`` or
+    ``POST /interrupt`` body takes back (``route``: ``"queue"`` or ``"interrupt"``), or
+    ``None``. ComfyUI 0.3.64's own semantics: ``delete`` by prompt id, ``clear`` every pending
+    prompt, ``interrupt`` the named prompt, or with no id the one that runs: while ComfyUI
+    sleeps (``asleep``, ``waking``) that is the held one, nothing of ComfyUI's own running."""
+    body = body if isinstance(body, dict) else {}
+    if route == "queue":
+        if body.get("clear"):
+            return (lambda pid: True), "cleared"
+        ids = {str(x) for x in body.get("delete") or [] if isinstance(x, (str, int))}
+        return (lambda pid: pid in ids), "deleted"
+    named = body.get("prompt_id")
+    if named:
+        return (lambda pid: pid == str(named)), "interrupted"
+    if state in (G.ASLEEP, G.WAKING):
+        return (lambda pid: True), "interrupted"
+    return None
 
 
 def _prompt_id(resp) -> str | None:

@@ -56,7 +56,8 @@ EDGES: dict[tuple[GateState, GateState], str] = {
     (G.ASLEEP, G.WAKING): "a prompt arrived: berthd is asked for the wake",
     (G.ASLEEP, G.OPEN): "woken without a held prompt (berthd resumed the lease)",
     (G.WAKING, G.OPEN): "the wake answered",
-    (G.WAKING, G.ASLEEP): "the wake could not be asked; the next prompt asks again",
+    (G.WAKING, G.ASLEEP): "the wake could not be asked, or every prompt that asked for it "
+                          "has gone (it is withdrawn); the next prompt asks again",
     **{(s, G.OFF): _FAIL_OPEN for s in GateState if s not in (G.OFF, G.STOPPED)},
     **{(s, G.STOPPED): _DRAINED for s in GateState if s is not G.STOPPED},
 }

@@ -427,10 +427,25 @@ def _warn_cards(m: _Model, argv: list[str], container: bool, report: Report) -> 
             f"models.{m.id}.cmd: the container does not see the cards Berth grants: berth run "
             f"sets CUDA_VISIBLE_DEVICES for the {os.path.basename(argv[0])} client only; add "
             f"'-e CUDA_VISIBLE_DEVICES' to pass it into the container")
+    _note_fit(m, argv, env, report)
     stop = m.conf.get("cmdStop")
     if stop and "${PID}" in str(stop):
         report.notes.append(f"models.{m.id}.cmdStop: ${{PID}} is now berth run's pid; a signal "
                             f"sent there runs berth run's stop sequence")
+
+
+def _note_fit(m: _Model, argv: list[str], env: list, report: Report) -> None:
+    """Say what berth run does to a llama-server that sizes itself to what is free (issue 37):
+    bounds it to its lease with ``--fit-target``, unless the command pins its own fit."""
+    from berth.run import fit
+    if fit.find_server(argv) is None:
+        return
+    why = fit.pinned(argv, dict(str(e).split("=", 1) for e in env if "=" in str(e)))
+    report.notes.append(
+        f"models.{m.id}.cmd: llama-server left as written: {why}" if why else
+        f"models.{m.id}.cmd: llama-server sets no fit of its own: berth run adds --fit-target "
+        f"from its lease at start (its log says the value), so --fit fills the lease, not the "
+        f"card; set --fit, --fit-target, or -ngl and -c to choose yourself")
 
 
 def _engine_names(models: dict[str, _Model], report: Report) -> None:

@@ -58,6 +58,7 @@ from berth_plugins.hookspecs import ActionContext, MechanismError
 from berth_plugins.manager import run_action
 
 from . import mapping
+from .deaths import Deaths
 from .orders import RETRY_MAX_S, Orders
 from .plugin import MECHANISM
 from .protocol import Event
@@ -97,6 +98,7 @@ class Program:
     restart_grace_s: float | None = None
     drain: Instruction | None = None
     stopping: bool = False
+    said_death: int | None = None        # the start (supervisord's) whose death was explained
     version: int = 0
     retry_s: float = 0.2
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -119,10 +121,7 @@ class Host:
     (through ``loop.call_soon_threadsafe``). Durations in seconds."""
 
     def __init__(self, cfg, sup: Supervisor, client: Client, pm, state_path: Path):
-        self.cfg = cfg
-        self.sup = sup
-        self.client = client
-        self.pm = pm
+        self.cfg, self.sup, self.client, self.pm = cfg, sup, client, pm
         self.state_path = Path(state_path)
         self.programs = programs_from(cfg)
         self.release_wait_s = cfg.policy.release_grace
@@ -131,6 +130,7 @@ class Host:
         self._tasks: set[asyncio.Task] = set()
         self._full = asyncio.Lock()
         self.orders = Orders(self)
+        self.deaths = Deaths(sup, client)
 
     # -- entry points --------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -167,6 +167,7 @@ class Host:
                                        if p.mode == mode))
             with contextlib.suppress(BerthdUnavailable, ApiError):
                 await self._audit()
+            await self.deaths.tell_due()
             self.syncs += 1
             self._save()
 
@@ -207,6 +208,7 @@ class Host:
         """Steps (1)-(5) of the module docstring, for one program, under its lock."""
         info = await asyncio.to_thread(self.sup.info, prog.name)
         prog.state, prog.seen_pid = info.statename, info.pid
+        await self.deaths.explain(prog, info)
         # (5)
         if prog.drain is not None:
             await self.orders.drain(prog)

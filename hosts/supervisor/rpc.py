@@ -187,6 +187,18 @@ class Supervisor:
         raise SupervisorError(f"supervisor.getAllConfigInfo() for {name!r}", 10,
                               f"BAD_NAME: {name}")
 
+    def tail(self, name: str, n_bytes: int = 4096) -> str:
+        """The last ``n_bytes`` of the program's stdout and stderr logs
+        (``tailProcessStdoutLog``/``tailProcessStderrLog``), stdout first; a log that is not
+        kept reads as empty."""
+        out = []
+        for method in ("tailProcessStdoutLog", "tailProcessStderrLog"):
+            try:
+                out.append(self._call(method, name, 0, n_bytes)[0])
+            except SupervisorError:
+                out.append("")
+        return "\n".join(out)
+
     def all_info(self) -> list[ProcessInfo]:
         """``getAllProcessInfo()``."""
         return [ProcessInfo.from_rpc(d) for d in self._call("getAllProcessInfo")]

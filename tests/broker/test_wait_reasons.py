@@ -43,7 +43,7 @@ def test_a_lower_priority_is_told_at_once_who_holds_the_card(berthd, runs):
     msg = c.body["error"]["message"]
     assert c.body["reason"] == "no_room", c.body
     # boss has no front: its requests were never reported, and the words claim no count.
-    assert "boss" in msg and "priority 5" in msg and "requests in flight not reported" in msg, msg
+    assert "boss" in msg and "priority 5" in msg and "requests in flight unknown: nothing reports them" in msg, msg
     # berth run says why it waits, in its own log, where llama-swap users look.
     wait_for(lambda: "boss" in run_log(d, "minion") and "priority 5" in run_log(d, "minion"),
              30, "the wait reason in minion's log")

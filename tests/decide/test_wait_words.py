@@ -38,7 +38,7 @@ def test_a_holder_serving_inside_its_turn_is_inside_its_minimum_turn():
 
 def test_a_holder_that_never_reported_its_requests_is_not_said_to_have_none():
     quiet = _lease("a")
-    assert "not reported" in holder_words(quiet) and "0 requests" not in holder_words(quiet)
+    assert "nothing reports them" in holder_words(quiet) and "0 requests" not in holder_words(quiet)
     told = _lease("a", jobs_reported=True)
     assert "0 requests in flight" in holder_words(told)
 
@@ -48,7 +48,7 @@ def test_the_wait_names_what_was_reported_and_nothing_else():
     w.request("a", "A", {G0: 20 * GiB}, park=ParkMechanism.CHECKPOINT)
     w.request("b", "B", {G0: 10 * GiB})
     why, lasting = w.s.wait_cause("b")
-    assert "A (priority 0, requests in flight not reported)" in why, why
+    assert "A (priority 0, requests in flight unknown: nothing reports them (no front), so it counts as busy)" in why, why
     assert "0 requests in flight" not in why and "minimum turn" in why and not lasting, why
     w.apply(w.s.jobs("a", 2, w.now))
     w.advance(1)                                # the next pass says the count it was told

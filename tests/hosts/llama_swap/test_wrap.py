@@ -627,3 +627,23 @@ def test_env_and_aliases_that_are_not_lists_of_strings_are_refused(key, value):
                 cmd: srv --port ${{PORT}}
                 {key}: {value}
             """)
+
+
+def test_a_llama_server_with_no_fit_is_said_to_be_bounded_by_its_lease():
+    """Issue 37: llama-server's --fit fills what is free; wrap says that berth run bounds it,
+    and that one pinning its fit is left as written."""
+    _, report, _ = wrap("""
+        models:
+          free:
+            cmd: llama-server --port ${PORT} -m /m/a.gguf
+          pinned:
+            cmd: llama-server --port ${PORT} -m /m/b.gguf -ngl 99 -c 8192
+          other:
+            cmd: vllm serve m --port ${PORT}
+        """)
+    notes = "\n".join(report.notes)
+    assert "models.free.cmd: llama-server sets no fit of its own: berth run adds --fit-target" \
+        in notes, notes
+    assert "models.pinned.cmd: llama-server left as written: it sets -ngl 99 and -c 8192" \
+        in notes, notes
+    assert "models.other.cmd: llama-server" not in notes

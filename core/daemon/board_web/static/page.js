@@ -105,7 +105,8 @@
       }
       box.appendChild(bar);
       const notes = [];
-      if (stow.length) notes.push("stowaways: " + stow.map(s => "pid " + s.pid + " " + size(s.bytes)).join(", "));
+      if (stow.length) notes.push("stowaways: " + stow.map(s => "pid " + s.pid +
+          (s.program ? " " + s.program + " (user " + s.user + ")" : "") + " " + size(s.bytes)).join(", "));
       if (c.reserve_below_suggested) notes.push("reserve below the suggested " + size(c.suggested_reserve_bytes));
       if (notes.length) box.appendChild(el("div", "card-notes", notes.join(" · ")));
       root.appendChild(box);
@@ -196,6 +197,10 @@
     b.addEventListener("click", () => act(op, target));
     return b;
   }
+  function sizeWords(le, sh) {
+    if (le.bound === "declared") return size(sh.size_bytes);
+    return size(sh.reserved_bytes) + " of a " + size(sh.size_bytes) + " ceiling";
+  }
   function drawLeases(st) {
     const body = document.querySelector("#leases tbody");
     clear(body);
@@ -209,7 +214,14 @@
         const s = el("td");
         s.appendChild(el("span", "pill " + stateClass(sh.state), sh.state));
         tr.appendChild(s);
-        tr.appendChild(el("td", null, size(sh.used_bytes !== null ? sh.used_bytes : sh.reserved_bytes)));
+        // The lease's size, never the driver's read of its use (a 3 GiB lease whose engine
+        // had not loaded yet showed "0 B"); a bound other than declared makes the size a
+        // ceiling, and what the lease counts now is said beside it.
+        const sz = el("td", "size", sizeWords(le, sh));
+        sz.dataset.sizeBytes = sh.size_bytes;
+        tr.appendChild(sz);
+        tr.appendChild(el("td", "used", sh.used_bytes === null ? "—" : size(sh.used_bytes) +
+                          (sh.peak_bytes ? " (peak " + size(sh.peak_bytes) + ")" : "")));
         tr.appendChild(el("td", "wide", le.pid === null ? "" : le.pid));
         const c = costs[le.engine];
         tr.appendChild(el("td", "wide", c ? ["park", "restore", "cold_start"]
