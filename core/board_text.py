@@ -61,30 +61,9 @@ def render(st: dict) -> str:
             lines.append(f"    {sh['engine']:<20} {sh['state']:<10} {format_size(sh['counted_bytes'])}"
                          f" counted, {_size_words(sh)}"
                          f"  ({sh['lease']}){marks}{until.get(sh['lease'], '')}")
-    if st["waiting"]:
-        lines.append("waiting:")
-        for w in st["waiting"]:
-            need = ", ".join(f"{x.get('card_name') or x['card']} {format_size(x['size_bytes'])}"
-                             for x in w["need"])
-            lines.append(f"    {w['engine']:<20} {w['kind']:<7} needs {need or '—'}, waited "
-                         f"{w['waited_s']:.1f}s ({w['id']})")
-            if w.get("why"):
-                lines.append(f"        {w['why']}")
-            if w.get("note"):
-                lines.append(f"        ! {w['note']}")
-    else:
-        lines.append("waiting: none")
+    lines += _waiting_lines(st["waiting"])
     lines += _drained_lines(st.get("drained") or [])
-    for le in st["leases"]:
-        if le.get("note"):
-            lines.append(f"! {le['engine']} ({le['id']}): {le['note']}")
-        if (le.get("capabilities") or {}).get("pinned"):
-            lines.append(f"  {le['engine']} ({le['id']}): {le['move']['why']}")
-        if le.get("size_note"):
-            lines.append(f"! {le['engine']} ({le['id']}) size: {le['size_note']}")
-    for n in st.get("host_notes") or []:
-        lines.append(f"! {n['engine']} ({time.strftime('%H:%M:%S', time.localtime(n['at']))}): "
-                     f"{n['text']}")
+    lines += _problem_lines(st)
     ram = st.get("host_ram") or {}
     if ram.get("budget_bytes") is not None:
         lines.append(f"host RAM for parks: {format_size(ram['parked_bytes'])} parked of a "
@@ -99,6 +78,40 @@ def render(st: dict) -> str:
     if "adapters" in st:            # berthd's registry of adapters (issue 38)
         lines.append("adapters: " + (", ".join(st["adapters"]) or "none"))
     return "\n".join(lines)
+
+
+def _waiting_lines(waiting: list[dict]) -> list[str]:
+    """``waiting:`` and each waiter with what it needs, how long it waited and why."""
+    if not waiting:
+        return ["waiting: none"]
+    lines = ["waiting:"]
+    for w in waiting:
+        need = ", ".join(f"{x.get('card_name') or x['card']} {format_size(x['size_bytes'])}"
+                         for x in w["need"])
+        lines.append(f"    {w['engine']:<20} {w['kind']:<7} needs {need or '—'}, waited "
+                     f"{w['waited_s']:.1f}s ({w['id']})")
+        if w.get("why"):
+            lines.append(f"        {w['why']}")
+        if w.get("note"):
+            lines.append(f"        ! {w['note']}")
+    return lines
+
+
+def _problem_lines(st: dict) -> list[str]:
+    """A line per lease with something to fix or know (``!``: a note, a size far from its
+    peak; a pinned card that no move may change) and per host note (issue 37)."""
+    lines = []
+    for le in st["leases"]:
+        if le.get("note"):
+            lines.append(f"! {le['engine']} ({le['id']}): {le['note']}")
+        if (le.get("capabilities") or {}).get("pinned"):
+            lines.append(f"  {le['engine']} ({le['id']}): {le['move']['why']}")
+        if le.get("size_note"):
+            lines.append(f"! {le['engine']} ({le['id']}) size: {le['size_note']}")
+    for n in st.get("host_notes") or []:
+        lines.append(f"! {n['engine']} ({time.strftime('%H:%M:%S', time.localtime(n['at']))}): "
+                     f"{n['text']}")
+    return lines
 
 
 def _drained_lines(drained: list[dict]) -> list[str]:

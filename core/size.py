@@ -268,7 +268,7 @@ def _go(args) -> int:
             return 2
         print(render_estimate(e))
         return 0
-    from berth.board import _run
+    from berth.board_text import _run
     return _run(lambda a: _lease(a.target))(args)
 
 
