@@ -33,8 +33,16 @@ def _size(v: Any) -> int:
     return parse_size(v, field="size")
 
 
+#: The largest pid Linux gives (``pid_max`` at most 2**22).
+MAX_PID = 1 << 22
+#: A process start time, seconds since the epoch: finite, and before the year 36812.
+MAX_START_TIME = float(1 << 40)
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Every number from outside is bounded before use (issue 36): no infinity, no NaN (JSON's
+    # 1e400 parses as infinity), and each field below has a range.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ShareBody(_Body):
@@ -60,9 +68,9 @@ class LeaseBody(_Body):
     aliases: list[Annotated[str, Field(min_length=1, max_length=200,
                                        pattern=r"^[^\s\x00-\x1f\x7f]+$")]] = \
         Field(default_factory=list, max_length=32)
-    owner_pid: int | None = Field(None, gt=0)
-    pid: int | None = Field(None, gt=0)
-    start_time: float | None = None
+    owner_pid: int | None = Field(None, gt=0, le=MAX_PID)
+    pid: int | None = Field(None, gt=0, le=MAX_PID)
+    start_time: float | None = Field(None, ge=0.0, le=MAX_START_TIME)
     host: str | None = Field(None, max_length=100)
     # False: Berth must never stop this process (an in-process host: the ComfyUI node), so it
     # makes room only by its park; no_park: why the host gives no park (issue 24).
@@ -74,9 +82,9 @@ class LeaseBody(_Body):
 
 
 class AttachBody(_Body):
-    pid: int = Field(gt=0)
-    start_time: float | None = None
-    host: str | None = None
+    pid: int = Field(gt=0, le=MAX_PID)
+    start_time: float | None = Field(None, ge=0.0, le=MAX_START_TIME)
+    host: str | None = Field(None, max_length=100)
 
 
 class JobsBody(_Body):
