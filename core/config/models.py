@@ -223,7 +223,8 @@ class ApiConfig(_Strict):
     socket_group: str | None = Field(None, min_length=1, max_length=64)
     socket_mode: SocketMode = 0o660
     tcp: TcpAddress = None
-    key: str | None = None
+    #: The TCP API's key: at least 16 characters, as the board's and the network's (issue 36).
+    key: str | None = Field(None, min_length=16)
     #: Members of this Unix group are operators (park, wake, drain, hold; any priority), as are
     #: root and the socket's owner (issue 18).
     operator_group: str | None = None

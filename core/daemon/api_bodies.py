@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from aiohttp import web
 from berth.config.errors import said_once
+from berth.config.words import is_secret
 from berth.daemon.broker import LeaseGone
 from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
@@ -146,9 +147,14 @@ async def parse_body(request: web.Request, model: type[BaseModel]):
 
 
 def _problem(err: dict) -> str:
-    """One validation error: ``key.path: message (got value)``, the key said once."""
+    """One validation error: ``key.path: message (got value)``, the key said once. The value is
+    repeated only for a field the body knows whose name is not a secret's: a misspelled field
+    may be a key sent under the wrong name, and it would land in the log (issue 36)."""
     key = ".".join(str(x) for x in err["loc"]) or "(body)"
     said = said_once(key, err["msg"].removeprefix("Value error, "))
+    last = err["loc"][-1] if err["loc"] else ""
+    if err["type"] == "extra_forbidden" or is_secret(last):
+        return f"{key}: {said}"
     shown = _show(err.get("input"))
     return f"{key}: {said}" if said.endswith(f"got {shown}") else f"{key}: {said} (got {shown})"
 
