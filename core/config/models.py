@@ -307,14 +307,28 @@ class NetworkConfig(_Strict):
         return self
 
 
+def _origin(v: Any) -> str:
+    """An allowed browser origin: ``https://comfy.example`` (scheme, host, an optional port)."""
+    from berth.origin import parse_origin
+    if not isinstance(v, str) or parse_origin(v) is None:
+        raise ValueError(f"expected an origin like 'https://comfy.example' or "
+                         f"'http://studio.lan:8188' (scheme, host, port; no path), got {v!r}")
+    return v.strip().rstrip("/")
+
+
 class ListenersConfig(_Strict):
     """``[listeners]``: what the gateway's listeners allow a client (issue 26): a request head
     within ``head_timeout``, a kept-alive connection idle (or a request body silent) at most
-    ``idle_timeout``, at most ``max_connections`` open (0: from the file descriptor limit)."""
+    ``idle_timeout``, at most ``max_connections`` open (0: from the file descriptor limit);
+    ``origins``: browser pages allowed besides this machine's own (:mod:`berth.origin`)."""
 
     head_timeout: PositiveDuration = 10.0
     idle_timeout: PositiveDuration = 60.0
     max_connections: Whole = 0
+    #: Browser pages, besides this machine's own (loopback, the listener's address), that may
+    #: call the gateway and ComfyUI's port: ``scheme://host[:port]`` each (issue 36).
+    origins: list[Annotated[str, BeforeValidator(_origin)]] = Field(default_factory=list,
+                                                                     max_length=64)
 
 
 class Config(_Strict):
