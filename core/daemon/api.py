@@ -170,6 +170,8 @@ async def request_lease(request: web.Request) -> web.Response:
             return refusal
     lease = _new_lease(broker, body, adopted, _owner(body, peer, adopted))
     request.app[CALLERS][lease.id] = caller_of_request(request)
+    if body.reaper and lease.owner_pid is not None:
+        broker.reads.reapers.add(lease.id)      # its owner's descendants are its (issue 36)
     asks = [Ask(sb.card, sb.size, sb.need) for sb in body.shares]
     try:
         await broker.request(lease, asks)

@@ -80,6 +80,9 @@ class LeaseBody(_Body):
     # Seconds the room is kept when the process exits on its own and its supervisor restarts
     # it (a host that restarts programs says so; issue 12 case 2).
     restart_grace: float = Field(0.0, ge=0.0, le=3600.0)
+    # The owner is a child subreaper (``berth run``): every descendant of it other than itself
+    # is the engine's, one that double-forked out of the engine's tree included (issue 36).
+    reaper: StrictBool = False
 
 
 class AttachBody(_Body):

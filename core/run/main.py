@@ -99,6 +99,9 @@ class EngineRun:
         not load; 1 when berthd refused the lease; 143 when stopped while waiting for it."""
         async with contextlib.AsyncExitStack() as stack:
             loop = asyncio.get_running_loop()
+            # An engine that double-forks stays in the run's tree (issue 36).
+            from berth.run.engine import become_subreaper
+            become_subreaper()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._signalled)
                 stack.callback(loop.remove_signal_handler, sig)
