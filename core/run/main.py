@@ -64,6 +64,10 @@ __all__ = ["EngineRun"]
 log = logging.getLogger("berth.run")
 
 
+#: Seconds a run whose lease berthd refused keeps its front answering the reason (a 503).
+REFUSED_LINGER_S = 3.0
+
+
 def _task(stack: contextlib.AsyncExitStack, coro: Coroutine) -> asyncio.Task:
     """A task that ``stack`` cancels, and waits for, when it closes (on any exit)."""
     task = asyncio.create_task(coro)
@@ -237,6 +241,11 @@ class EngineRun:
         engine's exit or a stop (signal or drain). Returns the exit code."""
         from berth.run.engine import NoEngine
         if await self.lease.acquire() is None:
+            if self.lease.refused is not None and self.front is not None:
+                # The front answers why for a moment (a client that sent its request as the
+                # run started gets the reason, not a refused connection: issue 36).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop_event.wait(), REFUSED_LINGER_S)
             return 143 if self.stop_event.is_set() else 1
         try:
             ident = await self.engine.spawn(self.lease.cards, self.lease.lease_id,

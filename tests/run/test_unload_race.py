@@ -60,3 +60,23 @@ def _listening(b) -> int:
     """B's front port once it accepts (the request is then held by the front, not refused)."""
     wait_for(lambda: b.health() is not None, 30, "B's front listening")
     return b.port
+
+
+def test_too_big_for_any_card_reaches_the_client(world):
+    """A run asking more than any card has: berthd refuses the lease; the reason reached only the
+    run's log. The front answers it (a 503 naming it) to the client, then the run exits 1."""
+    import openai
+    world.start_berthd()
+    big = world.model("Big", run_cmd("Big", size="30GiB", park=False))
+    big.spawn()
+    port = _listening(big)
+    try:
+        chat(port, "Big", max_tokens=2, timeout_s=30)
+    except openai.APIStatusError as e:
+        said = str(e)
+        assert e.status_code == 503 and "berthd refused the lease" in said, said
+        assert "30" in said or "30.0GiB" in said, said
+    else:
+        raise AssertionError("a lease too big for any card served a request")
+    assert big.proc.wait(30) == 1
+    assert "berthd refused the lease" in world.log("Big")
