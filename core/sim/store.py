@@ -90,9 +90,15 @@ def _gc(st: "Txn") -> None:
 def load(directory: Path) -> dict:
     path = directory / STATE_FILE
     try:
-        text = path.read_text()
+        # As the lock: no symlink followed, no wait on a FIFO planted there (issue 36).
+        fd = open_shared(path, os.O_RDONLY, create_mode=None,
+                         owners=(os.geteuid(), 0, os.stat(directory).st_uid))
     except FileNotFoundError:
         raise SimError(_NOT_DECLARED.format(dir=directory)) from None
+    except UnsafePath as e:
+        raise SimError(str(e)) from None
+    with os.fdopen(fd, encoding="utf-8") as f:
+        text = f.read()
     try:
         data = json.loads(text)
         if data.get("version") != _VERSION:

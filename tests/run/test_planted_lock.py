@@ -91,17 +91,25 @@ def test_a_lock_others_can_write_is_refused_a_good_one_is_taken(tmp_path):
     first.release()
 
 
+@pytest.mark.parametrize("name", ["cards.lock", "cards.json"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_simulated_cards_lock_planted_is_refused(tmp_path, kind):
+def test_the_simulated_cards_files_planted_are_refused(tmp_path, kind, name):
     sim = tmp_path / "sim"
     subprocess.run([BERTH, "sim", "init", "--card", "gpu0=24GiB@0000:01:00.0",
                     "--dir", str(sim)], check=True, capture_output=True, timeout=60)
-    lock = sim / "cards.lock"
-    lock.unlink()
+    lock = sim / name
+    saved = sim / f"{name}.saved"
+    lock.rename(saved)
     _plant(lock, kind, tmp_path / "target")
     from berth.sim.cards import SimCards
     from berth.sim.store import SimError
-    out = _bounded(lambda: SimCards(sim).snapshot(), lock)
+    try:
+        out = _bounded(lambda: SimCards(sim).snapshot(), lock)
+    finally:
+        # The suite's OOM count reads every cards.json it saw: the real one goes back.
+        _unblock(lock)
+        lock.rmdir() if kind == "directory" else lock.unlink()
+        saved.rename(lock)
     assert isinstance(out.get("error"), SimError), out
     assert str(lock) in str(out["error"]) and "uid 0 (root)" in str(out["error"])
 
