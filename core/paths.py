@@ -10,6 +10,10 @@
   (:func:`prepare_state_dir`); the lock opens without following symlinks (:func:`open_lock`);
   a client refuses a socket there that is not its user's or root's (:func:`check_socket`)
   (issue 18, hole 3);
+- a file in a directory other users can write (the fail-open lock in ``/dev/shm``, the simulated
+  cards' lock) opens without following a symlink and without blocking, then is checked by
+  ``fstat`` before use (:func:`open_shared`): a FIFO planted there made every ``berth run``
+  block in ``open`` forever (issue 36);
 - config, one rule for every process (:func:`find_config`): ``--config``, else
   ``$BERTH_CONFIG``, else ``/etc/berth/berth.toml`` as root, else
   ``$XDG_CONFIG_HOME/berth/berth.toml`` (``~/.config/berth/berth.toml``); a file named by the
@@ -20,14 +24,15 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
 
 __all__ = ["state_dir", "socket_path", "sim_dir", "config_path", "find_config", "CONFIG_PLACES",
            "client_socket", "default_sockets", "find_socket",
-           "client_sim_dir", "prepare_state_dir", "open_lock", "check_socket", "write_atomic",
-           "UnsafePath"]
+           "client_sim_dir", "prepare_state_dir", "open_lock", "open_shared", "check_socket",
+           "write_atomic", "UnsafePath"]
 
 
 class UnsafePath(PermissionError):
@@ -74,20 +79,100 @@ def prepare_state_dir(sdir: Path) -> bool:
     return made
 
 
+def _owner(uid: int) -> str:
+    """``uid 1001 (bob)``: a file's owner in words."""
+    try:
+        import pwd
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+_KINDS = ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def _kind(mode: int) -> str:
+    return next((w for test, w in _KINDS if test(mode)), "not a regular file")
+
+
+def _refuse(path: Path, st: os.stat_result, why: str) -> UnsafePath:
+    return UnsafePath(f"{path}: {why}, owned by {_owner(st.st_uid)}; refusing it (another user "
+                      f"may have placed it: remove it)")
+
+
+def open_shared(path: Path, flags: int = os.O_RDONLY, *, create_mode: int | None = 0o644,
+                owners: tuple[int, ...] | None = None) -> int:
+    """A descriptor on the regular file ``path`` in a directory other users may write; made with
+    ``create_mode`` (exactly, whatever the umask) when missing and ``create_mode`` is not
+    ``None``. Opened with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO there opens at once rather than
+    blocking until a writer comes; a symlink is not followed), then checked by ``fstat``: a
+    regular file with one link, not writable by group or others, owned by one of ``owners``
+    (uids; ``None``: any user, for a file every user shares). Never ``O_CREAT`` on an existing
+    file (``fs.protected_regular`` refuses that for another user's file in a sticky directory).
+    Raises :class:`UnsafePath` naming the path, what it is and its owner; ``OSError`` otherwise
+    (issue 36)."""
+    path = Path(path)
+    base = flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for _ in range(3):
+        try:
+            fd = os.open(path, base)
+        except FileNotFoundError:
+            if create_mode is None:
+                raise
+            try:
+                fd = os.open(path, base | os.O_CREAT | os.O_EXCL, create_mode)
+                os.fchmod(fd, create_mode)          # every user opens it, whatever the umask
+            except FileExistsError:
+                continue                            # another process made it meanwhile
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOTDIR):
+                raise
+            try:
+                st = os.lstat(path)
+            except OSError:
+                raise e from None
+            raise _refuse(path, st, _kind(st.st_mode)) from None
+        try:
+            _check_shared(path, os.fstat(fd), owners)
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    raise OSError(errno.EAGAIN, "made and removed again and again", str(path))
+
+
+def _check_shared(path: Path, st: os.stat_result, owners: tuple[int, ...] | None) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, st, _kind(st.st_mode))
+    if st.st_nlink != 1:
+        raise _refuse(path, st, f"a file with {st.st_nlink} links (a hard link to another file)")
+    if st.st_mode & 0o022:
+        raise _refuse(path, st, f"a file of mode {stat.S_IMODE(st.st_mode):04o} (writable by "
+                                f"other users; Berth makes it 0644 or 0600)")
+    if owners is not None and st.st_uid not in owners:
+        raise _refuse(path, st, "a file not made by this user, root or the directory's owner")
+
+
 def open_lock(path: Path) -> int:
     """Open (creating, mode 0600) the lock file without following a symlink and without
     truncating it; returns the descriptor. Raises :class:`UnsafePath` for a symlink or a
     non-regular file in its place."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o600)
     except OSError as e:
-        if e.errno in (40, 20):                     # ELOOP: a symlink; ENOTDIR
-            raise UnsafePath(f"{path}: is a symlink; refusing to open it (another user may "
-                             f"have placed it)") from None
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENXIO):
+            raise UnsafePath(f"{path}: is a symlink or not a file; refusing to open it (another "
+                             f"user may have placed it)") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise UnsafePath(f"{path}: not a regular file")
+        raise _refuse(path, st, _kind(st.st_mode))
+    os.set_blocking(fd, True)
     return fd
 
 

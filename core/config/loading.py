@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from .cross import RAW, RULES_OFF, UNKNOWN
 from .errors import ConfigError
 from .models import CROSS, Config
-from .words import key_str, loc_str, unknown_key
+from .words import is_secret, key_str, loc_str, unknown_key
 
 
 def parse(data: dict, source: str = "berth.toml") -> Config:
@@ -101,11 +101,6 @@ def _without(data: Any, paths: set[tuple]) -> Any:
     return walk(data, ())
 
 
-#: The values an error message never repeats: [board] key, [api] key, [network] key,
-#: [hosts.supervisor] password.
-_SECRETS = frozenset({"key", "password"})
-
-
 def _in_words(data: Any, errors: list[dict]) -> list[tuple[str, str]]:
     """``(key path, message)`` pairs in the order of berth.toml's tables, an entry's together."""
     order = list(Config.model_fields)
@@ -119,10 +114,15 @@ def _in_words(data: Any, errors: list[dict]) -> list[tuple[str, str]]:
         elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
             # pydantic's words name a Python class ("instance of EngineConfig"); a user wrote TOML.
             msg = f"expected a table ([{loc_str(loc)}] with its keys), got {value!r}"
-        elif loc and loc[-1] in _SECRETS:
-            # a key or password is never written back (berthd's log, a terminal, a paste)
+        elif loc and is_secret(loc[-1]):
+            # a key or password is never written back (berthd's log, a terminal, a paste),
+            # not even where a validator's own words quote it
             msg = msg.replace("String should have at least", "must be at least")
-            msg += f" (got {len(value)} characters)" if isinstance(value, str) else ""
+            if isinstance(value, str) and value:
+                msg = msg.replace(repr(value), "its value")
+                if len(value) >= 6:         # a shorter one would match inside words
+                    msg = msg.replace(value, "its value")
+                msg += f" (got {len(value)} characters)"
         elif err["type"] not in ("value_error", CROSS) and not isinstance(value, dict):
             msg += f" (got {value!r})"
         rank = (order.index(loc[0]) if loc and loc[0] in order else len(order), 0)

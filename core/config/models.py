@@ -230,7 +230,8 @@ class ApiConfig(_Strict):
     socket_group: str | None = Field(None, min_length=1, max_length=64)
     socket_mode: SocketMode = 0o660
     tcp: TcpAddress = None
-    key: str | None = None
+    #: The TCP API's key: at least 16 characters, as the board's and the network's (issue 36).
+    key: str | None = Field(None, min_length=16)
     #: Members of this Unix group are operators (park, wake, drain, hold; any priority), as are
     #: root and the socket's owner (issue 18).
     operator_group: str | None = None
@@ -313,14 +314,28 @@ class NetworkConfig(_Strict):
         return self
 
 
+def _origin(v: Any) -> str:
+    """An allowed browser origin: ``https://comfy.example`` (scheme, host, an optional port)."""
+    from berth.origin import parse_origin
+    if not isinstance(v, str) or parse_origin(v) is None:
+        raise ValueError(f"expected an origin like 'https://comfy.example' or "
+                         f"'http://studio.lan:8188' (scheme, host, port; no path), got {v!r}")
+    return v.strip().rstrip("/")
+
+
 class ListenersConfig(_Strict):
     """``[listeners]``: what the gateway's listeners allow a client (issue 26): a request head
     within ``head_timeout``, a kept-alive connection idle (or a request body silent) at most
-    ``idle_timeout``, at most ``max_connections`` open (0: from the file descriptor limit)."""
+    ``idle_timeout``, at most ``max_connections`` open (0: from the file descriptor limit);
+    ``origins``: browser pages allowed besides this machine's own (:mod:`berth.origin`)."""
 
     head_timeout: PositiveDuration = 10.0
     idle_timeout: PositiveDuration = 60.0
     max_connections: Whole = 0
+    #: Browser pages, besides this machine's own (loopback, the listener's address), that may
+    #: call the gateway and ComfyUI's port: ``scheme://host[:port]`` each (issue 36).
+    origins: list[Annotated[str, BeforeValidator(_origin)]] = Field(default_factory=list,
+                                                                     max_length=64)
 
 
 class Config(_Strict):

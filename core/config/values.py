@@ -111,15 +111,23 @@ def _read_interval(v: Any) -> float:
     return s
 
 
+#: The largest whole number berth.toml takes (a count of connections, sessions, ...): every
+#: number from outside is bounded before use (issue 36).
+MAX_WHOLE = 1 << 31
+
+
 def _whole(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"expected a whole number like 10, got {v!r}")
+    if not 0 <= v <= MAX_WHOLE:
+        raise ValueError(f"expected a whole number from 0 to {MAX_WHOLE}, got {v!r}")
     return v
 
 
 def _priority(v: Any) -> int:
     """A priority: a whole number from -1000 to 1000, the range the control API accepts."""
-    _whole(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"expected a whole number like 10, got {v!r}")
     if not -1000 <= v <= 1000:
         raise ValueError(f"expected a priority from -1000 to 1000, got {v!r}")
     return v

@@ -16,7 +16,27 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel
 
-__all__ = ["key_str", "loc_str", "unknown_key"]
+__all__ = ["key_str", "loc_str", "unknown_key", "is_secret", "shows_value"]
+
+#: Key names whose values an error never repeats ([board] key, [api] key, [network] key,
+#: [hosts.supervisor] password), and any name that looks like one.
+_SECRET_WORDS = ("key", "password", "passwd", "secret", "token")
+
+
+def is_secret(key: Any) -> bool:
+    """Whether a key's value is, or may be, a secret (issue 36): its name holds one of
+    :data:`_SECRET_WORDS` (``key``, ``api_key``; a misspelling such as ``pasword`` holds
+    none: see :func:`shows_value`)."""
+    name = str(key).lower()
+    return any(w in name for w in _SECRET_WORDS)
+
+
+def shows_value(key: Any) -> bool:
+    """Whether an error about ``key`` may repeat its value: only a key berth.toml knows (in any
+    table) that is not a secret. A misspelled key may be a secret put under the wrong name
+    (``kye``, ``pasword``), so its value is never repeated (issue 36)."""
+    from .models import Config
+    return not is_secret(key) and any(key in m.model_fields for _, m in _tables(Config))
 
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -120,7 +140,7 @@ def unknown_key(loc: tuple, value: Any, root: type[BaseModel]) -> tuple[tuple, s
             msg += f" (did you mean {close[0]!r}?)"
         where = f"[{loc_str(parent)}]" if parent else "the top level"
         msg += f"; {where} allows: {', '.join(allowed)}"
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) and shows_value(key):
         msg += f" (got {value!r})"
     return loc, msg
 

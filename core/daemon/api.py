@@ -176,6 +176,8 @@ async def request_lease(request: web.Request) -> web.Response:
             return refusal
     lease = _new_lease(broker, body, adopted, _owner(body, peer, adopted))
     request.app[CALLERS][lease.id] = caller_of_request(request)
+    if body.reaper and lease.owner_pid is not None:
+        broker.reads.reapers.add(lease.id)      # its owner's descendants are its (issue 36)
     asks = [Ask(sb.card, sb.size, sb.need) for sb in body.shares]
     try:
         await broker.request(lease, asks)
@@ -577,6 +579,11 @@ def _live(path: Path) -> bool:
         s.close()
 
 
+#: Connections the kernel queues for berthd's accept: room for a burst (a flood refused at its
+#: bound still passes through the queue) before a connect gets EAGAIN (issue 36).
+CONTROL_BACKLOG = 1024
+
+
 async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
                 key: str | None = None, waits=None) -> web.AppRunner:
     """Start the API on ``socket_path`` (mode 0660) and optionally ``tcp`` (``host:port``).
@@ -589,8 +596,15 @@ async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
     socket_path.parent.mkdir(parents=True, exist_ok=True)
     if socket_path.exists() and _live(socket_path):
         raise OSError(f"another berthd answers on {socket_path}")
-    # Long polls end at once on shutdown (Broker.begin_shutdown); what is left gets 2 s.
-    site = web.UnixSite(runner, str(socket_path), shutdown_timeout=2.0)
+    # Long polls end at once on shutdown (Broker.begin_shutdown); what is left gets 2 s. Each
+    # connection is held to the listeners' head and idle times and to per-uid bounds (issue 36).
+    from berth.daemon.guard import ControlBounds, GuardedUnixSite
+    from berth.daemon.web.listen import Limits
+    li = broker.cfg.listeners
+    limits = Limits(li.head_timeout, li.idle_timeout, li.max_connections or None)
+    site = GuardedUnixSite(runner, str(socket_path), limits, ControlBounds(limits.bound()),
+                           handler_args={"access_log": None}, shutdown_timeout=2.0,
+                           backlog=CONTROL_BACKLOG)
     if socket_path.exists():
         socket_path.unlink()
     await site.start()

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 from aiohttp import web
 from berth.config.errors import said_once
+from berth.config.words import is_secret
 from berth.daemon.broker import LeaseGone
 from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
@@ -33,8 +34,16 @@ def _size(v: Any) -> int:
     return parse_size(v, field="size")
 
 
+#: The largest pid Linux gives (``pid_max`` at most 2**22).
+MAX_PID = 1 << 22
+#: A process start time, seconds since the epoch: finite, and before the year 36812.
+MAX_START_TIME = float(1 << 40)
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Every number from outside is bounded before use (issue 36): no infinity, no NaN (JSON's
+    # 1e400 parses as infinity), and each field below has a range.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ShareBody(_Body):
@@ -60,9 +69,9 @@ class LeaseBody(_Body):
     aliases: list[Annotated[str, Field(min_length=1, max_length=200,
                                        pattern=r"^[^\s\x00-\x1f\x7f]+$")]] = \
         Field(default_factory=list, max_length=32)
-    owner_pid: int | None = Field(None, gt=0)
-    pid: int | None = Field(None, gt=0)
-    start_time: float | None = None
+    owner_pid: int | None = Field(None, gt=0, le=MAX_PID)
+    pid: int | None = Field(None, gt=0, le=MAX_PID)
+    start_time: float | None = Field(None, ge=0.0, le=MAX_START_TIME)
     host: str | None = Field(None, max_length=100)
     # False: Berth must never stop this process (an in-process host: the ComfyUI node), so it
     # makes room only by its park; no_park: why the host gives no park (issue 24).
@@ -73,12 +82,15 @@ class LeaseBody(_Body):
     # Seconds the room is kept when the process exits on its own and its supervisor restarts
     # it (a host that restarts programs says so; issue 12 case 2).
     restart_grace: float = Field(0.0, ge=0.0, le=3600.0)
+    # The owner is a child subreaper (``berth run``): every descendant of it other than itself
+    # is the engine's, one that double-forked out of the engine's tree included (issue 36).
+    reaper: StrictBool = False
 
 
 class AttachBody(_Body):
-    pid: int = Field(gt=0)
-    start_time: float | None = None
-    host: str | None = None
+    pid: int = Field(gt=0, le=MAX_PID)
+    start_time: float | None = Field(None, ge=0.0, le=MAX_START_TIME)
+    host: str | None = Field(None, max_length=100)
 
 
 class JobsBody(_Body):
@@ -148,9 +160,14 @@ async def parse_body(request: web.Request, model: type[BaseModel]):
 
 
 def _problem(err: dict) -> str:
-    """One validation error: ``key.path: message (got value)``, the key said once."""
+    """One validation error: ``key.path: message (got value)``, the key said once. The value is
+    repeated only for a field the body knows whose name is not a secret's: a misspelled field
+    may be a key sent under the wrong name, and it would land in the log (issue 36)."""
     key = ".".join(str(x) for x in err["loc"]) or "(body)"
     said = said_once(key, err["msg"].removeprefix("Value error, "))
+    last = err["loc"][-1] if err["loc"] else ""
+    if err["type"] == "extra_forbidden" or is_secret(last):
+        return f"{key}: {said}"
     shown = _show(err.get("input"))
     return f"{key}: {said}" if said.endswith(f"got {shown}") else f"{key}: {said} (got {shown})"
 

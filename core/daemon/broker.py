@@ -48,6 +48,10 @@ __all__ = ["Broker", "LeaseGone", "Channel"]
 log = logging.getLogger("berth.daemon.broker")
 
 
+#: Seconds between two tries of a state write that failed (a full disk, EIO).
+PERSIST_RETRY_S = 2.0
+
+
 class Broker:
     """The broker as a service. ``clock`` is monotonic seconds (shared by every process on the
     machine, so state-file times stay valid across a restart)."""
@@ -58,6 +62,7 @@ class Broker:
         self.driver = driver
         self.state_path = Path(state_path)
         self._persist_error: str | None = None   # the last failed write's, said once
+        self._retrying: asyncio.Task | None = None  # tries the write again while it fails
         self.pm = pm
         self.clock = clock
         # Instruction numbers must keep growing across restarts: a run that polled the old
@@ -142,6 +147,9 @@ class Broker:
         self.timeline.wake_all()
 
     async def stop(self) -> None:
+        self.closing = True                     # no new retry of the state write
+        if self._retrying is not None:
+            self._tasks.append(self._retrying)
         for t in [*self._tasks, *self._watches]:
             t.cancel()
         await asyncio.gather(*self._tasks, *self._watches, return_exceptions=True)
@@ -155,7 +163,25 @@ class Broker:
         return f"gpu{i}"
 
     def _persist(self) -> None:
+        """Write the state file. A failed write (ENOSPC, EIO) leaves the last good file, is said
+        once (:func:`restore.persist`), and is tried again every :data:`PERSIST_RETRY_S` until
+        it passes, change or no change: the state a restart finds is the latest that could be
+        written, and up to date again as soon as there is room (issue 36)."""
         self._persist_error = restore.persist(self.state_path, self.sched, self._persist_error)
+        if self._persist_error is not None and self._retrying is None and not self.closing:
+            self._retrying = asyncio.get_running_loop().create_task(self._retry_persist(),
+                                                                    name="berth-persist")
+
+    async def _retry_persist(self) -> None:
+        # persist() is synchronous and awaits nothing: called here it reads the one state
+        # the single writer leaves between two events, as when the writer calls it.
+        try:
+            while self._persist_error is not None and not self.closing:
+                await asyncio.sleep(PERSIST_RETRY_S)
+                self._persist_error = restore.persist(self.state_path, self.sched,
+                                                      self._persist_error)
+        finally:
+            self._retrying = None
 
     def _closing(self) -> bool:
         return self.closing
@@ -221,6 +247,8 @@ class Broker:
                 if ch is not None:
                     ch.end(e.lease_id, e.reason)
                 self.reads.lease_pids.pop(e.lease_id, None)
+                self.reads.reapers.discard(e.lease_id)
+                self.reads.escapees.pop(e.lease_id, None)
 
     def _note(self, e: Note) -> None:
         now = self.clock()

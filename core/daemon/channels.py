@@ -104,12 +104,19 @@ class Channel:
             if wait_version is None or self.grant.done():
                 return await asyncio.wait_for(asyncio.shield(self.grant), timeout_s)
             changed = asyncio.ensure_future(wait_changed())
+            shielded = asyncio.shield(self.grant)
             try:
-                done, _ = await asyncio.wait({asyncio.shield(self.grant), changed},
-                                             timeout=timeout_s,
+                done, _ = await asyncio.wait({shielded, changed}, timeout=timeout_s,
                                              return_when=asyncio.FIRST_COMPLETED)
             finally:
                 changed.cancel()
+                # The shield's own future: left pending, it took the grant's LeaseGone later
+                # and asyncio logged it as never retrieved (issue 36); done, it is read here.
+                if shielded.done():
+                    if not shielded.cancelled():
+                        shielded.exception()
+                else:
+                    shielded.cancel()
             if self.grant.done() and not self.grant.cancelled():
                 return self.grant.result()
             if self.grant.cancelled() and not closing():

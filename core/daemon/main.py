@@ -139,6 +139,10 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
     from berth.daemon.broker import Broker
     pm = load_plugins(cfg)
     gid = socket_gid(cfg)
+    from berth.daemon.guard import raise_fd_limit
+    before, after = raise_fd_limit()            # a flood must not starve the socket (issue 36)
+    if after != before:
+        log.info("descriptor limit raised from %d to %d (its hard limit)", before, after)
     sock = paths.socket_path(cfg)
     if _answers(sock):
         raise StartRefused(f"another berthd answers on {sock}; stop it first, or give this one "

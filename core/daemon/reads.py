@@ -37,6 +37,13 @@ class Reads:
         self.lease_pids: dict[str, dict[str, set[int]]] = {}
         self.baseline_pids: dict[str, set[int]] = {}
         self._named: dict[int, tuple[str, str]] = {}
+        #: Leases whose owner is a child subreaper (``berth run``): every descendant of the
+        #: owner but itself is the engine's, from its first byte, before the engine attaches
+        #: and after it double-forks out of the engine's tree (issue 36).
+        self.reapers: set[str] = set()
+        #: lease id -> pci -> {pid: bytes}: processes counted for a lease (seen in its tree
+        #: before) that are outside its tree now, as the last read found them: its escapees.
+        self.escapees: dict[str, dict[str, dict[int, int]]] = {}
 
     def _who(self, pids: dict[int, int]) -> dict[int, tuple[str, str]]:
         """``(program, user)`` for each of ``pids`` (stowaways) as the process table names
@@ -76,21 +83,37 @@ class Reads:
             elif le.owner_pid is not None and le.owner_start_time is not None \
                     and not alive(ProcessId(le.owner_pid, le.owner_start_time)) and ending:
                 dead.append(le.id)
+            if le.id in self.reapers:
+                trees[le.id] = trees.get(le.id, set()) | self._reaped(le)
         reads: dict[str, CardRead] = {}
         for pci in led.cards:
             reads[pci] = self._map(pci, self.read(pci), leases, trees)
         return reads, dead
+
+    def _reaped(self, le: Lease) -> set[int]:
+        """The descendants of ``le``'s owner but itself, while the owner lives (a reaper's)."""
+        if le.owner_pid is None or le.owner_start_time is None \
+                or not alive(ProcessId(le.owner_pid, le.owner_start_time)):
+            return set()
+        return tree_pids(le.owner_pid) - {le.owner_pid}
 
     def _map(self, pci: str, r: Reading, leases: list[Lease],
              trees: dict[str, set[int]]) -> CardRead:
         owner: dict[int, str] = {}
         for lid, pids in trees.items():
             seen = self.lease_pids.setdefault(lid, {}).setdefault(pci, set())
+            out: dict[int, int] = {}
             for pid in r.processes:
                 if pid in pids or pid in seen:
                     owner[pid] = lid
                     seen.add(pid)
+                    if pid not in pids and r.processes[pid]:
+                        out[pid] = r.processes[pid]
             seen &= set(r.processes) | pids
+            if out:
+                self.escapees.setdefault(lid, {})[pci] = out
+            elif lid in self.escapees:
+                self.escapees[lid].pop(pci, None)
         used: dict[str, int | None] = {}
         for le in leases:
             if pci not in le.shares:

@@ -48,7 +48,8 @@ def board(broker: "Broker") -> dict:
     now, wall = broker.clock(), time.time()
     policy = broker.sched.policy
     for le in led.leases.values():
-        extra = {**_orphans(broker, le), **protection(le, policy, now, wall)}
+        extra = {**_orphans(broker, le), **_escapees(broker, le),
+                 **protection(le, policy, now, wall)}
         leases.append({**extra,
             "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
             "priority": le.priority, "bound": le.bound.value, "held": le.held,
@@ -172,6 +173,16 @@ def _orphans(broker: "Broker", lease: Lease) -> dict:
             "note": f"main process {lease.pid} is gone but {len(found)} process(es) it "
                     f"started still hold {format_size(held)} (pids "
                     f"{', '.join(str(o['pid']) for o in found)}); {advice}"}
+
+
+def _escapees(broker: "Broker", lease: Lease) -> dict:
+    """``escapees``: processes counted for ``lease`` (seen in its tree) that hold memory outside
+    its tree now, ``[{"pid", "card", "bytes"}]`` (issue 36: an engine's child that left the
+    run's reach, e.g. a run without a subreaper, or one killed); absent when none."""
+    found = [{"pid": pid, "card": pci, "bytes": b}
+             for pci, per in broker.reads.escapees.get(lease.id, {}).items()
+             for pid, b in sorted(per.items())]
+    return {"escapees": found} if found else {}
 
 
 def _running_unleased(lease: Lease, kind: str) -> dict:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["WHOLE_CARD", "parse_size", "parse_duration", "format_size", "format_duration"]
+__all__ = ["WHOLE_CARD", "MAX_BYTES", "MAX_DURATION_S", "parse_size", "parse_duration",
+           "format_size", "format_duration"]
 
 #: The word a size may be instead of a number: the whole card (DESIGN.md, ``size = "card"``).
 WHOLE_CARD = "card"
@@ -17,23 +18,43 @@ _BINARY = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib":
            "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 # Decimal units mean what they say: "24GB" is 24e9 bytes, not 24 GiB.
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+#: The largest size any edge takes (1 EiB): every number from outside is bounded before use, so
+#: a 300-digit size is refused by name rather than reaching arithmetic (issue 36).
+MAX_BYTES = 1 << 60
+#: The longest duration any edge takes (ten years), for the same reason; never infinite.
+MAX_DURATION_S = 10 * 365 * 86400.0
+#: Digits a number may be written with: enough for any bound above, with decimals.
+_MAX_DIGITS = 40
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DUR_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)")
 _DUR_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+def _short(value) -> str:
+    """A value for an error message, cut short: a 300-digit number is not repeated whole."""
+    text = repr(value)
+    return text if len(text) <= 48 else f"{text[:40]}...{text[-4:]} ({len(text)} characters)"
+
+
+def _too_big(field: str, value, what: str) -> ValueError:
+    return ValueError(f"{field}: more than {what}, got {_short(value)}")
+
+
 def parse_size(text: str | int, *, field: str = "size", allow_card: bool = False) -> int | None:
     """Parse ``"24GiB"``, ``"512MiB"``, ``"1.5GiB"``, ``"24GB"`` or a bare byte count.
 
-    Returns bytes as an ``int``; returns ``None`` for the word ``card`` when ``allow_card``.
-    Raises ``ValueError`` naming ``field`` and the value for anything else (negative numbers,
-    unknown units, empty strings).
+    Returns bytes as an ``int`` from 0 to :data:`MAX_BYTES`; returns ``None`` for the word
+    ``card`` when ``allow_card``. Raises ``ValueError`` naming ``field`` and the value for
+    anything else (negative numbers, more than :data:`MAX_BYTES` or than 40 digits, unknown
+    units, empty strings). Source: issue 36 "Huge numbers".
     """
     if isinstance(text, bool):
         raise ValueError(f"{field}: expected a size like '24GiB', got {text!r}")
     if isinstance(text, int):
         if text < 0:
-            raise ValueError(f"{field}: a size cannot be negative, got {text!r}")
+            raise ValueError(f"{field}: a size cannot be negative, got {_short(text)}")
+        if text > MAX_BYTES:
+            raise _too_big(field, text, "1 EiB")
         return text
     if not isinstance(text, str):
         raise ValueError(f"{field}: expected a size like '24GiB', got {text!r}")
@@ -41,6 +62,8 @@ def parse_size(text: str | int, *, field: str = "size", allow_card: bool = False
         if allow_card:
             return None
         raise ValueError(f"{field}: 'card' is not allowed here, give bytes like '24GiB'")
+    if len(text) > _MAX_DIGITS + 8:
+        raise _too_big(field, text, "1 EiB")
     m = _SIZE_RE.match(text)
     if not m:
         raise ValueError(f"{field}: expected a size like '24GiB' or '512MiB', got {text!r}")
@@ -49,20 +72,30 @@ def parse_size(text: str | int, *, field: str = "size", allow_card: bool = False
     if scale is None:
         raise ValueError(
             f"{field}: unknown unit {m.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, TiB (or KB, MB, GB)")
+    if not number * scale <= MAX_BYTES:
+        raise _too_big(field, text, "1 EiB")
     return int(round(number * scale))
 
 
 def parse_duration(text: str | int | float, *, field: str = "duration") -> float:
     """Parse ``"20s"``, ``"500ms"``, ``"2m"``, ``"1h30m"`` or a bare number of seconds.
 
-    Returns seconds as a ``float``. Raises ``ValueError`` naming ``field`` and the value.
+    Returns seconds as a finite ``float`` from 0 to :data:`MAX_DURATION_S`. Raises
+    ``ValueError`` naming ``field`` and the value (negative, infinite, not a number, longer than
+    ten years, malformed). Source: issue 36 "Huge numbers".
     """
     if isinstance(text, bool):
         raise ValueError(f"{field}: expected a duration like '20s', got {text!r}")
     if isinstance(text, (int, float)):
+        if text != text:
+            raise ValueError(f"{field}: expected a number of seconds, got {text!r}")
         if text < 0:
-            raise ValueError(f"{field}: a duration cannot be negative, got {text!r}")
+            raise ValueError(f"{field}: a duration cannot be negative, got {_short(text)}")
+        if text > MAX_DURATION_S:
+            raise _too_big(field, text, "ten years")
         return float(text)
+    if isinstance(text, str) and len(text) > 4 * _MAX_DIGITS:
+        raise _too_big(field, text, "ten years")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"{field}: expected a duration like '20s' or '500ms', got {text!r}")
     s = text.strip().lower()
@@ -71,8 +104,12 @@ def parse_duration(text: str | int | float, *, field: str = "duration") -> float
     except ValueError:
         pass
     else:
+        if value != value:
+            raise ValueError(f"{field}: expected a number of seconds, got {text!r}")
         if value < 0:
             raise ValueError(f"{field}: a duration cannot be negative, got {text!r}")
+        if value > MAX_DURATION_S:
+            raise _too_big(field, text, "ten years")
         return value
     pos, total = 0, 0.0
     for m in _DUR_RE.finditer(s):
@@ -82,6 +119,8 @@ def parse_duration(text: str | int | float, *, field: str = "duration") -> float
         pos = m.end()
     if pos != len(s) or pos == 0:
         raise ValueError(f"{field}: expected a duration like '20s', '500ms', '2m' or '1h', got {text!r}")
+    if not total <= MAX_DURATION_S:
+        raise _too_big(field, text, "ten years")
     return total
 
 

@@ -164,6 +164,9 @@ class ComfyPort:
 
     async def _handle(self, req: "Request", client: "ClientConnection") -> bool:
         head = req.method == b"HEAD"
+        if (refused := self.gw.foreign(req, client)) is not None:
+            client.write(refused)           # another site's page (issue 36)
+            return req.complete
         target = self.gw.comfy_target()
         if target is None:
             client.write(error(503, "no_comfyui", "berth.toml has no [engines.comfyui] with a "
@@ -197,6 +200,8 @@ class ComfyPort:
             return False
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        if (refused := self.gw.foreign_ws(request)) is not None:
+            return refused
         target = self.gw.comfy_ws_target()
         if target is None:
             return json_error(503, "no_comfyui", "berth.toml has no [engines.comfyui] with a "

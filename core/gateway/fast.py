@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["fast"]
 
 _POSTS = frozenset({b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings"})
-_SIGNED = frozenset({b"x-berth-signature", b"x-berth-peer"})
+# A signed request, or one from a browser page (its Origin is checked in the task: issue 36).
+_SIGNED = frozenset({b"x-berth-signature", b"x-berth-peer", b"origin"})
 
 
 def fast(gw: "Gateway", req: "Request", client: "ClientConnection") -> bool:

@@ -60,6 +60,7 @@ from berth.gateway.relay import RelayConnection, Relays, Target, attempt
 from berth.gateway.signing import EMPTY_DIGEST, Verifier
 from berth.gateway.table import LocalTable, address_url
 from berth.gateway.ws import HandOff, Unreachable, is_websocket, json_error, relay_ws
+from berth.origin import refusal
 
 __all__ = ["Gateway", "OPENAI_POSTS", "COMFY_PREFIXES", "is_comfy_path"]
 
@@ -212,6 +213,9 @@ class Gateway:
     _fast = fast
 
     async def _handle(self, req: Request, client: ClientConnection) -> bool:
+        if (refused := self.foreign(req, client)) is not None:
+            client.write(refused)
+            return await _rest_read(req)
         path = req.path
         if path in OPENAI_POSTS:
             if req.method == b"POST":
@@ -261,6 +265,28 @@ class Gateway:
         return document({"machine": self.machine, "engines": self.table.snapshot(),
                          "switch_costs": self.table.costs})
 
+    def foreign(self, req: Request, client: ClientConnection) -> bytes | None:
+        """A 403 for a request whose ``Origin`` is another site's page (:mod:`berth.origin`:
+        checked against the allow-list, never ``Host``; issue 36), else ``None``. The
+        ``Origin`` that passes goes on to the engine unchanged."""
+        t = client.transport
+        why = origin_refusal(req.headers, t.get_extra_info("sockname") if t else None,
+                             self.cfg.listeners.origins)
+        return None if why is None else error(403, "foreign_origin", f"{req.method_str} "
+                                              f"{req.path} refused: {why}",
+                                              head=req.method == b"HEAD")
+
+    def foreign_ws(self, request: web.Request) -> web.StreamResponse | None:
+        """:meth:`foreign` for a websocket handed to aiohttp."""
+        t = request.transport
+        why = refusal_of(request.headers.getall("Origin", []),
+                         t.get_extra_info("sockname") if t else None, self.cfg.listeners.origins)
+        if why is None:
+            return None
+        r = json_error(403, "foreign_origin", f"{request.path} refused: {why}")
+        r.force_close()             # the handed-off connection ends with it: say so
+        return r
+
     async def _not_allowed(self, req: Request, client: ClientConnection, allowed: str) -> bool:
         client.write(error(405, "method_not_allowed", f"{req.method_str} {req.path}: this route "
                            f"takes {allowed}", headers={"Allow": allowed},
@@ -302,6 +328,8 @@ class Gateway:
         return await self.comfy_relay(req, client, target)
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        if (refused := self.foreign_ws(request)) is not None:
+            return refused
         target = self.comfy_ws_target()
         if target is None:
             return json_error(404, "no_comfyui", "ComfyUI's websocket: berth.toml has no "
@@ -310,6 +338,20 @@ class Gateway:
             return await relay_ws(request, self.session, target)
         except Unreachable as e:
             return json_error(502, "engine_unreachable", f"ComfyUI cannot be reached: {e}")
+
+
+def refusal_of(origins: list[str], sockname, allowed) -> str | None:
+    """Why a request with these ``Origin`` headers is refused (each must pass), or ``None``."""
+    for o in origins:
+        if (why := refusal(o, sockname, allowed)) is not None:
+            return why
+    return None
+
+
+def origin_refusal(headers: list[tuple[bytes, bytes]], sockname, allowed) -> str | None:
+    """:func:`refusal_of` for a raw request head's ``(name, value)`` pairs."""
+    return refusal_of([v.decode("latin-1") for k, v in headers if k.lower() == b"origin"],
+                      sockname, allowed)
 
 
 async def _rest_read(req: Request) -> bool:

@@ -38,6 +38,7 @@ __all__ = ["EngineProcess", "NoEngine", "free_port"]
 log = logging.getLogger("berth.run")
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _SIGKILL_WAIT_S = 5.0
 #: While an engine does not answer its health check: the first note after this many seconds,
 #: then one every _HEALTH_NOTE_EVERY_S (a big model loads for minutes; silence looked hung).
@@ -62,6 +63,66 @@ def _child_setup(parent: int) -> None:
         pass
     if os.getppid() != parent:       # the run died before prctl took effect
         os._exit(1)
+
+
+def become_subreaper() -> bool:
+    """Make this process (``berth run``) a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``):
+    an engine's descendant whose parent exits (an engine that double-forks and calls
+    ``setsid()`` to daemonize) is re-parented to the run rather than to init, so it stays in the
+    run's process tree, its memory counts for the lease, and the run stops it with the engine
+    (issue 36). Whether it took effect (Linux 3.4+)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def is_subreaper() -> bool:
+    """Whether this process is a child subreaper (``PR_GET_CHILD_SUBREAPER``)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER + 1, ctypes.byref(flag), 0, 0, 0) == 0 \
+            and flag.value != 0
+    except (OSError, AttributeError):
+        return False
+
+
+def reaped(keep: set[int]) -> set[int]:
+    """This run's descendants other than itself and the processes of ``keep`` (the engine's
+    leader and the watchdog, which asyncio waits for): what the subreaper took in."""
+    me = os.getpid()
+    try:
+        import psutil
+        kids = psutil.Process(me).children(recursive=True)
+    except Exception:                       # noqa: BLE001 (psutil's errors, a race)
+        return set()
+    return {k.pid for k in kids} - keep - {me}
+
+
+def stop_reaped(keep: set[int], grace_s: float) -> int:
+    """SIGTERM the processes the subreaper took in (:func:`reaped`), SIGKILL those left after
+    ``grace_s``, and collect their exit (no zombie stays). Blocking: call it in a thread.
+    Returns how many there were."""
+    pids = reaped(keep)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        end = time.monotonic() + (grace_s if sig == signal.SIGTERM else _SIGKILL_WAIT_S)
+        while pids and time.monotonic() < end:
+            for pid in list(pids):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:   # not our child (a grandchild): gone or not ours
+                    done = pid if not os.path.exists(f"/proc/{pid}") else 0
+                if done:
+                    pids.discard(pid)
+            time.sleep(0.05)
+        if not pids:
+            break
+    return len(pids)
 
 
 class NoEngine(Exception):
@@ -194,6 +255,10 @@ class EngineProcess:
         # The leader is gone; stragglers of its group go too (the watchdog would do it anyway).
         with contextlib.suppress(SignalRefused, ProcessLookupError, PermissionError):
             signal_group(self.ident, signal.SIGKILL)
+        # And what left the group but not the run (setsid, then re-parented to the run as its
+        # subreaper): an engine's daemonized child holds the lease's memory too.
+        keep = {self.proc.pid} | ({self.watchdog.pid} if self.watchdog is not None else set())
+        await asyncio.to_thread(stop_reaped, keep, self.o.term_grace_s)
         await self.let_watchdog_go()
         return self.proc.returncode
 

@@ -47,19 +47,20 @@ the same file, whatever its own config and rights say.
   ``/dev/shm``. A container shares it only with ``--ipc=host``.
 
 The file is made mode 0644 and opened read-only (a flock needs no write access), without
-following a symlink; one that cannot be opened makes the run wait for berthd, as a card that
-cannot be read does. Any local user can hold the lock: that delays other runs' fail-open (up
+following a symlink and without blocking (:func:`berth.paths.open_shared`), then checked: a
+FIFO, a symlink, a directory or a file others can write at its path is refused, in the log with
+the path and its owner, and the run measures without the lock (a FIFO planted there made every
+run block in ``open`` forever, deaf to SIGTERM: issue 36). One that cannot be opened for another
+reason makes the run wait for berthd, as a card that cannot be read does. Any local user can hold the lock: that delays other runs' fail-open (up
 to their ``--start-limit``); it never starts an engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import fcntl
 import logging
 import os
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,23 +109,15 @@ def lock_path(cfg) -> Path:
 
 
 def _open_lock(path: Path) -> int:
-    """A read-only descriptor on the lock file, made (mode 0644) if missing; never follows a
-    symlink. Raises ``OSError`` (a symlink: ``ELOOP``; not a regular file: ``EINVAL``)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(3):
-        try:
-            fd = os.open(path, flags)
-        except FileNotFoundError:
-            try:
-                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-                os.fchmod(fd, 0o644)            # every user opens it, whatever the umask
-            except FileExistsError:
-                continue                        # another run made it meanwhile: open that
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return fd
-    raise OSError(errno.EAGAIN, "made and removed again and again", str(path))
+    """A read-only descriptor on the lock file, made (mode 0644) if missing, by
+    :func:`berth.paths.open_shared`: never following a symlink, never blocking on a FIFO, and
+    refusing anything but a regular file that others cannot write. In a directory every user
+    writes (``/dev/shm``) any user may have made it; elsewhere (the simulated cards' directory)
+    it is this user's, root's or the directory's owner's. Raises :class:`~berth.paths.UnsafePath`
+    (what is there and its owner) or ``OSError``."""
+    parent = os.stat(path.parent)
+    owners = None if parent.st_mode & 0o002 else (os.geteuid(), 0, parent.st_uid)
+    return paths.open_shared(path, os.O_RDONLY, create_mode=0o644, owners=owners)
 
 
 def _who(pid: int) -> str:
@@ -368,6 +361,13 @@ class FailOpen:
         lock = StartLock(lock_path(cfg))
         try:
             holder = lock.take()
+        except paths.UnsafePath as e:
+            # Refused, it must not hold every run up (a planted FIFO did, forever): measure
+            # without the lock, as a run did before the lock existed (issue 36).
+            log.warning("the fail-open lock is refused: %s. %s measures the cards without it "
+                        "(another run starting unleased now is not serialised with this one)",
+                        e, self.o.engine)
+            return measure(self.o, cfg)
         except OSError as e:
             return Room(False, f"cannot take the fail-open lock {lock.path}: "
                                f"{e.strerror or e}")

@@ -75,6 +75,11 @@ def request_body(o: RunOptions) -> dict:
     """The ``POST /v1/leases`` body for a run line: what its flags give; berthd fills the rest
     from the engine's ``[engines.<name>]`` entry."""
     body: dict = {"engine": o.engine, "owner_pid": os.getpid(), "lend": o.lend}
+    from berth.run.engine import is_subreaper
+    if is_subreaper():
+        # Its descendants are the engine's, daemonized ones included: berthd counts them for
+        # the lease from their first byte (issue 36).
+        body["reaper"] = True
     if o.sizes:
         body["shares"] = [{"card": c, "size": s} for c, s in o.sizes]
     if o.front:
@@ -147,6 +152,7 @@ class LeaseClient:
         self.driver: dict = {}
         self.policy: dict = {}
         self.leased = False
+        self.refused: str | None = None         # why berthd refused the lease, if it did
         self.after_seq = 0
         self._backoff_s = 0.5
         self.pids: list[int] = []
@@ -203,7 +209,7 @@ class LeaseClient:
                 except TimeoutError:
                     continue
             except ApiError as e:
-                log.error("berthd refused the lease: %s", in_flags(e.message, self.o))
+                self._refused(in_flags(e.message, self.o))
                 return None
         self.lease_id = r["id"]
         self.policy = r.get("policy") or {}
@@ -221,7 +227,7 @@ class LeaseClient:
             if g is None:
                 continue
             if g.get("gone"):
-                log.error("lease %s: %s", self.lease_id, g["gone"])
+                self._refused(f"lease {self.lease_id}: {g['gone']}")
                 return None
             self.cards = g["cards"]
             self.driver = g.get("driver") or {}
@@ -237,6 +243,15 @@ class LeaseClient:
         if self.front is not None:
             self.front.stopped("stopped while waiting for a lease")
         return None
+
+    def _refused(self, why: str) -> None:
+        """berthd refused the lease (too big for any card, ...): said in the log and to the
+        front's clients, whose held requests and new ones get a 503 with ``why`` (issue 36: the
+        reason reached only the run's log). Sets :attr:`refused`."""
+        self.refused = why
+        log.error("berthd refused the lease: %s", why)
+        if self.front is not None:
+            self.front.stopped(f"berthd refused the lease: {why}")
 
     async def poll_grant(self) -> dict | None:
         """One grant poll; it also returns when berthd's reason for the wait changes."""

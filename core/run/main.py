@@ -67,6 +67,10 @@ __all__ = ["EngineRun"]
 log = logging.getLogger("berth.run")
 
 
+#: Seconds a run whose lease berthd refused keeps its front answering the reason (a 503).
+REFUSED_LINGER_S = 3.0
+
+
 def _task(stack: contextlib.AsyncExitStack, coro: Coroutine) -> asyncio.Task:
     """A task that ``stack`` cancels, and waits for, when it closes (on any exit)."""
     task = asyncio.create_task(coro)
@@ -104,6 +108,9 @@ class EngineRun:
         not load; 1 when berthd refused the lease; 143 when stopped while waiting for it."""
         async with contextlib.AsyncExitStack() as stack:
             loop = asyncio.get_running_loop()
+            # An engine that double-forks stays in the run's tree (issue 36).
+            from berth.run.engine import become_subreaper
+            become_subreaper()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._signalled)
                 stack.callback(loop.remove_signal_handler, sig)
@@ -263,6 +270,11 @@ class EngineRun:
         engine's exit or a stop (signal or drain). Returns the exit code."""
         from berth.run.engine import NoEngine
         if await self.lease.acquire() is None:
+            if self.lease.refused is not None and self.front is not None:
+                # The front answers why for a moment (a client that sent its request as the
+                # run started gets the reason, not a refused connection: issue 36).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop_event.wait(), REFUSED_LINGER_S)
             return 143 if self.stop_event.is_set() else 1
         try:
             ident = await self.engine.spawn(self.lease.cards, self.lease.lease_id,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 import psutil
-from berth.paths import write_atomic
+from berth.paths import UnsafePath, open_shared, write_atomic
 
 __all__ = ["STATE_FILE", "LOCK_FILE", "SimError", "Txn", "load", "transaction", "start_time"]
 
@@ -90,9 +90,15 @@ def _gc(st: "Txn") -> None:
 def load(directory: Path) -> dict:
     path = directory / STATE_FILE
     try:
-        text = path.read_text()
+        # As the lock: no symlink followed, no wait on a FIFO planted there (issue 36).
+        fd = open_shared(path, os.O_RDONLY, create_mode=None,
+                         owners=(os.geteuid(), 0, os.stat(directory).st_uid))
     except FileNotFoundError:
         raise SimError(_NOT_DECLARED.format(dir=directory)) from None
+    except UnsafePath as e:
+        raise SimError(str(e)) from None
+    with os.fdopen(fd, encoding="utf-8") as f:
+        text = f.read()
     try:
         data = json.loads(text)
         if data.get("version") != _VERSION:
@@ -110,9 +116,11 @@ def transaction(directory: Path, create: bool = False) -> Iterator["Txn"]:
     if create:
         directory.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(directory)
     except FileNotFoundError:
         raise SimError(_NOT_DECLARED.format(dir=directory)) from None
+    except UnsafePath as e:
+        raise SimError(str(e)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         st = Txn()
@@ -128,6 +136,15 @@ def transaction(directory: Path, create: bool = False) -> Iterator["Txn"]:
                 _write(directory, st.data)
     finally:
         os.close(fd)
+
+
+def _open_lock(directory: Path) -> int:
+    """The lock file's descriptor (read-write, made 0644 if missing), opened as every file in a
+    directory other processes write (:func:`berth.paths.open_shared`: no symlink followed, no
+    wait on a FIFO); it is this user's, root's or the directory's owner's. Raises
+    ``FileNotFoundError`` (no such directory), :class:`~berth.paths.UnsafePath`."""
+    owners = (os.geteuid(), 0, os.stat(directory).st_uid)
+    return open_shared(directory / LOCK_FILE, os.O_RDWR, create_mode=0o644, owners=owners)
 
 
 def _write(directory: Path, data: dict) -> None:

@@ -10,33 +10,52 @@ a park with a driver read (rule 1).
 
 Park and wake change state, and a web page elsewhere can send a browser's "simple" cross-site
 POST to ComfyUI's port without asking first (issue 26): a request whose ``Origin`` is not
-ComfyUI's own (or whose ``Sec-Fetch-Site`` says cross-site) gets a 403. Callers that are not
+on the allow-list (:func:`cross_site`; not compared with ``Host``: issue 36), or whose
+``Sec-Fetch-Site`` says cross-site, gets a 403. Callers that are not
 browsers send no ``Origin`` and pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from aiohttp import web
+from berth.origin import refusal
 
 from .states import GateState
 
 __all__ = ["add_routes", "cross_site"]
 
 
-def cross_site(request: web.Request) -> str | None:
-    """Why ``request`` comes from another site's page (``None``: it does not): its ``Origin``
-    is not this server's (scheme, host and port as the request names them), or the browser
-    says ``Sec-Fetch-Site: cross-site``."""
-    origin = request.headers.get("Origin")
-    if origin is not None:
-        own = f"{request.scheme}://{request.host}".lower()
-        if origin.lower().rstrip("/") != own:
-            return f"Origin {origin[:100]!r} is not this ComfyUI ({own})"
+def cross_site(request: web.Request, allowed: tuple[str, ...] | None = None) -> str | None:
+    """Why ``request`` comes from another site's page (``None``: it does not): an ``Origin``
+    that is not on the allow-list (:func:`berth.origin.refusal`: ``[listeners] origins``, this
+    machine's loopback or the address the connection came in on, with ComfyUI's port; never
+    compared with ``Host``, which a rebound name's page chooses: issue 36), or the browser says
+    ``Sec-Fetch-Site: cross-site``. ``allowed``: the configured origins (default: berth.toml's,
+    read once)."""
+    t = request.transport
+    sockname = t.get_extra_info("sockname") if t is not None else None
+    origins = allowed if allowed is not None else _configured()
+    for origin in request.headers.getall("Origin", []):
+        why = refusal(origin, sockname, origins)
+        if why is not None:
+            return why
     if request.headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
         return "Sec-Fetch-Site: cross-site"
     return None
+
+
+@functools.cache
+def _configured() -> tuple[str, ...]:
+    """berth.toml's ``[listeners] origins``; none where it cannot be read (loopback still
+    passes)."""
+    from berth.config import ConfigError, load_config
+    try:
+        return tuple(load_config()[0].listeners.origins)
+    except (ConfigError, OSError):
+        return ()
 
 
 def _refused(request: web.Request) -> web.Response | None:

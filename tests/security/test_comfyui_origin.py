@@ -66,3 +66,37 @@ async def test_a_cross_site_post_neither_parks_nor_wakes():
             assert agent.done == ["park", "park", "park", "wake"]
     finally:
         await runner.cleanup()
+
+
+@run
+async def test_a_rebound_name_is_refused_whatever_its_host():
+    """Issue 36, DNS rebinding: a page on ``evil.example`` (rebound to 127.0.0.1) sends
+    ``Host: evil.example:PORT`` and ``Origin: http://evil.example:PORT``; the check compared the
+    two and let it park. Origin is checked against the allow-list, never against Host."""
+    agent = Agent()
+    routes = web.RouteTableDef()
+    add_routes(routes, agent)
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            for op in ("park", "wake"):
+                for name in ("evil.example", "localhost.evil.example", "127.0.0.1.nip.io"):
+                    own = f"{name}:{port}"
+                    async with s.post(f"{base}/berth/v1/{op}", json={},
+                                      headers={"Host": own, "Origin": f"http://{own}"}) as r:
+                        assert r.status == 403, (op, own, await r.text())
+            assert agent.done == []
+            # This machine's own page still passes, whatever Host it names.
+            for origin in (base, f"http://localhost:{port}"):
+                async with s.post(f"{base}/berth/v1/park", json={},
+                                  headers={"Origin": origin, "Host": f"other:{port}"}) as r:
+                    assert r.status == 200, (origin, await r.text())
+            assert agent.done == ["park", "park"]
+    finally:
+        await runner.cleanup()
