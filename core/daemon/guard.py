@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from berth.daemon.web.listen import Limits, _503, _Guarded
+from berth.daemon.board_web.listen import Limits, _503, _Guarded
 from berth.front.listen import throttle_fd_logs
 
 __all__ = ["PER_UID", "KEPT_FOR_OPERATORS", "ControlBounds", "GuardedUnixSite", "raise_fd_limit",

@@ -135,7 +135,7 @@ def _socket_access(sock: Path, mode: int, gid: int | None, group: str | None) ->
 async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
     """Acquire berthd's parts in order on ``stack`` (see the module docstring); the broker."""
     # berthd's own parts load only when it runs (`berth config check` needs none of them).
-    from berth.daemon.api import serve
+    from berth.daemon.api_serve import serve
     from berth.daemon.broker import Broker
     pm = load_plugins(cfg)
     gid = socket_gid(cfg)
