@@ -303,8 +303,12 @@ class Broker:
     async def _reader(self) -> None:
         interval = self.cfg.policy.read_interval
         while True:
+            # A turn that ends (issue 34: an idle holder yields λ·rent after its answer) or a
+            # deadline that falls due before the next read brings the pass forward to it.
+            due = self.sched.next_due()
+            wait_s = interval if due is None else min(interval, max(0.0, due - self.clock()))
             try:
-                await asyncio.wait_for(self._kick.wait(), interval)
+                await asyncio.wait_for(self._kick.wait(), wait_s)
             except TimeoutError:
                 pass
             self._kick.clear()

@@ -89,6 +89,12 @@ class Front(FastPath):
         self._last_activity = float("-inf")
         self.in_flight = self._holding = 0
         self._arrived: dict = {}                # request -> when it reached the front (monotonic s)
+        self._clients: dict = {}                # model request -> its client key (issue 34)
+        #: the client key of the last model request's answer, and when it ended (monotonic s)
+        self.answered_client: str | None = None
+        self.answered_at: float | None = None
+        #: called when the last request in flight ends (the run reports its jobs at once)
+        self.on_quiet: Callable[[], None] | None = None
         self.forwarded = self.served = 0
         self.held = self.held_timeouts = self.client_gone = self.errors = 0
         self.refused_reads = self.wakes = 0

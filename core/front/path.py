@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from . import held
+from .clients import client_key
 from .rules import (
     DEADLINE_MARGIN_S,
     HOLDING_STATES,
@@ -66,6 +67,10 @@ class RequestPath:
     _fail_reason: str
     _holding: int
     _arrived: dict
+    _clients: dict
+    answered_client: str | None
+    answered_at: float | None
+    on_quiet: Callable[[], None] | None
     _last_activity: float
     _addr: Address | None
     _pool: Pool
@@ -147,6 +152,7 @@ class RequestPath:
         self.held += 1
         self._holding += 1
         self._arrived.setdefault(req, time.monotonic())
+        self._clients.setdefault(req, client_key(req))
         forward = False
         try:
             async with asyncio.timeout_at(loop.time() + limit_s):
@@ -182,6 +188,7 @@ class RequestPath:
             self._holding -= 1
             if not forward:
                 self._arrived.pop(req, None)
+                self._clients.pop(req, None)
             if self._holding == 0 and self._state is F.WAKING and self._on_unwanted is not None:
                 try:
                     self._on_unwanted()
@@ -280,6 +287,8 @@ class RequestPath:
         # built-in rule, which no bundled adapter refines.
         if req.method not in _READS:
             self.served += 1
+            if req not in self._clients:
+                self._clients[req] = client_key(req)
         if self._on_activity is not None:
             now = time.monotonic()
             if now - self._last_activity >= self.activity_every_s:
@@ -290,11 +299,16 @@ class RequestPath:
                     log.exception("front %s: on_activity callback failed", self.name)
 
     def _forwarded(self, req: "Request") -> None:
-        """A forward ended (answered, failed, or its client went)."""
+        """A forward ended (answered, failed, or its client went). A model request's end is
+        the answer berthd's forecast reads: who got it, and when (issue 34)."""
         self._arrived.pop(req, None)
+        if req in self._clients:
+            self.answered_client, self.answered_at = self._clients.pop(req), time.monotonic()
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
+            if self.on_quiet is not None:
+                self.on_quiet()
         if self.max_in_flight is not None and self._holding:
             self._notify()   # a slot freed: a waiting write may go
 
@@ -312,6 +326,14 @@ class RequestPath:
             await engine.drain()
         if req.chunked:
             engine.write(b"0\r\n\r\n")
+
+    @property
+    def oldest_client(self) -> str | None:
+        """The client key (:mod:`.clients`) of the oldest model request held or forwarded now
+        (``None``: none, or its client has no address)."""
+        if not self._arrived:
+            return None
+        return self._clients.get(min(self._arrived, key=self._arrived.__getitem__))
 
     @property
     def oldest_at(self) -> float | None:

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from berth.client import ApiError, BerthdUnavailable, Client
@@ -350,8 +351,14 @@ class LeaseClient:
         Raises ``RuntimeError`` (the front answers the held writes 503) without berthd."""
         if not self.lease_id:
             raise RuntimeError("berthd is unavailable, so the engine cannot be woken safely")
+        front = self.front
+        oldest = front.oldest_at if front is not None else None
         try:
-            r = await self.client.wake(self.lease_id)
+            # Whose request asks, and since when (issue 34: the holder whose last answer went
+            # to that client yields at once).
+            r = await self.client.wake(
+                self.lease_id, front.oldest_client if front is not None else None,
+                None if oldest is None else time.monotonic() - oldest)
             self.waits.update(r.get("wait"))
         except BerthdUnavailable as e:
             raise RuntimeError(f"berthd is unavailable ({e}); the engine stays parked") from None

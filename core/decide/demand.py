@@ -1,0 +1,224 @@
+"""Predicted demand: will a request for an idle holder come within what a switch back costs?
+
+Source: issue 34. An idle holder against an equal-priority waiter is a ski rental (issue 24):
+keeping the card costs the waiter its wait, giving it up costs a switch back if the holder is
+asked for again. The plain rule (keep it for as long as a switch back would cost, the rent) is
+2-competitive and pays double exactly in the everyday case: one person alternating two models,
+whose only client is the very one now waiting on the other engine. A prediction gets past that
+bound; learning-augmented ski rental (Purohit, Svitkina and Kumar, NeurIPS 2018) keeps it safe
+when it is wrong, with a trust parameter λ (``Policy.demand_trust``): an idle holder forecast
+to see **no demand** yields after λ·rent; one forecast to see **demand** keeps its card until
+rent/λ (its turn's ``max_turn`` caps it); with no forecast it keeps the plain rent. Right, the
+cost is at most (1+λ) times the best choice in hindsight; wrong, at most (1+1/λ) times. Each
+holder's own record of wrong forecasts (:attr:`~.model.Demand.error`) raises its λ towards 1,
+where the rule is the plain rent again, so a predictor that keeps being wrong stops costing.
+
+The forecast (:func:`forecast`), numbered as in the code, from what the holder's front and the
+waiter's front saw (:class:`~.model.Demand`, on the broker's clock):
+
+1. causality of a closed loop: the waiter's request arrived after the holder's last answer of
+   its turn ended, from the client key that answer went to. A closed-loop client sends its next
+   request only after its answer, so that client now waits on the waiter and cannot ask the
+   holder anything before the waiter has served it: **no demand**, unless the holder's history
+   shows clients of its own (2). A waiter that was already waiting while the holder served
+   (two clients taking turns) is not that.
+2. its arrival history while other engines held the card: requests for it that came from no
+   other engine's answer (from clients of its own) mean the holder has demand a move of one
+   client does not end; (1) is then left to the gaps (3).
+3. the gaps between its requests: the median of its last idle gaps (an answer's end to the next
+   request's arrival) under the rent is **demand**, over it **no demand**.
+4. nothing known: no forecast, the plain rent.
+
+Pure: no I/O, no clock, no logging. Times are arguments.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .admission import Policy
+from .model import Demand, Lease
+from .units import format_duration
+
+__all__ = ["Outlook", "Forecast", "forecast", "trust", "follows", "CAUSAL_SLACK_S",
+           "arrived", "answered", "yielded", "moved_from", "ERROR_WEIGHT", "MIN_SAMPLES"]
+
+#: Seconds a waiter's request may seem to precede the holder's answer and still count as sent
+#: after it: both times cross from a run as ages, each off by its report's trip to berthd.
+CAUSAL_SLACK_S = 0.25
+
+#: How much one outcome moves a holder's error rate (an exponential average): one wrong
+#: forecast halves the trust's distance to the plain rent's, one right one halves the error.
+ERROR_WEIGHT = 0.5
+
+#: Samples a history needs before it forecasts (one gap or one arrival is an anecdote).
+MIN_SAMPLES = 2
+
+
+class Outlook(enum.StrEnum):
+    NONE = "none"          # no request expected within a switch back
+    DEMAND = "demand"      # a request expected within a switch back
+    UNKNOWN = "unknown"    # no forecast: the plain rent
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """What an idle holder's turn does against a waiter. ``outlook``; ``why``: the evidence in
+    words (``"its client is waiting on B"``); ``rent_s``: what a switch back would cost;
+    ``keep_s``: how long from the start of its idle spell it keeps the card (seconds; λ·rent,
+    rent/λ capped by ``longest_s``, or the rent); ``trust``: the λ used (the policy's, raised by
+    the holder's error rate)."""
+
+    outlook: Outlook
+    why: str
+    rent_s: float
+    keep_s: float
+    trust: float
+
+    def words(self, holder: str) -> str:
+        """The holder's turn in words, for the board and a waiter's reason: ``"A yields at
+        once: its client is waiting on B"``. Stable while the evidence is (a changed reason
+        wakes every poll)."""
+        if self.outlook is Outlook.NONE:
+            when = "at once" if self.keep_s < 0.05 else \
+                f"after {format_duration(self.keep_s)} idle"
+            return f"{holder} yields {when}: {self.why}"
+        if self.outlook is Outlook.DEMAND:
+            return (f"{holder} keeps its card up to {format_duration(self.keep_s)} idle for a "
+                    f"request expected within a switch back ({format_duration(self.rent_s)}): "
+                    f"{self.why}")
+        return (f"{holder} keeps its card while idle for less than a switch back would cost "
+                f"({format_duration(self.rent_s)})")
+
+
+def trust(holder: Lease, policy: Policy) -> float:
+    """λ for this holder: the policy's ``demand_trust``, raised towards 1 (the plain rent) by
+    the holder's record of wrong forecasts."""
+    lam = min(1.0, max(0.0, policy.demand_trust))
+    return lam + (1.0 - lam) * min(1.0, max(0.0, holder.demand.error))
+
+
+def follows(holder: Lease, waiter: Lease, turn_began: float) -> bool:
+    """Step (1): the waiter's oldest request came after the holder's last answer of this turn
+    (it began at ``turn_began``), from the client key that answer went to."""
+    d, w = holder.demand, waiter.demand
+    return (w.asked_client is not None and w.asked_client == d.answered_client
+            and d.answered_at is not None and d.answered_at >= turn_began
+            and w.asked_at is not None and w.asked_at >= d.answered_at - CAUSAL_SLACK_S)
+
+
+def _own_clients(d: Demand) -> bool:
+    """Step (2): at least half of its recent arrivals while others held the card came from
+    clients of its own (none of another engine's answers led to them)."""
+    own = sum(1 for moved in d.moved if not moved)
+    return len(d.moved) >= MIN_SAMPLES and 2 * own >= len(d.moved)
+
+
+def forecast(holder: Lease, waiter: Lease | None, policy: Policy, rent: float,
+             turn_began: float, longest_s: float) -> Forecast:
+    """The idle ``holder``'s forecast against ``waiter`` (``None``: a waiter not known yet,
+    so no causality), numbered as in the module docstring. ``rent``: what a switch back would
+    cost (seconds); ``turn_began``: when the holder's turn began; ``longest_s``: its turn's
+    cap (``max_turn``)."""
+    lam = trust(holder, policy)
+    d = holder.demand
+
+    def out(outlook: Outlook, why: str) -> Forecast:
+        if outlook is Outlook.NONE:
+            keep = lam * rent
+        elif outlook is Outlook.DEMAND:
+            keep = longest_s if lam <= 0 else min(rent / lam, max(rent, longest_s))
+        else:
+            keep = rent
+        return Forecast(outlook, why, rent, keep, lam)
+
+    own = _own_clients(d)
+    if waiter is not None and follows(holder, waiter, turn_began) and not own:     # (1)
+        return out(Outlook.NONE, f"its client is waiting on {waiter.engine}")
+    if len(d.gaps) >= MIN_SAMPLES:                                                  # (2), (3)
+        gap = _median(d.gaps)
+        if gap < rent:
+            return out(Outlook.DEMAND, f"its requests come back after {format_duration(gap)} "
+                                       f"idle (median)")
+        return out(Outlook.NONE, f"its requests come {format_duration(gap)} after its "
+                                 f"answers (median), more than a switch back")
+    return out(Outlook.UNKNOWN, "")                                                 # (4)
+
+
+def _median(xs: Iterable[float]) -> float:
+    s = sorted(xs)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def answered(lease: Lease, client: str | None, at: float | None) -> None:
+    """Its front's last answer ended at ``at`` (broker's clock), delivered to ``client``."""
+    if at is None:
+        return
+    d = lease.demand
+    if d.answered_at is None or at >= d.answered_at:
+        d.answered_client, d.answered_at = client, at
+
+
+def arrived(lease: Lease, client: str | None, at: float, moved: bool | None = None,
+            kept: Forecast | None = None) -> None:
+    """A request for ``lease`` arrived at ``at`` (broker's clock) from ``client`` at a front
+    that had none. Records its idle gap and whether it ``moved`` here (:func:`moved_from`;
+    ``None``: not known), settles the **no demand** forecast it last yielded under (wrong when
+    the request came within the rent, from a client that did not move here), and the forecast ``kept`` that kept it idle for a waiter
+    (right when it said demand, wrong when it said none). A second word of the same arrival
+    (the wake's, then the jobs report's) records nothing more."""
+    d = lease.demand
+    if d.asked_at is not None:
+        d.asked_client = client if client is not None else d.asked_client
+        return
+    d.asked_client, d.asked_at = client, at
+    if d.answered_at is not None and at >= d.answered_at:
+        d.gaps.append(at - d.answered_at)
+    if moved is not None:
+        d.moved.append(moved)
+    if d.pending is not None:
+        idle_from, rent = d.pending
+        d.pending = None
+        # A client that moved here from the waiter's answer was served there first: its
+        # coming back is the alternation going on, not demand the yield cost (issue 34).
+        _outcome(d, wrong=at - idle_from < rent and moved is not True)
+    elif kept is not None and kept.outlook is not Outlook.UNKNOWN:
+        _outcome(d, wrong=kept.outlook is Outlook.NONE)
+
+
+def moved_from(leases: Iterable[Lease], lease: Lease, client: str | None,
+               at: float) -> bool | None:
+    """Whether a request of ``client`` arriving at ``lease`` at ``at`` comes from a client
+    whose last answer (before ``at``) came from another engine (``True``: it moves between
+    engines), or from this one (``False``: a client of its own); ``None`` when the client is
+    unknown or no answer to it is known."""
+    if client is None:
+        return None
+    last: tuple[float, bool] | None = None
+    for le in leases:
+        d = le.demand
+        if d.answered_client == client and d.answered_at is not None \
+                and d.answered_at <= at + CAUSAL_SLACK_S \
+                and (last is None or d.answered_at > last[0]):
+            last = (d.answered_at, le.id != lease.id)
+    return None if last is None else last[1]
+
+
+def yielded(lease: Lease, fc: Forecast, idle_s: float) -> None:
+    """The idle ``lease`` gives up its card now under ``fc``, idle for ``idle_s`` seconds: a
+    **no demand** forecast is settled by its next arrival (:func:`arrived`); a **demand** one
+    that kept it idle past the rent was wrong."""
+    d = lease.demand
+    if fc.outlook is Outlook.NONE:
+        d.pending = (d.answered_at if d.answered_at is not None else 0.0, fc.rent_s)
+    elif fc.outlook is Outlook.DEMAND and idle_s >= fc.rent_s:
+        _outcome(d, wrong=True)
+
+
+def _outcome(d: Demand, wrong: bool) -> None:
+    d.error += ERROR_WEIGHT * ((1.0 if wrong else 0.0) - d.error)
+    d.forecasts += 1
+    d.wrong += int(wrong)
