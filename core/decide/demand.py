@@ -16,8 +16,8 @@ where the rule is the plain rent again, so a predictor that keeps being wrong st
 The forecast (:func:`forecast`), numbered as in the code, from what the holder's front and the
 waiter's front saw (:class:`~.model.Demand`, on the broker's clock):
 
-1. causality of a closed loop: the waiter's request arrived after the holder's last answer of
-   its turn ended, from the client key that answer went to. A closed-loop client sends its next
+1. causality of a closed loop: the waiter's request arrived after the holder's last answer
+   ended, from the client key that answer went to. A closed-loop client sends its next
    request only after its answer, so that client now waits on the waiter and cannot ask the
    holder anything before the waiter has served it: **no demand**, unless the holder's history
    shows clients of its own (2). A waiter that was already waiting while the holder served
@@ -43,7 +43,7 @@ from .model import Demand, Lease
 from .units import format_duration
 
 __all__ = ["Outlook", "Forecast", "forecast", "trust", "follows", "CAUSAL_SLACK_S",
-           "arrived", "answered", "yielded", "moved_from", "ERROR_WEIGHT", "MIN_SAMPLES"]
+           "arrived", "answered", "yielded", "moved_from", "settle", "ERROR_WEIGHT", "MIN_SAMPLES"]
 
 #: Seconds a waiter's request may seem to precede the holder's answer and still count as sent
 #: after it: both times cross from a run as ages, each off by its report's trip to berthd.
@@ -100,12 +100,13 @@ def trust(holder: Lease, policy: Policy) -> float:
     return lam + (1.0 - lam) * min(1.0, max(0.0, holder.demand.error))
 
 
-def follows(holder: Lease, waiter: Lease, turn_began: float) -> bool:
-    """Step (1): the waiter's oldest request came after the holder's last answer of this turn
-    (it began at ``turn_began``), from the client key that answer went to."""
+def follows(holder: Lease, waiter: Lease) -> bool:
+    """Step (1): the waiter's oldest request came after the holder's last answer, from the
+    client key that answer went to. (Not only an answer of this turn: a woken engine's front
+    may answer before berthd hears that the wake is done.)"""
     d, w = holder.demand, waiter.demand
     return (w.asked_client is not None and w.asked_client == d.answered_client
-            and d.answered_at is not None and d.answered_at >= turn_began
+            and d.answered_at is not None
             and w.asked_at is not None and w.asked_at >= d.answered_at - CAUSAL_SLACK_S)
 
 
@@ -117,11 +118,10 @@ def _own_clients(d: Demand) -> bool:
 
 
 def forecast(holder: Lease, waiter: Lease | None, policy: Policy, rent: float,
-             turn_began: float, longest_s: float) -> Forecast:
+             longest_s: float) -> Forecast:
     """The idle ``holder``'s forecast against ``waiter`` (``None``: a waiter not known yet,
     so no causality), numbered as in the module docstring. ``rent``: what a switch back would
-    cost (seconds); ``turn_began``: when the holder's turn began; ``longest_s``: its turn's
-    cap (``max_turn``)."""
+    cost (seconds); ``longest_s``: its turn's cap (``max_turn``)."""
     lam = trust(holder, policy)
     d = holder.demand
 
@@ -135,7 +135,7 @@ def forecast(holder: Lease, waiter: Lease | None, policy: Policy, rent: float,
         return Forecast(outlook, why, rent, keep, lam)
 
     own = _own_clients(d)
-    if waiter is not None and follows(holder, waiter, turn_began) and not own:     # (1)
+    if waiter is not None and follows(holder, waiter) and not own:                  # (1)
         return out(Outlook.NONE, f"its client is waiting on {waiter.engine}")
     if len(d.gaps) >= MIN_SAMPLES:                                                  # (2), (3)
         gap = _median(d.gaps)
@@ -162,14 +162,14 @@ def answered(lease: Lease, client: str | None, at: float | None) -> None:
         d.answered_client, d.answered_at = client, at
 
 
-def arrived(lease: Lease, client: str | None, at: float, moved: bool | None = None,
+def arrived(lease: Lease, client: str | None, at: float,
             kept: Forecast | None = None) -> None:
     """A request for ``lease`` arrived at ``at`` (broker's clock) from ``client`` at a front
-    that had none. Records its idle gap and whether it ``moved`` here (:func:`moved_from`;
-    ``None``: not known), settles the **no demand** forecast it last yielded under (wrong when
-    the request came within the rent, from a client that did not move here), and the forecast ``kept`` that kept it idle for a waiter
-    (right when it said demand, wrong when it said none). A second word of the same arrival
-    (the wake's, then the jobs report's) records nothing more."""
+    that had none. Records its idle gap and settles the forecast ``kept`` that kept it idle
+    for a waiter (right when it said demand, wrong when it said none). Whether its client moved
+    here is told later (:func:`settle`), once the engine it moved from has reported its
+    answer. A second word of the same arrival (the wake's, then the jobs report's) records
+    nothing more."""
     d = lease.demand
     if d.asked_at is not None:
         d.asked_client = client if client is not None else d.asked_client
@@ -177,16 +177,27 @@ def arrived(lease: Lease, client: str | None, at: float, moved: bool | None = No
     d.asked_client, d.asked_at = client, at
     if d.answered_at is not None and at >= d.answered_at:
         d.gaps.append(at - d.answered_at)
+    if kept is not None and kept.outlook is not Outlook.UNKNOWN:
+        _outcome(d, wrong=kept.outlook is Outlook.NONE)
+
+
+def settle(lease: Lease, leases: Iterable[Lease]) -> None:
+    """``lease`` gets the card back (a grant or a wake): whether the request it asked for
+    moved here (:func:`moved_from`, among ``leases``) joins its arrival history, and settles
+    the **no demand** forecast it last yielded under: wrong when that request came within the
+    rent from a client that did not move here (one that did was served on the waiter first:
+    the alternation going on, not demand the yield cost). Settled here, not at the arrival:
+    the holder it moved from may report its answer after the wake."""
+    d = lease.demand
+    if d.asked_at is None:
+        return
+    moved = moved_from(leases, lease, d.asked_client, d.asked_at)
     if moved is not None:
         d.moved.append(moved)
     if d.pending is not None:
         idle_from, rent = d.pending
         d.pending = None
-        # A client that moved here from the waiter's answer was served there first: its
-        # coming back is the alternation going on, not demand the yield cost (issue 34).
-        _outcome(d, wrong=at - idle_from < rent and moved is not True)
-    elif kept is not None and kept.outlook is not Outlook.UNKNOWN:
-        _outcome(d, wrong=kept.outlook is Outlook.NONE)
+        _outcome(d, wrong=d.asked_at - idle_from < rent and moved is not True)
 
 
 def moved_from(leases: Iterable[Lease], lease: Lease, client: str | None,
@@ -209,8 +220,8 @@ def moved_from(leases: Iterable[Lease], lease: Lease, client: str | None,
 
 def yielded(lease: Lease, fc: Forecast, idle_s: float) -> None:
     """The idle ``lease`` gives up its card now under ``fc``, idle for ``idle_s`` seconds: a
-    **no demand** forecast is settled by its next arrival (:func:`arrived`); a **demand** one
-    that kept it idle past the rent was wrong."""
+    **no demand** forecast is settled when it next gets the card (:func:`settle`); a
+    **demand** one that kept it idle past the rent was wrong."""
     d = lease.demand
     if fc.outlook is Outlook.NONE:
         d.pending = (d.answered_at if d.answered_at is not None else 0.0, fc.rent_s)

@@ -228,10 +228,9 @@ def idle_forecast(holder: Lease, waiter: Lease, policy: Policy,
     the start of its idle spell it keeps the card (``keep_s``), with the rent (what a switch
     back would cost, :func:`rent_s`) and the evidence. ``known``: the waiter's client is known
     (else no causality is looked for)."""
-    start, _said = turn_start(holder, policy)
     longest = max(policy.max_turn_s, policy.min_turn_s, holder.switch_cost_s)
     return forecast(holder, waiter if known else None, policy, rent_s(holder, waiter, policy),
-                    start, longest)
+                    longest)
 
 
 def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,

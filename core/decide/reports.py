@@ -246,16 +246,14 @@ def asked(st: State, lease: Lease, client: str | None, at: float) -> None:
 
 
 def _arrival(st: State, lease: Lease, client: str | None, at: float) -> None:
-    """The first request at an idle front (issue 34): whether its client moved here from an
-    engine that had just answered it, and, for an idle holder kept for a waiter, whether the
-    forecast that kept it was right."""
+    """The first request at an idle front (issue 34): its idle gap, and, for an idle holder
+    kept for a waiter, whether the forecast that kept it was right."""
     kept = None
     if lease.idle() and S.ACTIVE in lease.states():
         waiter = _contender(st, lease)
         if waiter is not None:
             kept = idle_forecast(lease, waiter, st.policy)
-    demand.arrived(lease, client, at, demand.moved_from(st.ledger.leases.values(), lease,
-                                                        client, at), kept)
+    demand.arrived(lease, client, at, kept)
 
 
 def _contender(st: State, lease: Lease) -> Lease | None:

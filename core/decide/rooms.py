@@ -89,6 +89,8 @@ def _granted(st: State, w: Waiter, now: float) -> list[Effect]:
     """Effects of one admission, by the waiter's kind: a grant, a wake or a return once room
     is confirmed (rule 2), or an extension."""
     lease = st.ledger.leases[w.lease_id]
+    if w.kind in (WaitKind.GRANT, WaitKind.RESUME):
+        demand.settle(lease, st.ledger.leases.values())      # issue 34
     room = st.rooms.pop(w.lease_id, None) or _take_over(st, w)
     st.noplan_said.pop(w.lease_id, None)
     rung = room.plan.rung.value if room else Rung.FIT.value
