@@ -74,7 +74,7 @@ S = ShareState
 #: The core's Policy knobs used by every Berth configuration (seconds, counts).
 KNOBS = dict(scan_max_skips=8, scan_max_wait_s=30.0, release_grace_s=90.0, wake_limit_s=60.0,
              wait_limit_s=120.0, min_turn_s=10.0, juggle_window_s=120.0, juggle_max_swaps=4,
-             read_interval_s=1.0, rent_fixed_s=-1.0)
+             read_interval_s=1.0, rent_fixed_s=-1.0, demand_trust=0.0)
 
 def _install_defaults() -> tuple[dict, int]:
     """Berth exactly as a new install configures it: ``[policy]`` with no keys (berth.toml's
