@@ -21,7 +21,7 @@ from .units import format_duration, format_size
 
 S = ShareState
 
-__all__ = ["observe", "confirmed", "report", "jobs", "asked"]
+__all__ = ["observe", "confirmed", "report", "jobs", "asked", "contender"]
 
 
 def observe(st: State, reads: dict[str, CardRead], now: float) -> list[Effect]:
@@ -250,14 +250,15 @@ def _arrival(st: State, lease: Lease, client: str | None, at: float) -> None:
     kept for a waiter, whether the forecast that kept it was right."""
     kept = None
     if lease.idle() and S.ACTIVE in lease.states():
-        waiter = _contender(st, lease)
+        waiter = contender(st, lease)
         if waiter is not None:
             kept = idle_forecast(lease, waiter, st.policy)
     demand.arrived(lease, client, at, kept)
 
 
-def _contender(st: State, lease: Lease) -> Lease | None:
-    """The first waiter of equal priority queued for one of ``lease``'s cards, if any."""
+def contender(st: State, lease: Lease) -> Lease | None:
+    """The first waiter of equal priority queued for one of ``lease``'s cards (the one an idle
+    holder's turn is judged against, issue 34), if any."""
     for w in st.queue:
         other = st.ledger.leases.get(w.lease_id)
         if other is not None and other.id != lease.id and other.priority == lease.priority \
