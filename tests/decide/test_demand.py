@@ -148,11 +148,11 @@ class TestTrust:
 
 
 class TestGaps:
-    def test_short_gaps_keep_the_card_up_to_twice_the_rent(self):
+    def test_short_gaps_keep_the_card_for_the_rent(self):
         le = Lease("a", "A", {})
         le.demand.gaps.extend([1.0, 1.2, 0.8])
         fc = demand.forecast(le, None, policy(), 4.0, 30.0)
-        assert fc.outlook is demand.Outlook.DEMAND and fc.keep_s == pytest.approx(8.0)
+        assert fc.outlook is demand.Outlook.DEMAND and fc.keep_s == pytest.approx(4.0)
         assert "1.00s idle" in fc.why
 
     def test_long_gaps_yield_at_once(self):
