@@ -52,9 +52,9 @@ class ActionContext:
 
     - ``engine``: the engine's name (berth.toml entry or ``--engine``).
     - ``mechanism``: which plugin acts: ``"checkpoint"`` for park = checkpoint; for park =
-      hook, the adapter (``"protocol"``, ``"vllm"``, ``"sglang"``, ``"llamacpp"``, ``"ollama"``,
-      ``"comfyui"``); for a drain, ``"process"`` (berth run stops its own process group) or a
-      host (``"supervisor"``).
+      hook and lend, the adapter's name (an entry point of the group ``berth.adapters``:
+      :mod:`berth_plugins.adapters`; ``berth run --help`` lists those installed); for a drain,
+      ``"process"`` (berth run stops its own process group) or a host (``"supervisor"``).
     - ``engine_url``: the engine's own base URL (``http://127.0.0.1:PORT``), never its front.
     - ``pid`` / ``start_time``: the engine's main process as Berth started or adopted it.
     - ``pids``: every PID of the engine's process tree that the driver shows on its cards
@@ -104,7 +104,8 @@ def berth_configure(config) -> None:
 
 @hookspec
 def berth_mechanisms() -> list[str]:
-    """The mechanism names this plugin carries out (e.g. ``["checkpoint"]``, ``["vllm"]``).
+    """The mechanism names this plugin carries out (e.g. ``["checkpoint"]``; an adapter names
+    itself, as its entry point in ``berth.adapters`` does).
 
     Called once at startup to check that every configured ``park``/``adapter`` has a plugin.
     Returns a list of names; all results are collected. Time bound: instant.

@@ -2,12 +2,17 @@
 
 Source: DESIGN.md "The code" (manager.py: built-ins + entry point group "berth") and the note on
 pluggy and coroutines; STYLE.md "pluggy and pytest" (built-ins are ordinary plugins named in a
-plain tuple, third parties come through an entry-point group, validate at registration).
+plain tuple, third parties come through an entry-point group, validate at registration); issue
+38 (adapters register through their own group, Berth's own too).
 
 :func:`make_plugin_manager` registers, in order:
 
-1. the built-in modules of :data:`BUILTINS`, each under its module name;
-2. with ``load_entry_points``, every plugin of the entry-point group ``berth``
+1. the built-in modules of :data:`BUILTINS` (the built-in front, the checkpoint), each under
+   its module name;
+2. the adapters of the entry-point group ``berth.adapters`` (:mod:`berth_plugins.adapters`), each
+   under its adapter's name: Berth's own (berth-gpu's ``protocol = "berth_plugins.protocol"``
+   ...) and, with ``load_entry_points``, third parties' alike;
+3. with ``load_entry_points``, every plugin of the entry-point group ``berth``
    (``[project.entry-points.berth] name = "module"``), each under its entry-point name: third
    parties' and the hosts' own (berth-gpu's ``supervisor = "berth_hosts.supervisor.plugin"``;
    berth_plugins imports no host);
@@ -23,14 +28,18 @@ then checks them all at once, before anything runs. A plugin is refused with
 - an action hook (:data:`ACTION_HOOKS`) is ``async def`` (it must return ``None`` when the action
   is not its own) or a wrapper (actions are called one implementation at a time);
 - two plugins claim the same mechanism in ``berth_mechanisms`` (block one of them);
-- an entry point cannot be imported.
+- an entry point cannot be imported;
+- an adapter's ``berth_mechanisms`` does not name the adapter (``adapter = NAME`` would reach no
+  plugin).
 
 ``block`` names plugins not to register: a built-in by its module name or its short name
-(``"checkpoint"`` or ``"berth_plugins.checkpoint"``), a third-party plugin by its entry-point
-name. A name that matches nothing is a ``ValueError`` (a typo would otherwise block nothing).
+(``"checkpoint"`` or ``"berth_plugins.checkpoint"``), an adapter by its name or its module, a
+third-party plugin by its entry-point name. A name that matches nothing is a ``ValueError`` (a
+typo would otherwise block nothing).
 
-The calls: :func:`mechanisms` (what can be configured), :func:`run_action` (carry out one
-action under its time bound) and :func:`is_write` (the front's hot path).
+The calls: :func:`mechanisms` (what can be configured), :func:`adapters` (which of those are
+adapters), :func:`run_action` (carry out one action under its time bound) and :func:`is_write`
+(the front's hot path).
 """
 
 from __future__ import annotations
@@ -45,18 +54,18 @@ from typing import Any, Iterable
 
 import pluggy
 
+from . import adapters as registry
 from . import builtin_front, hookspecs
 from .hookspecs import PROJECT, ActionContext, MechanismError
 
 __all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "ACTION_HOOKS", "DECISION_HOOKS", "PluginRefused",
-           "make_plugin_manager", "mechanisms", "run_action", "is_write"]
+           "make_plugin_manager", "mechanisms", "adapters", "run_action", "is_write"]
 
-#: The built-in plugin modules, registered in this order (order never decides the ladder).
-#: A host's plugin (the supervisord host's) comes through the entry-point group like a third
-#: party's: berth_plugins imports no host.
-BUILTINS = ("berth_plugins.builtin_front", "berth_plugins.checkpoint", "berth_plugins.protocol",
-            "berth_plugins.vllm", "berth_plugins.sglang", "berth_plugins.llamacpp",
-            "berth_plugins.ollama")
+#: The built-in plugin modules that are no adapter, registered in this order (order never
+#: decides the ladder). The adapters, Berth's own too, come through the group ``berth.adapters``
+#: and a host's plugin (the supervisord host's) through ``berth``, like a third party's:
+#: berth_plugins names no adapter here and imports no host.
+BUILTINS = ("berth_plugins.builtin_front", "berth_plugins.checkpoint")
 
 #: Third-party plugins register under this entry-point group.
 ENTRY_POINT_GROUP = "berth"
@@ -83,7 +92,10 @@ class PluginRefused(ValueError):
 
 class _Manager(pluggy.PluginManager):
     """Every ``berth_*`` function is a hook implementation, marked with ``@hookimpl`` or not, so
-    a misspelled hook cannot pass unnoticed as an ordinary function."""
+    a misspelled hook cannot pass unnoticed as an ordinary function. ``adapter_names``: the
+    adapters registered, by name."""
+
+    adapter_names: list[str]
 
     def parse_hookimpl_opts(self, plugin: Any, name: str):
         opts = super().parse_hookimpl_opts(plugin, name)
@@ -131,14 +143,19 @@ def _register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
     _check_plugin(pm, name)
 
 
+def _origin(ep: importlib.metadata.EntryPoint) -> str:
+    """``entry point NAME = VALUE of DIST VERSION``: where a refused plugin came from."""
+    dist = getattr(ep, "dist", None)
+    return f"entry point {ep.name} = {ep.value}" + (
+        f" of {dist.metadata['Name']} {dist.version}" if dist is not None else "")
+
+
 def _load_entry_points(pm: pluggy.PluginManager) -> set[str]:
     """Register every plugin of the ``berth`` group; returns the entry-point names seen."""
     eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     names: set[str] = set()
     for ep in eps:
-        dist = getattr(ep, "dist", None)
-        origin = f"entry point {ep.name} = {ep.value}" + (
-            f" of {dist.metadata['Name']} {dist.version}" if dist is not None else "")
+        origin = _origin(ep)
         if ep.name in names:
             raise PluginRefused(ep.name, None, f"{origin}: another entry point has this name")
         names.add(ep.name)
@@ -160,6 +177,42 @@ def _load_entry_points(pm: pluggy.PluginManager) -> set[str]:
     return names
 
 
+def _load_adapters(pm: pluggy.PluginManager, own_only: bool) -> dict[str, str]:
+    """Register the adapters of the group ``berth.adapters`` (``own_only``: Berth's own), each
+    under its adapter's name, unless blocked by that name or by its module. Returns every
+    adapter entry point seen, name -> value (``"module"``), blocked ones too."""
+    seen: dict[str, str] = {}
+    for ep in registry.entry_points(own_only):
+        origin = _origin(ep)
+        if ep.name in seen:
+            raise PluginRefused(ep.name, None, f"{origin}: another adapter has this name")
+        seen[ep.name] = ep.value
+        if pm.is_blocked(ep.name) or pm.is_blocked(ep.value):
+            continue
+        if pm.has_plugin(ep.name):
+            raise PluginRefused(ep.name, None, f"{origin}: a plugin with this name is already "
+                                               "registered")
+        try:
+            plugin = ep.load()
+        except Exception as e:
+            raise PluginRefused(ep.name, None, f"{origin}: cannot be loaded: "
+                                               f"{type(e).__name__}: {e}") from e
+        _register(pm, plugin, ep.name)
+    return seen
+
+
+def _check_adapters(pm: pluggy.PluginManager, names: Iterable[str]) -> None:
+    """Each registered adapter carries out the mechanism it is named for: ``adapter = NAME``
+    in berth.toml reaches the plugin registered as ``NAME``."""
+    claims = {impl.plugin_name: impl.function()
+              for impl in pm.hook.berth_mechanisms.get_hookimpls()}
+    for name in names:
+        if name not in claims.get(name, ()):
+            raise PluginRefused(name, "berth_mechanisms",
+                                f"the adapter {name!r} must name itself among its mechanisms; "
+                                f"it returns {claims.get(name, [])!r}")
+
+
 def _check_mechanisms(pm: pluggy.PluginManager) -> None:
     """Each mechanism name is claimed by exactly one plugin, as a list of strings."""
     owners: dict[str, str] = {}
@@ -179,7 +232,8 @@ def _check_mechanisms(pm: pluggy.PluginManager) -> None:
 
 def make_plugin_manager(block: Iterable[str] = (), load_entry_points: bool = True
                         ) -> pluggy.PluginManager:
-    """A checked plugin manager with the built-ins and (``load_entry_points``) third parties.
+    """A checked plugin manager with the built-ins, Berth's own adapters and, with
+    ``load_entry_points``, third parties' adapters and plugins and the hosts' plugins.
 
     ``block``: plugin names not to register (see the module docstring). Raises
     :class:`PluginRefused` for a plugin that fails validation, ``ValueError`` for a blocked name
@@ -198,26 +252,37 @@ def make_plugin_manager(block: Iterable[str] = (), load_entry_points: bool = Tru
     for modname in BUILTINS:
         if not pm.is_blocked(modname):
             _register(pm, importlib.import_module(modname), modname)
-    known = set(BUILTINS) | set(short)
+    seen = _load_adapters(pm, own_only=not load_entry_points)
+    pm.adapter_names = sorted(n for n in seen if pm.has_plugin(n))
+    known = set(BUILTINS) | set(short) | set(seen) | set(seen.values())
     if load_entry_points:
-        known |= _load_entry_points(pm)
+        others = _load_entry_points(pm)
+        known |= others
         unknown = [n for n in blocked if n not in known]
         if unknown:
             raise ValueError(f"block: no plugin named {', '.join(map(repr, unknown))} (built-ins: "
-                             f"{', '.join(sorted(short))}; entry points: "
-                             f"{', '.join(sorted(known - set(BUILTINS) - set(short))) or 'none'})")
+                             f"{', '.join(sorted(short))}; adapters: "
+                             f"{', '.join(sorted(seen)) or 'none'}; entry points: "
+                             f"{', '.join(sorted(others)) or 'none'})")
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as e:   # _check_plugin refuses these first; a backstop
         name = pm.get_name(e.plugin) or repr(e.plugin)
         raise PluginRefused(name, None, str(e)) from e
     _check_mechanisms(pm)
+    _check_adapters(pm, pm.adapter_names)
     return pm
 
 
 def mechanisms(pm: pluggy.PluginManager) -> set[str]:
     """Every mechanism name some registered plugin carries out (``berth_mechanisms``)."""
     return {n for names in pm.hook.berth_mechanisms() for n in names}
+
+
+def adapters(pm: pluggy.PluginManager) -> list[str]:
+    """The names of the adapters registered in ``pm`` (group ``berth.adapters``), sorted: what
+    ``adapter = NAME`` and ``berth run --adapter NAME`` may name."""
+    return list(getattr(pm, "adapter_names", []))
 
 
 async def run_action(pm: pluggy.PluginManager, hook_name: str, ctx: ActionContext) -> Any:

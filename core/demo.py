@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import aiohttp
-from berth.board import render
+from berth.board_text import render
 from berth.client import Client
 
 __all__ = ["arguments", "run_demo"]

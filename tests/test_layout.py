@@ -118,8 +118,11 @@ def test_the_daemon_and_the_run_do_not_import_each_other():
 def test_plugins_import_no_host():
     assert _breaches(lambda m, i: not (_under(m, "berth_plugins")
                                        and _under(i, "berth_hosts"))) == []
+    from berth_plugins.adapters import entry_points
     from berth_plugins.manager import BUILTINS  # imported by name, not by statement
     assert not [b for b in BUILTINS if not _under(b, "berth_plugins")]
+    own = [ep.value for ep in entry_points(own_only=True)]      # Berth's own adapters, likewise
+    assert own and not [m for m in own if not _under(m, "berth_plugins")]
 
 
 def test_hosts_import_berth_and_berth_plugins_only():
@@ -200,3 +203,121 @@ def test_every_package_folder_is_in_the_distribution():
                  ["packages"])
     folders = {m for m, path in MODULES.items() if path.name == "__init__.py"}
     assert folders == listed, (sorted(folders - listed), sorted(listed - folders))
+
+
+# -- no import circle (issue 38) ------------------------------------------------------------------
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_imports(tree: ast.AST):
+    """Every import statement under ``tree`` that runs (module or function level), the bodies
+    of ``if TYPE_CHECKING:`` aside."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _type_checking(node.test):
+            for child in node.orelse:
+                yield from _runtime_imports(ast.Module(body=[child], type_ignores=[]))
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _runtime_imports(node)
+
+
+def _edges(name: str, path: Path, modules=MODULES) -> set[str]:
+    """The modules of ours that ``name`` imports when it runs: ``from a import b`` is ``a.b``
+    when that is a module, else ``a``; ``import a.b.c`` is the longest of it that is one."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                parts = a.name.split(".")
+                found = [".".join(parts[:i]) for i in range(len(parts), 0, -1)
+                         if ".".join(parts[:i]) in modules]
+                out.update(found[:1])
+            continue
+        if node.level:
+            base = package.split(".")
+            base = base[:len(base) - (node.level - 1)]
+            mod = ".".join(base + ([node.module] if node.module else []))
+        else:
+            mod = node.module or ""
+        for a in node.names:
+            if f"{mod}.{a.name}" in modules:
+                out.add(f"{mod}.{a.name}")
+            elif mod in modules:
+                out.add(mod)
+    out.discard(name)
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, …, a]``) per strongly connected group of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def visit(v: str) -> None:                     # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_one_cycle(graph, g) for g in groups]
+
+
+def _one_cycle(graph: dict[str, set[str]], group: set[str]) -> list[str]:
+    """A path through ``group`` from its first module back to it (breadth first)."""
+    start = min(group)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(graph[v] & group):
+            if w == start:
+                return paths[v] + [start]
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                todo.append(w)
+    raise AssertionError(f"no cycle through {sorted(group)}")
+
+
+def test_no_import_circle():
+    """A circle works only by the order its modules happen to load in, and no part of it can be
+    read or tested alone: put what both sides need in a leaf module, or make one module of two
+    that are one idea. Imports under ``if TYPE_CHECKING:`` do not run and do not count."""
+    graph = {m: _edges(m, path) for m, path in MODULES.items()}
+    cycles = _cycles(graph)
+    assert cycles == [], "import circles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_circle_reading_is_not_vacuous(tmp_path):
+    """Function-level imports count, TYPE_CHECKING ones do not, and a circle is named."""
+    a, b, c = tmp_path / "a.py", tmp_path / "b.py", tmp_path / "c.py"
+    a.write_text("def f():\n    from pkg import b\n")
+    b.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import c\n"
+                 "else:\n    import pkg.a.x\n")
+    c.write_text("from . import b\n")
+    modules = {"pkg.a": a, "pkg.b": b, "pkg.c": c}
+    graph = {m: _edges(m, p, modules) for m, p in modules.items()}
+    assert graph == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": {"pkg.b"}}
+    assert _cycles(graph) == [["pkg.a", "pkg.b", "pkg.a"]]

@@ -104,6 +104,16 @@ def commit() -> str:
     return out
 
 
+def _need_matplotlib() -> None:
+    """The plots need matplotlib, the ``bench`` extra (no dependency of Berth or of its tests):
+    say so before the replay, not after it (issue 38)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit("the plots need matplotlib: pip install -e '.[bench]' (or pass "
+                         "--no-plots)") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Berth's ladder against the peers' policies.")
     ap.add_argument("--workload", action="append", help="a workload name or .json path "
@@ -124,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--knob", action="append", type=_knob, default=[], metavar="NAME=VALUE",
                     help="override one of Berth's policy knobs (repeatable)")
     args = ap.parse_args(argv)
+    if not args.no_plots:
+        _need_matplotlib()
 
     if args.seed is not None:
         from .gen import build_all

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from berth.decide.model import names_card
 from berth.decide.units import format_size
 
+from .values import DEFAULT_RESERVE_BYTES
 from .words import key_str
 
 if TYPE_CHECKING:
@@ -149,10 +150,9 @@ def problems(cfg: "Config", unknown: frozenset[tuple] = frozenset(), raw: Any = 
 def _card_entries(cfg, v: _View, sims: list[_Card], kind, all_known: bool, declared: str
                   ) -> list[Problem]:
     """``[cards.X]``: which simulated card each names; its values go onto that card."""
-    from .models import CardConfig
     out: list[Problem] = []
     for c in sims:
-        c.reserve = CardConfig().reserve            # the default, until an entry says otherwise
+        c.reserve = DEFAULT_RESERVE_BYTES           # until an entry says otherwise
     for key, cc in cfg.cards.items():
         owner = next((c for c in sims if c.known() and names_card(key, c.pci, c.name)), None)
         if owner is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from berth import paths
 from pydantic import ValidationError
@@ -115,7 +115,7 @@ def _in_words(data: Any, errors: list[dict]) -> list[tuple[str, str]]:
         msg = err["msg"].removeprefix("Value error, ")
         value = err.get("input")
         if err["type"] == "extra_forbidden":
-            loc, msg = unknown_key(loc, value)
+            loc, msg = unknown_key(loc, value, Config)
         elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
             # pydantic's words name a Python class ("instance of EngineConfig"); a user wrote TOML.
             msg = f"expected a table ([{loc_str(loc)}] with its keys), got {value!r}"
@@ -166,14 +166,19 @@ def load_config(path: str | Path | None = None) -> tuple[Config, Path | None]:
     return (load(found), found) if found is not None else (Config(), None)
 
 
-def plugin_problems(cfg: Config, known: set[str]) -> list[tuple[str, str]]:
+def plugin_problems(cfg: Config, known: set[str],
+                    adapters: Iterable[str] | None = None) -> list[tuple[str, str]]:
     """Engine entries naming a mechanism no plugin carries out: ``(key path, message)`` pairs.
 
     ``known`` is every mechanism the registered plugins carry out (built-ins and entry points:
-    :func:`berth_plugins.manager.mechanisms`). An entry needs its ``adapter`` for ``park =
-    'hook'`` and for ``lend`` (``protocol`` when none is named), and ``supervisor`` for a
-    ``supervisor`` program (hookspecs ``berth_mechanisms``)."""
+    :func:`berth_plugins.manager.mechanisms`); ``adapters`` the registered adapters' names that
+    messages list (:func:`berth_plugins.manager.adapters`; ``None``: ``known``). An entry needs
+    its ``adapter`` for ``park = 'hook'`` and for ``lend`` (Berth's own protocol's adapter when
+    none is named, :data:`berth_plugins.adapters.PROTOCOL`), and ``supervisor`` for a
+    ``supervisor`` program (hookspecs ``berth_mechanisms``). Source: issue 38 (the registry)."""
+    from berth_plugins.adapters import PROTOCOL
     names = ", ".join(sorted(known)) or "none"
+    adapter_names = ", ".join(sorted(known if adapters is None else adapters)) or "none"
     out = []
     for name, e in cfg.engines.items():
         if e.adapter and e.adapter not in known:
@@ -181,11 +186,11 @@ def plugin_problems(cfg: Config, known: set[str]) -> list[tuple[str, str]]:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             out.append((f"engines.{key_str(name)}.adapter",
                         f"no plugin carries out adapter {e.adapter!r}{hint}; known adapters: "
-                        f"{names}"))
-        elif not e.adapter and e.lend and "protocol" not in known:
+                        f"{adapter_names}"))
+        elif not e.adapter and e.lend and PROTOCOL not in known:
             out.append((f"engines.{key_str(name)}.lend",
-                        f"lend without an adapter uses 'protocol', which no plugin carries out; "
-                        f"known adapters: {names}"))
+                        f"lend without an adapter uses {PROTOCOL!r}, which no plugin carries "
+                        f"out; known adapters: {adapter_names}"))
         if e.park and e.park != "hook" and e.park not in known:
             out.append((f"engines.{key_str(name)}.park",
                         f"no plugin carries out park {e.park!r}; known mechanisms: {names}"))

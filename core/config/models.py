@@ -25,6 +25,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from . import cross
 from .values import (
+    DEFAULT_RESERVE_BYTES,
     CardBytes,
     CardKey,
     Duration,
@@ -115,7 +116,7 @@ class CardConfig(_Strict):
     held for users outside Berth), ``baseline`` (overrides the measured baseline), ``name``
     (a short name to show)."""
 
-    reserve: CardBytes = 512 << 20
+    reserve: CardBytes = DEFAULT_RESERVE_BYTES
     claims: dict[str, CardBytes] = Field(default_factory=dict)
     baseline: OptCardBytes = None
     name: str | None = None
@@ -188,6 +189,9 @@ class EngineConfig(_Strict):
     supervisor: str | None = None
     mode: Literal["observe", "gate"] = "observe"
     options: dict[str, Any] = Field(default_factory=dict)
+    #: How many requests the engine runs at once: a ``berth run`` front forwards that many and
+    #: holds the rest (issue 34). ``None``: the run measures them (:mod:`berth.run.slots`).
+    slots: Annotated[Whole, Field(ge=1)] | None = None
     #: The gateway ends an answer from this engine that sends no byte for this long once its
     #: headers came (issue 27: every relay is bounded); longer than any normal gap of the engine.
     read_timeout: PositiveDuration = 30.0
@@ -209,8 +213,9 @@ class EngineConfig(_Strict):
             raise ValueError("park and lend need a front (rule 3: Berth parks an engine only when "
                              "every request passes through a Berth front); set front = ...")
         if self.park == "hook" and not self.adapter:
-            raise ValueError("park = 'hook' needs an adapter (protocol, vllm, sglang, llamacpp, "
-                             "ollama, comfyui)")
+            from berth_plugins.adapters import names  # the registry, read only on this error
+            raise ValueError(f"park = 'hook' needs an adapter (installed: "
+                             f"{', '.join(names()) or 'none'})")
         return self
 
 

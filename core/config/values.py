@@ -17,6 +17,8 @@ from pydantic import BeforeValidator
 MAX_CARD_BYTES = 1 << 50
 #: The shortest ``read_interval``: berthd reads the driver that often when idle.
 MIN_READ_INTERVAL_S = 0.05
+#: A card's reserve when its ``[cards.X]`` entry names none (or it has no entry), in bytes.
+DEFAULT_RESERVE_BYTES = 512 << 20
 
 
 def _not_absurd(n: int | None, v: Any, field: str) -> None:

@@ -1,5 +1,9 @@
 """Validation errors in words: key paths as berth.toml writes them, unknown keys with the keys
-their table allows, names TOML split at their dots."""
+their table allows, names TOML split at their dots.
+
+A leaf of the config package: the models' tree comes as an argument (``root``, the
+:class:`~berth.config.models.Config` class), so the models and the checks between values can
+use these words without an import circle (issue 38)."""
 
 from __future__ import annotations
 
@@ -39,10 +43,10 @@ def _unwrap(t: Any) -> Any:
             return t
 
 
-def _model_at(path: tuple) -> type[BaseModel] | None:
-    """The model of the table at ``path`` (``("engines", "x")`` -> :class:`EngineConfig`)."""
-    from .models import Config
-    t: Any = Config
+def _model_at(path: tuple, root: type[BaseModel]) -> type[BaseModel] | None:
+    """The model of the table at ``path`` under ``root`` (``("engines", "x")`` ->
+    :class:`EngineConfig`)."""
+    t: Any = root
     for part in path:
         if isinstance(t, type) and issubclass(t, BaseModel):
             f = t.model_fields.get(part) if isinstance(part, str) else None
@@ -76,21 +80,21 @@ def _tables(model: type[BaseModel], path: tuple = ()) -> list[tuple[str, type[Ba
     return out
 
 
-def _elsewhere(key: str, model: type[BaseModel] | None) -> str:
-    """Where else ``key`` is a key, as a hint: ``[policy] release_grace``, several joined by
-    "or"; ``""`` when it is a key of no other table."""
-    from .models import Config
+def _elsewhere(key: str, model: type[BaseModel] | None, root: type[BaseModel]) -> str:
+    """Where else under ``root`` ``key`` is a key, as a hint: ``[policy] release_grace``,
+    several joined by "or"; ``""`` when it is a key of no other table."""
     found = [f"{head} {key}" if head else f"{key} at the top level (before any [table])"
-             for head, m in _tables(Config) if m is not model and key in m.model_fields]
+             for head, m in _tables(root) if m is not model and key in m.model_fields]
     return " or ".join(found)
 
 
-def unknown_key(loc: tuple, value: Any) -> tuple[tuple, str]:
-    """An "extra inputs" error, in words: which keys the table allows, or, for a name TOML split
-    at its dots (``[engines.qwen2.5-coder]``), how to quote it."""
+def unknown_key(loc: tuple, value: Any, root: type[BaseModel]) -> tuple[tuple, str]:
+    """An "extra inputs" error at ``loc`` of the document ``root`` models, in words: which keys
+    the table allows, or, for a name TOML split at its dots (``[engines.qwen2.5-coder]``), how
+    to quote it."""
     *parent, key = loc
     parent = tuple(parent)
-    model = _model_at(parent)
+    model = _model_at(parent, root)
     if (len(parent) == 2 and parent[0] in ("engines", "cards") and isinstance(value, dict)
             and model is not None):
         parts, v = [str(parent[1]), str(key)], value
@@ -109,7 +113,7 @@ def unknown_key(loc: tuple, value: Any) -> tuple[tuple, str]:
     if model is not None:
         allowed = list(model.model_fields)
         close = difflib.get_close_matches(str(key), allowed, 1)
-        other = _elsewhere(str(key), model)
+        other = _elsewhere(str(key), model, root)
         if other:           # a key in the wrong table: its own table, not a look-alike here
             msg += f" (did you mean {other}?)"
         elif close:

@@ -565,7 +565,8 @@ def _live(path: Path) -> bool:
 async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
                 key: str | None = None, waits=None) -> web.AppRunner:
     """Start the API on ``socket_path`` (mode 0660) and optionally ``tcp`` (``host:port``).
-    ``waits``: the board's :class:`~berth.daemon.web.WaitTimes`, for the wait-time histogram."""
+    ``waits``: the board's :class:`~berth.daemon.board_web.WaitTimes`, for the wait-time
+    histogram."""
     app = make_app(broker, key, waits)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()

@@ -67,7 +67,7 @@ class _BoardCollector:
 
 class _WaitCollector:
     """The wait-time histogram (``berth_wait_seconds``, by what was waited for: ``grant`` or
-    ``resume``), from the board's :class:`~berth.daemon.web.WaitTimes` (issue 15)."""
+    ``resume``), from the board's :class:`~berth.daemon.board_web.WaitTimes` (issue 15)."""
 
     def __init__(self, waits):
         self.waits = waits
@@ -94,7 +94,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 def registry(broker: Broker, waits=None) -> CollectorRegistry:
     """A registry whose collector reads ``broker``'s board at each scrape, and with ``waits``
-    (the board's :class:`~berth.daemon.web.WaitTimes`) the wait-time histogram."""
+    (the board's :class:`~berth.daemon.board_web.WaitTimes`) the wait-time histogram."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_BoardCollector(broker))
     if waits is not None:

@@ -40,7 +40,7 @@ from berth import paths
 from berth.config import Config, ConfigError, load, load_config, plugin_problems, summary
 from berth.driver.base import Driver, DriverError
 
-from berth_plugins.manager import PluginRefused, make_plugin_manager, mechanisms
+from berth_plugins.manager import PluginRefused, adapters, make_plugin_manager, mechanisms
 
 __all__ = ["daemon_arguments", "config_arguments", "open_driver", "main_async", "StartRefused"]
 
@@ -82,7 +82,7 @@ def load_plugins(cfg: Config):
         pm = make_plugin_manager()
     except (PluginRefused, ValueError) as e:
         raise StartRefused(f"a plugin cannot be loaded: {e}", 2) from None
-    problems = plugin_problems(cfg, mechanisms(pm))
+    problems = plugin_problems(cfg, mechanisms(pm), adapters(pm))
     if problems:
         raise StartRefused("the config names what no plugin carries out: " + "; ".join(
             f"{k}: {m}" for k, m in problems), 2, problems)
@@ -163,7 +163,7 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
         raise StartRefused(str(e), 3) from None
     stack.push_async_callback(broker.stop)
     await broker.resume_restored()
-    from berth.daemon import web as board
+    from berth.daemon import board_web as board
     hub = board.Hub(board.BrokerSource(broker))
     try:
         runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key, waits=hub.waits)

@@ -83,8 +83,17 @@ def board(broker: "Broker") -> dict:
     ram = {"budget_bytes": led.ram_budget_bytes, "parked_bytes": led.parked_in_ram_bytes(),
            "available_bytes": led.ram_available_bytes()}
     return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
-            "host_ram": ram, "driver": broker.driver.kind,
+            "host_ram": ram, "driver": broker.driver.kind, "adapters": _adapters(broker),
             "uptime_s": round(now - broker.started_at, 1)}
+
+
+def _adapters(broker: "Broker") -> list[str]:
+    """The adapters berthd loaded, sorted (the registry, group ``berth.adapters``, issue 38):
+    what ``adapter = NAME`` may name until berthd restarts."""
+    if broker.pm is None:
+        return []
+    from berth_plugins.manager import adapters
+    return adapters(broker.pm)
 
 
 def outlook(lease: Lease, policy: Policy, waiter: Lease | None = None) -> dict | None:

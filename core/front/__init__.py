@@ -21,7 +21,7 @@ States (:class:`FrontState`; edges in :data:`EDGES`, each labelled with why it i
 state      a write (POST, PUT, ...)                  a read (GET, HEAD, OPTIONS)
 =========  ========================================  ================================
 starting   held                                      503 at once, reason "starting"
-open       forwarded                                 forwarded
+open       forwarded (held past max_in_flight)       forwarded
 closing    held (in-flight requests finish)          503 at once, reason "closing"
 asleep     held; the first one calls ``on_wake``     503 at once, reason "asleep"
 waking     held                                      503 at once, reason "waking"
@@ -36,6 +36,11 @@ states"), hands requests over to be held here. A streaming request held long get
 bytes (:mod:`.held`). Which requests are reads is
 ``is_write(method, path)`` (default: GET, HEAD and OPTIONS are reads; ``berth run`` may pass the
 plugins' ``berth_front_is_write``); it is asked only while the front is not open.
+
+With ``max_in_flight`` (the engine's slots: ``berth run`` declares or measures them, issue 34)
+an open front forwards at most that many writes at once and holds the rest in arrival order, the
+same hold as while asleep: a park then waits only for the requests the engine runs, the held ones
+stay held across it, and a slot that frees goes to the oldest held write.
 
 A held request ends when the front opens (it is then forwarded), at the client's own deadline, at
 ``wait_limit_s``, or when the caller fails it (:meth:`Front.fail_held`, :meth:`Front.stopped`),
@@ -84,6 +89,7 @@ The API for ``berth run`` (every method runs on the event loop that called :meth
     front.stopped(reason)          # -> stopped: held and new requests get 503 with reason
     front.starting()               # stopped -> starting: the engine starts again
     front.fail_held(reason) -> int # answer every held request 503 now; the state is unchanged
+    front.set_max_in_flight(n)     # forward at most n writes at once (None: all); held look again
     front.set_cause(cause, lasting) # why the lease waits: named in held 503s; lasting: answer now
     front.state, front.since, front.in_flight, front.holding, front.counters()
     await front.stop()             # -> stopped, stop listening, close engine connections

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from .server import Request
 
-__all__ = ["client_key", "address_key"]
+__all__ = ["client_key", "address_key", "ClientLog"]
 
 _PERSON = b"berth-client"
 
@@ -58,3 +59,37 @@ def client_key(req: "Request") -> str | None:
             if last:
                 return address_key(last)
     return address_key(host)
+
+
+class ClientLog:
+    """A front's record of who its model requests came from (issue 34): the key of each one
+    held or forwarded now, and who got its last answer and when (``answered_client``,
+    ``answered_at``, ``time.monotonic`` seconds). ``on_quiet()``: called when the front's
+    last request in flight ends (the run then reports its jobs at once)."""
+
+    def __init__(self) -> None:
+        self.keys: dict = {}
+        self.answered_client: str | None = None
+        self.answered_at: float | None = None
+        self.on_quiet: Callable[[], None] | None = None
+
+    def came(self, req: "Request") -> None:
+        """A model request is held or forwarded (once per request)."""
+        if req not in self.keys:
+            self.keys[req] = client_key(req)
+
+    def left(self, req: "Request", answered: bool, quiet: bool) -> None:
+        """``req`` is gone: ``answered`` (its forward ended) makes it the last answer;
+        ``quiet``: nothing is in flight any more."""
+        key = self.keys.pop(req, _NONE)
+        if answered and key is not _NONE:
+            self.answered_client, self.answered_at = key, time.monotonic()
+        if quiet and self.on_quiet is not None:
+            self.on_quiet()
+
+    def oldest(self, arrived: dict) -> str | None:
+        """The key of the oldest request in ``arrived`` (request -> time of arrival)."""
+        return self.keys.get(min(arrived, key=arrived.__getitem__)) if arrived else None
+
+
+_NONE = object()

@@ -30,8 +30,8 @@ class FastPath(RequestPath):
 
     def _fast(self, req: "Request", client: "ClientConnection") -> bool:
         """Forward ``req`` now if the shortest way applies; False when the task must."""
-        if self._state is not FrontState.OPEN or (
-                self.max_in_flight is not None and self.in_flight >= self.max_in_flight):
+        if self._state is not FrontState.OPEN or (self.max_in_flight is not None and (
+                self.in_flight >= self.max_in_flight or self._line)):
             return False
         addr = self._addr
         if addr is None:

@@ -5,12 +5,14 @@ whole contract)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import Awaitable, Callable
 
 from yarl import URL
 
+from .clients import ClientLog
 from .fast import FastPath
 from .listen import Limits, Listener
 from .rules import EDGES, TRANSITIONS, FrontState, IllegalFrontTransition, default_is_write
@@ -32,9 +34,11 @@ class Front(FastPath):
     ``is_write(method, path)``: True when a request needs the engine awake (default: any method
     but GET, HEAD and OPTIONS).
     ``shutdown_grace_s``: how long :meth:`stop` lets in-flight requests finish, seconds.
-    ``max_in_flight``: the most writes forwarded at once (the engine's parallel slots; ``None``:
-    no limit). Further writes wait in the front, not in the engine's own queue, so a park waits
-    only for what the engine is running, and what waits can be held while it sleeps.
+    ``max_in_flight``: the most writes forwarded at once (the engine's slots; ``None``: no
+    limit; :meth:`set_max_in_flight` changes it, e.g. once the run has measured them, issue 34).
+    Further writes are held in the front in arrival order (the hold of a sleeping engine's
+    writes: its keep-alive and wait limit), not in the engine's own queue, so a park waits only
+    for what the engine is running, and what waits stays held across the park.
     ``on_unwanted``: called when the last held request leaves (answered at its deadline, or its
     client gone) while the front is ``waking``: nobody waits for that wake any more.
     ``limits``: what the front allows its clients (:class:`berth.front.listen.Limits`: a request
@@ -89,12 +93,8 @@ class Front(FastPath):
         self._last_activity = float("-inf")
         self.in_flight = self._holding = 0
         self._arrived: dict = {}                # request -> when it reached the front (monotonic s)
-        self._clients: dict = {}                # model request -> its client key (issue 34)
-        #: the client key of the last model request's answer, and when it ended (monotonic s)
-        self.answered_client: str | None = None
-        self.answered_at: float | None = None
-        #: called when the last request in flight ends (the run reports its jobs at once)
-        self.on_quiet: Callable[[], None] | None = None
+        self._line: collections.deque = collections.deque()   # held requests, in arrival order
+        self.clients = ClientLog()              # who its requests are from (issue 34)
         self.forwarded = self.served = 0
         self.held = self.held_timeouts = self.client_gone = self.errors = 0
         self.refused_reads = self.wakes = 0
@@ -164,6 +164,12 @@ class Front(FastPath):
     def state(self) -> FrontState:
         """The current state."""
         return self._state
+
+    @property
+    def oldest_client(self) -> str | None:
+        """The client key (:mod:`.clients`) of the oldest model request held or forwarded now
+        (``None``: none, or its client has no address)."""
+        return self.clients.oldest(self._arrived)
 
     @property
     def holding(self) -> int:
@@ -249,6 +255,14 @@ class Front(FastPath):
         self.cause, self.lasting = cause, bool(cause) and lasting
         self._notify()
 
+    def set_max_in_flight(self, n: int | None) -> None:
+        """Forward at most ``n`` writes at once from now on (``None``: every one). Held writes
+        look again at once (a raised limit lets them go). Raises ``ValueError`` when ``n`` < 1."""
+        if n is not None and n < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {n}")
+        self.max_in_flight = n
+        self._notify()
+
     def fail_held(self, reason: str) -> int:
         """Answer every request held now with a 503 naming ``reason``; requests that arrive later
         are held as the state says. Returns how many were held."""
@@ -263,6 +277,16 @@ class Front(FastPath):
                 "forwarded": self.forwarded, "served": self.served, "held": self.held,
                 "held_timeouts": self.held_timeouts, "client_gone": self.client_gone,
                 "errors": self.errors, "refused_reads": self.refused_reads, "wakes": self.wakes}
+
+    def _arrive(self, req) -> None:
+        """A write is held: when it came, and from whom (issue 34)."""
+        self._arrived.setdefault(req, time.monotonic())
+        self.clients.came(req)
+
+    def _unheld(self, req) -> None:
+        """A held write leaves without being forwarded."""
+        self._arrived.pop(req, None)
+        self.clients.left(req, False, False)
 
     def _ask_wake(self) -> None:
         if self._on_wake is None:

@@ -9,12 +9,13 @@ passed back as they arrive; the slow states add the hold.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
 from . import held
-from .clients import client_key
+from .clients import ClientLog
 from .rules import (
     DEADLINE_MARGIN_S,
     HOLDING_STATES,
@@ -67,10 +68,10 @@ class RequestPath:
     _fail_reason: str
     _holding: int
     _arrived: dict
-    _clients: dict
-    answered_client: str | None
-    answered_at: float | None
-    on_quiet: Callable[[], None] | None
+    _line: "collections.deque"
+    clients: ClientLog
+    _arrive: Callable[["Request"], None]
+    _unheld: Callable[["Request"], None]
     _last_activity: float
     _addr: Address | None
     _pool: Pool
@@ -85,8 +86,9 @@ class RequestPath:
     async def _handle(self, req: "Request", client: "ClientConnection") -> bool:
         st = self._state
         if st is F.OPEN:
-            if self.max_in_flight is None or self.in_flight < self.max_in_flight \
-                    or not self._writes(req):
+            # A slot free goes to the oldest held write first (issue 34: arrival order).
+            if self.max_in_flight is None or not self._writes(req) or (
+                    self.in_flight < self.max_in_flight and not self._line):
                 return await self._forward(req, client)
             return await self._hold(req, client)
         if not self._writes(req):
@@ -134,6 +136,9 @@ class RequestPath:
 
     def _held_for(self) -> str:
         """What a held request waits for, in words (a loading state's text)."""
+        if self._state is F.OPEN:
+            return (f"runs {self.in_flight} request{'' if self.in_flight == 1 else 's'} at once "
+                    "(its slots); this one waits for a slot")
         why = f": {self.cause}" if self.cause else ""
         return f"is {self._state}{why}"
 
@@ -151,8 +156,8 @@ class RequestPath:
         epoch = self._fail_epoch
         self.held += 1
         self._holding += 1
-        self._arrived.setdefault(req, time.monotonic())
-        self._clients.setdefault(req, client_key(req))
+        self._arrive(req)
+        self._line.append(req)
         forward = False
         try:
             async with asyncio.timeout_at(loop.time() + limit_s):
@@ -161,8 +166,8 @@ class RequestPath:
                         return self._fail_reason, (f"engine {self.name!r} is unavailable: "
                                                    f"{self._fail_reason}")
                     st = self._state
-                    if st is F.OPEN and (self.max_in_flight is None
-                                         or self.in_flight < self.max_in_flight):
+                    if st is F.OPEN and (self.max_in_flight is None or (
+                            self._line[0] is req and self.in_flight < self.max_in_flight)):
                         forward = True
                         return None
                     if st is not F.OPEN and self.lasting and not patient:
@@ -186,9 +191,12 @@ class RequestPath:
             raise
         finally:
             self._holding -= 1
+            first = self._line[0] is req
+            self._line.remove(req)
+            if first and self._line:
+                self._notify()   # the next held write may take a slot left free
             if not forward:
-                self._arrived.pop(req, None)
-                self._clients.pop(req, None)
+                self._unheld(req)
             if self._holding == 0 and self._state is F.WAKING and self._on_unwanted is not None:
                 try:
                     self._on_unwanted()
@@ -287,8 +295,7 @@ class RequestPath:
         # built-in rule, which no bundled adapter refines.
         if req.method not in _READS:
             self.served += 1
-            if req not in self._clients:
-                self._clients[req] = client_key(req)
+            self.clients.came(req)
         if self._on_activity is not None:
             now = time.monotonic()
             if now - self._last_activity >= self.activity_every_s:
@@ -299,16 +306,12 @@ class RequestPath:
                     log.exception("front %s: on_activity callback failed", self.name)
 
     def _forwarded(self, req: "Request") -> None:
-        """A forward ended (answered, failed, or its client went). A model request's end is
-        the answer berthd's forecast reads: who got it, and when (issue 34)."""
+        """A forward ended (answered, failed, or its client went): its last answer (issue 34)."""
         self._arrived.pop(req, None)
-        if req in self._clients:
-            self.answered_client, self.answered_at = self._clients.pop(req), time.monotonic()
         self.in_flight -= 1
+        self.clients.left(req, True, self.in_flight == 0)
         if self.in_flight == 0:
             self._idle.set()
-            if self.on_quiet is not None:
-                self.on_quiet()
         if self.max_in_flight is not None and self._holding:
             self._notify()   # a slot freed: a waiting write may go
 
@@ -326,14 +329,6 @@ class RequestPath:
             await engine.drain()
         if req.chunked:
             engine.write(b"0\r\n\r\n")
-
-    @property
-    def oldest_client(self) -> str | None:
-        """The client key (:mod:`.clients`) of the oldest model request held or forwarded now
-        (``None``: none, or its client has no address)."""
-        if not self._arrived:
-            return None
-        return self._clients.get(min(self._arrived, key=self._arrived.__getitem__))
 
     @property
     def oldest_at(self) -> float | None:

@@ -130,7 +130,7 @@ def client_deadline_s(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
     return best
 
 
-#: The board's operator session cookie (berth.daemon.web): a browser sends it to every port of
+#: The board's operator session cookie (berth.daemon.board_web): a browser sends it to every port of
 #: the board's host, so fronts and the gateway strip it from what they relay (issue 26).
 BOARD_COOKIE = "berth_board"
 _BOARD = BOARD_COOKIE.encode()

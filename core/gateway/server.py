@@ -15,7 +15,8 @@ Source: issue 14; issue 27; seed 002 "Fronts" and "Many machines"; reference "ll
 ``GET /berth/v1/gateway``              the gateway's own state (machines, ranking, listeners)
 ``GET /health``, ``GET /metrics``      that it answers; its figures (Prometheus text)
 ``GET /``                              a redirect to ``/board/``
-``/board/``                            the web board (:mod:`berth.daemon.web`), read from berthd
+``/board/``                            the web board (:mod:`berth.daemon.board_web`), read from
+                                       berthd
 ComfyUI's API (``/prompt``, ``/api/…``, to the ``comfyui`` engine (its front, else its ``url``);
 ``/queue``, ``/history``, ``/ws``, …)  ``/ws`` to the entry's own ``url`` when it names one
 =====================================  ============================================================
@@ -170,7 +171,7 @@ class Gateway:
 
     async def _handoff_app(self, stack: contextlib.AsyncExitStack) -> web.Application:
         # The board (issue 15: served by the gateway when it runs), read over berthd's socket.
-        from berth.daemon.web import Hub, SocketSource, board_app
+        from berth.daemon.board_web import Hub, SocketSource, board_app
         hub = Hub(SocketSource(self.table.client.socket))
         await hub.start()
         stack.push_async_callback(hub.stop)

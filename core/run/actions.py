@@ -29,6 +29,7 @@ from berth.process import tree_pids
 from berth.run.engine import EngineProcess
 from berth.run.lease import LeaseClient
 
+from berth_plugins.adapters import PROTOCOL
 from berth_plugins.hookspecs import ActionContext
 from berth_plugins.manager import run_action
 
@@ -79,11 +80,11 @@ class Actions:
         if op in (Op.PARK, Op.WAKE):
             mech = self.o.park
             if self.o.park == ParkMechanism.HOOK:
-                mech = self.o.adapter or "protocol"
+                mech = self.o.adapter or PROTOCOL
         elif op in (Op.LEND, Op.RETURN):
-            mech = self.o.adapter or "protocol"
+            mech = self.o.adapter or PROTOCOL
         else:
-            mech = "protocol"
+            mech = PROTOCOL
         ident = self.engine.ident
         pids = list(self.lease.pids) or (sorted(tree_pids(ident.pid)) if ident else [])
         opts = dict(self.o.options)

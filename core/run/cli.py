@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from berth.decide.model import Bound, ParkMechanism
 from berth.decide.units import parse_duration, parse_size
 
-__all__ = ["arguments", "RunOptions", "parse_sizes", "in_flags", "USAGE"]
+__all__ = ["arguments", "RunOptions", "parse_sizes", "USAGE"]
 
 USAGE = """\
     berth run [--engine NAME] [--front HOST:PORT] [--size SIZE[@CARD]]… [--priority N]
@@ -78,41 +78,6 @@ def parse_sizes(values: list[str]) -> list[tuple[str | None, str]]:
     return out
 
 
-#: A field of the lease request at the start of one of berthd's problems ("shares.0.size: ...",
-#: problems joined by "; "), and the flag of berth run that fills it.
-_FIELD = re.compile(r"(^|; )(shares\.(\d+)\.(size|card|need)|shares|aliases\.(\d+)|aliases|"
-                    r"priority|park|bound|lend_max|lend|front|engine|growth_allowance|keep_warm)"
-                    r"(?=: )")
-_FLAG = {"priority": "--priority", "park": "--park", "bound": "--bound", "lend": "--lend",
-         "lend_max": "--lend-max", "front": "--front", "engine": "--engine",
-         "aliases": "--alias", "shares": "--size"}
-
-
-def in_flags(message: str, o: RunOptions) -> str:
-    """berthd's refusal of the lease ``o`` asks, with each lease field it names (``shares.0.size:
-    ...``) said as the user wrote it: the flag (``--size 100GiB: ...``, ``--priority: ...``), or,
-    for what the run line left to berth.toml, the engine's entry (``[engines.NAME] size``)."""
-    entry = f"[engines.{o.engine}]"
-
-    def said(m: re.Match) -> str:
-        field, share, part, alias = m.group(2), m.group(3), m.group(4), m.group(5)
-        if share is not None:
-            n = int(share)
-            if n >= len(o.sizes):
-                return f"{entry} {part}"         # the shares came from the engine's entry
-            card, size = o.sizes[n]
-            return f"--size {size}@{card}" if card else f"--size {size}"
-        if alias is not None and int(alias) < len(o.aliases):
-            return f"--alias {o.aliases[int(alias)]}"
-        mine = {"priority": o.priority is not None, "park": bool(o.park),
-                "bound": bool(o.bound), "lend_max": bool(o.lend_max)}
-        if field in _FLAG and mine.get(field, True):
-            return _FLAG[field]
-        return f"{entry} {field}"                # berthd filled it from berth.toml
-
-    return _FIELD.sub(lambda m: m.group(1) + said(m), message)
-
-
 def _positive(text: str | None, flag: str) -> float | None:
     if text is None:
         return None
@@ -151,12 +116,13 @@ def _check_health(path: str) -> None:
 
 def _check_adapter(adapter: str) -> None:
     """The hook's adapter must be one some plugin carries out now, not at the first park (an
-    unknown one would turn that park into a drain). Raises ``ValueError``."""
-    from berth_plugins.manager import make_plugin_manager, mechanisms
-    known = mechanisms(make_plugin_manager())
-    if adapter not in known:
+    unknown one would turn that park into a drain). Raises ``ValueError`` naming the adapters
+    registered (group ``berth.adapters``, issue 38)."""
+    from berth_plugins.manager import adapters, make_plugin_manager, mechanisms
+    pm = make_plugin_manager()
+    if adapter not in mechanisms(pm):
         raise ValueError(f"--adapter: no plugin carries out {adapter!r}; known adapters: "
-                         f"{', '.join(sorted(known - {'checkpoint', 'supervisor'}))}")
+                         f"{', '.join(adapters(pm)) or 'none'}")
 
 
 def _check_checkpoint(path: str | None) -> None:
@@ -191,7 +157,7 @@ def _options(args, cmd: list[str]) -> RunOptions:
     if args.lend_max:
         parse_size(args.lend_max, field="--lend-max")
     if args.max_in_flight is not None and args.max_in_flight < 1:
-        raise ValueError(f"--max-in-flight: must be at least 1, got {args.max_in_flight}")
+        raise ValueError(f"--slots: must be at least 1, got {args.max_in_flight}")
     if args.front and not args.upstream and not any("{port}" in a for a in cmd):
         raise ValueError("with --front, the engine's command must contain {port} (the port the "
                          "run picks) or give --upstream URL")
@@ -239,6 +205,17 @@ def _cmd_run(args) -> int:
     return 128 - code if code < 0 else code
 
 
+class _Installed:
+    """The installed adapters' names, read from the registry only when a help page is printed
+    (argparse fills ``%(installed)s`` from the action's attributes): every ``berth run`` builds
+    this parser, and reading entry points would cost its start, which llama-swap's first health
+    poll times (issue 30), about 20 ms more."""
+
+    def __str__(self) -> str:
+        from berth_plugins.adapters import names  # entry points only: no adapter is imported
+        return ", ".join(names()) or "none"
+
+
 def arguments(p) -> None:
     """Fill ``berth run``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.description = USAGE
@@ -263,8 +240,10 @@ def arguments(p) -> None:
                         "(cuda-checkpoint to host RAM) or hook (its adapter's sleep); default: "
                         "the engine's entry in berth.toml; with neither, making room drains "
                         "(stops) the engine")
-    p.add_argument("--adapter",
-                   help="the hook's adapter: protocol, vllm, sglang, llamacpp, ollama")
+    adapter = p.add_argument("--adapter", metavar="NAME",
+                             help="the hook's adapter, one of those installed: %(installed)s "
+                                  "(the entry-point group berth.adapters)")
+    adapter.installed = _Installed()
     p.add_argument("--lend", action="store_true", help="the engine can lend memory (protocol)")
     p.add_argument("--lend-max", metavar="SIZE",
                    help="the most it may lend on one card (default: its share less its measured "
@@ -292,9 +271,11 @@ def _path_arguments(p) -> None:
                                              "$BERTH_CUDA_CHECKPOINT)")
     p.add_argument("--wait-limit", help="longest a request is held (default: berthd's "
                                         "[policy] wait_limit, else 120s)")
-    p.add_argument("--max-in-flight", type=int, metavar="N",
-                   help="forward at most N requests at once (the engine's parallel slots); the "
-                        "rest wait in the front, so a park waits only for running requests")
+    p.add_argument("--slots", "--max-in-flight", dest="max_in_flight", type=int, metavar="N",
+                   help="the engine runs N requests at once: the front forwards at most N and "
+                        "holds the rest, so a park waits only for running requests (default: "
+                        "the engine's [engines.X] slots, else measured: llama-server's /props "
+                        "or --parallel, vLLM's --max-num-seqs, ComfyUI 1; unknown: forward all)")
     p.add_argument("--stop-grace", default="1s", help="in-flight grace on stop (default 1s)")
     p.add_argument("--term-grace", default="4s", help="SIGTERM to SIGKILL (default 4s)")
     p.add_argument("--release-grace", help="park/lend time limit (default: berthd's [policy])")

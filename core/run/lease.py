@@ -17,7 +17,9 @@ confirms every release with a driver read; the run's word is never proof).
    waiting up to ``release_wait_s`` for the driver to confirm the memory free.
 
 The front's callbacks (:meth:`on_wake`, :meth:`on_unwanted`, :meth:`on_activity`) tell berthd
-what clients ask for.
+what clients ask for. The lease request a run line makes (:func:`request_body`) and berthd's
+refusal of it in the run line's words (:func:`in_flags`) are here together: the command line
+(:mod:`berth.run.cli`) builds the options, this module reads them (issue 38: no import circle).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -35,7 +38,6 @@ from berth.decide.model import Op
 from berth.decide.units import format_size
 from berth.front import Front
 from berth.process import ProcessId
-from berth.run.cli import in_flags
 from berth.run.engine import EngineProcess
 from berth.run.failopen import FailOpen, Room
 from berth.run.waits import WaitWords
@@ -43,7 +45,7 @@ from berth.run.waits import WaitWords
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
     from berth.run.cli import RunOptions
 
-__all__ = ["LeaseClient", "DEFAULT_LIMITS", "request_body"]
+__all__ = ["LeaseClient", "DEFAULT_LIMITS", "request_body", "in_flags"]
 
 log = logging.getLogger("berth.run")
 
@@ -88,6 +90,41 @@ def request_body(o: RunOptions) -> dict:
     if o.bound:
         body["bound"] = o.bound
     return body
+
+
+#: A field of the lease request at the start of one of berthd's problems ("shares.0.size: ...",
+#: problems joined by "; "), and the flag of berth run that fills it.
+_FIELD = re.compile(r"(^|; )(shares\.(\d+)\.(size|card|need)|shares|aliases\.(\d+)|aliases|"
+                    r"priority|park|bound|lend_max|lend|front|engine|growth_allowance|keep_warm)"
+                    r"(?=: )")
+_FLAG = {"priority": "--priority", "park": "--park", "bound": "--bound", "lend": "--lend",
+         "lend_max": "--lend-max", "front": "--front", "engine": "--engine",
+         "aliases": "--alias", "shares": "--size"}
+
+
+def in_flags(message: str, o: RunOptions) -> str:
+    """berthd's refusal of the lease ``o`` asks, with each lease field it names (``shares.0.size:
+    ...``) said as the user wrote it: the flag (``--size 100GiB: ...``, ``--priority: ...``), or,
+    for what the run line left to berth.toml, the engine's entry (``[engines.NAME] size``)."""
+    entry = f"[engines.{o.engine}]"
+
+    def said(m: re.Match) -> str:
+        field, share, part, alias = m.group(2), m.group(3), m.group(4), m.group(5)
+        if share is not None:
+            n = int(share)
+            if n >= len(o.sizes):
+                return f"{entry} {part}"         # the shares came from the engine's entry
+            card, size = o.sizes[n]
+            return f"--size {size}@{card}" if card else f"--size {size}"
+        if alias is not None and int(alias) < len(o.aliases):
+            return f"--alias {o.aliases[int(alias)]}"
+        mine = {"priority": o.priority is not None, "park": bool(o.park),
+                "bound": bool(o.bound), "lend_max": bool(o.lend_max)}
+        if field in _FLAG and mine.get(field, True):
+            return _FLAG[field]
+        return f"{entry} {field}"                # berthd filled it from berth.toml
+
+    return _FIELD.sub(lambda m: m.group(1) + said(m), message)
 
 
 class LeaseClient:
@@ -351,14 +388,9 @@ class LeaseClient:
         Raises ``RuntimeError`` (the front answers the held writes 503) without berthd."""
         if not self.lease_id:
             raise RuntimeError("berthd is unavailable, so the engine cannot be woken safely")
-        front = self.front
-        oldest = front.oldest_at if front is not None else None
         try:
-            # Whose request asks, and since when (issue 34: the holder whose last answer went
-            # to that client yields at once).
-            r = await self.client.wake(
-                self.lease_id, front.oldest_client if front is not None else None,
-                None if oldest is None else time.monotonic() - oldest)
+            # Whose request asks, and since when (issue 34: a holder that answered it yields).
+            r = await self.client.wake(self.lease_id, *_asker(self.front))
             self.waits.update(r.get("wait"))
         except BerthdUnavailable as e:
             raise RuntimeError(f"berthd is unavailable ({e}); the engine stays parked") from None
@@ -395,6 +427,13 @@ class LeaseClient:
             finally:
                 self._touching = False
         asyncio.get_running_loop().create_task(touch())
+
+
+def _asker(front: "Front | None") -> tuple[str | None, float | None]:
+    """The client key of the oldest request ``front`` holds, and its age in seconds."""
+    at = front.oldest_at if front is not None else None
+    return (front.oldest_client if at is not None else None,
+            None if at is None else time.monotonic() - at)
 
 
 async def _reattach(lease: LeaseClient, engine: EngineProcess) -> None:

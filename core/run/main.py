@@ -52,6 +52,7 @@ from berth.config.errors import ConfigError
 from berth.decide.model import Op
 from berth.front import Front, FrontState
 from berth.front.rules import default_is_write
+from berth.run.slots import Slots
 
 if TYPE_CHECKING:                   # loaded once the front listens (EngineRun._load)
     from berth.run.actions import Actions
@@ -92,6 +93,7 @@ class EngineRun:
         self._pm = None                          # the plugin manager, once loaded
         self.signalled = False                   # a stop signal came (not a drain)
         self._again: asyncio.Event | None = None  # set: a write came for a drained engine
+        self.slots = Slots(opts)                 # what the front forwards at once (issue 34)
 
     async def main(self) -> int:
         """Start, serve until the engine exits or a stop signal (SIGTERM, SIGINT) or a drain,
@@ -125,7 +127,7 @@ class EngineRun:
         front = Front(host or "127.0.0.1", int(port), name=self.o.engine, **limit,
                       on_wake=self._on_wake, on_activity=self._on_activity,
                       is_write=lambda method, path: self._is_write(method, path),
-                      max_in_flight=self.o.max_in_flight, on_unwanted=self._on_unwanted)
+                      max_in_flight=self.slots.n, on_unwanted=self._on_unwanted)
         if self.o.front_health and self.o.health != "none":
             front.ready_path = self.o.health     # llama-swap hands a held request over at once
         try:
@@ -146,6 +148,7 @@ class EngineRun:
 
         from berth_plugins.manager import is_write, make_plugin_manager
         paths.client_socket()       # the config loads, or the run ends here (not fail-open)
+        self._declared_slots()
         self._pm = pm = make_plugin_manager()
         stack.push_async_callback(self._close_lease)
         self._new_lease()
@@ -154,6 +157,12 @@ class EngineRun:
         stack.push_async_callback(self.engine.http.close)
         self._is_write = lambda method, path: is_write(pm, self.o.engine, method, path)
         self._wire()
+
+    def _declared_slots(self) -> None:
+        """The engine's entry in berth.toml may declare its slots (``--slots`` wins)."""
+        from berth.config import load_config
+        entry = load_config()[0].engines.get(self.o.engine)
+        self.slots.declare(entry.slots if entry is not None else None)
 
     def _new_lease(self) -> None:
         from berth.run.lease import LeaseClient
@@ -283,6 +292,9 @@ class EngineRun:
                 if self.lease.unleased is not None:
                     self.lease.unleased.answered(self.engine)
                 if self.front is not None:
+                    # Before it opens: the held requests go at most the engine's slots at once.
+                    await self.slots.measure(self.engine.http, self.engine.url)
+                    self.slots.apply(self.front)
                     self.front.open()
                 log.info("%s is serving%s", self.o.engine, f" on {self.engine.url}"
                          if self.engine.url else f" (pid {self.engine.proc.pid})")

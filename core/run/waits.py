@@ -41,9 +41,9 @@ def job_reporter(front, lease, served_from: int = 0, **kw) -> JobReporter:
     reporter = JobReporter(lambda: (front.in_flight + front.holding, front.oldest_at),
                            lambda: lease.lease_id, lambda: lease.client,
                            served=lambda: front.served - served_from,
-                           clients=lambda: (front.oldest_client, front.answered_client,
-                                            front.answered_at), **kw)
-    front.on_quiet = reporter.kick
+                           clients=lambda: (front.oldest_client, front.clients.answered_client,
+                                            front.clients.answered_at), **kw)
+    front.clients.on_quiet = reporter.kick
     return reporter
 
 

@@ -116,6 +116,9 @@ def engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--residual", default="256MiB", metavar="SIZE",
                    help="the context, kept by a park (default 256MiB)")
     p.add_argument("--model", default="stub", help="the model name it serves (default stub)")
+    p.add_argument("-np", "--parallel", type=int, metavar="N",
+                   help="run at most N requests at once and queue the rest, and say N in GET "
+                        "/props total_slots, as llama-server does (default: every request at once)")
     p.add_argument("--park-noop", action="store_true", help="test knob: park answers 200, frees nothing")
     p.add_argument("--lend-noop", action="store_true", help="test knob: lend answers 200, frees nothing")
     p.add_argument("--wake-hang", action="store_true", help="test knob: wake never answers")

@@ -20,6 +20,11 @@ Every generation step goes through the card store: while ``cuda-checkpoint`` (th
 the process locked or checkpointed, steps wait, as CUDA calls block in a real one. Requests that
 arrive while parked load the engine again (the share becomes "unparked", seed 002).
 
+Slots: with ``--parallel N`` (llama-server's flag) the engine runs at most N requests at once and
+queues the rest in arrival order, as llama-server's slots do, and ``GET /props`` says
+``{"total_slots": N}`` as llama-server's does; without it every request runs at once and there is
+no ``/props``.
+
 Stopping: on SIGTERM or SIGINT the engine gives its memory back to the card store at once, then
 closes its connections, as an engine whose CUDA context is torn down before it exits. With
 ``--crash-on-term`` it instead dies by the signal without freeing anything, as an engine that
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -70,7 +76,8 @@ class StubEngine:
     def __init__(self, store: SimCards, pci: str, *, weights_bytes: int, load_s: float,
                  kv_per_token_bytes: int, tokens_per_s: float, residual_bytes: int,
                  kv_pool_bytes: int | None, lend: bool, park_noop: bool, wake_hang: bool,
-                 model: str, more_pcis: tuple[str, ...] = (), lend_noop: bool = False):
+                 model: str, more_pcis: tuple[str, ...] = (), lend_noop: bool = False,
+                 slots: int | None = None):
         self.store, self.pci, self.pid = store, pci, os.getpid()
         self.pcis = [pci, *(p for p in dict.fromkeys(more_pcis) if p != pci)]
         self.weights_bytes, self.load_s = weights_bytes, load_s
@@ -79,6 +86,9 @@ class StubEngine:
         self.lend_enabled, self.park_noop, self.wake_hang = lend, park_noop, wake_hang
         self.lend_noop = lend_noop
         self.model = model
+        self.slots = slots
+        # Requests past the slots queue here in arrival order (asyncio.Semaphore is FIFO).
+        self._slots = asyncio.Semaphore(slots) if slots else None
         self.loaded = False
         self.parked = False
         self.closing = False
@@ -259,6 +269,11 @@ class StubEngine:
             await asyncio.sleep(1.0 / self.tokens_per_s)
             yield _VOCAB[i % len(_VOCAB)]
 
+    def slot(self) -> contextlib.AbstractAsyncContextManager:
+        """One of the engine's slots, waited for in arrival order (every request at once
+        without ``--parallel``)."""
+        return self._slots if self._slots is not None else contextlib.nullcontext()
+
     def give_back_kv(self, nbytes: int) -> None:
         """A request ended: its KV bytes go back to the engine's cache, not to the card."""
         self.kv_used_bytes -= nbytes
@@ -339,49 +354,65 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         raise _Reject(503, "Loading model", "unavailable_error")
     if eng.parked:
         await eng.wake()   # a request reached a parked engine around Berth: load again
-    cid, created = f"chatcmpl-{uuidlib.uuid4().hex[:24]}", int(time.time())
     taken = [0]
-    words: list[str] = []
     eng.in_flight += 1
     try:
-        if not stream:
-            try:
-                async for w in eng.generate(prompt, max_tokens, taken):
-                    words.append(w)
-            except SimOOM as e:
-                raise _Reject(500, str(e), "server_error") from None
-            return web.json_response({
-                "id": cid, "object": "chat.completion", "created": created, "model": eng.model,
-                "choices": [{"index": 0, "finish_reason": "length",
-                             "message": {"role": "assistant", "content": " ".join(words)}}],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": len(words),
-                          "total_tokens": prompt + len(words)}})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        await resp.write(_chunk(cid, created, eng.model, {"role": "assistant", "content": ""}, None))
-        try:
-            async for w in eng.generate(prompt, max_tokens, taken):
-                words.append(w)
-                await resp.write(_chunk(cid, created, eng.model,
-                                        {"content": w if len(words) == 1 else " " + w}, None))
-        except (SimOOM, _Reject) as e:
-            err = _error_body(getattr(e, "status", 500), str(e), getattr(e, "type", "server_error"))
-            await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
-        else:
-            await resp.write(_chunk(cid, created, eng.model, {}, "length"))
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+        async with eng.slot():
+            return await _answer(request, eng, body, prompt, max_tokens, taken)
     finally:   # also on a client disconnect, which cancels this handler
         eng.in_flight -= 1
         eng.give_back_kv(taken[0])
+
+
+async def _answer(request: web.Request, eng: StubEngine, body: dict, prompt: int,
+                  max_tokens: int, taken: list[int]) -> web.StreamResponse:
+    """A chat completion generated in one of the engine's slots."""
+    stream = body.get("stream", False)
+    cid, created = f"chatcmpl-{uuidlib.uuid4().hex[:24]}", int(time.time())
+    words: list[str] = []
+    if not stream:
+        try:
+            async for w in eng.generate(prompt, max_tokens, taken):
+                words.append(w)
+        except SimOOM as e:
+            raise _Reject(500, str(e), "server_error") from None
+        return web.json_response({
+            "id": cid, "object": "chat.completion", "created": created, "model": eng.model,
+            "choices": [{"index": 0, "finish_reason": "length",
+                         "message": {"role": "assistant", "content": " ".join(words)}}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": len(words),
+                      "total_tokens": prompt + len(words)}})
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                       "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    await resp.write(_chunk(cid, created, eng.model, {"role": "assistant", "content": ""}, None))
+    try:
+        async for w in eng.generate(prompt, max_tokens, taken):
+            words.append(w)
+            await resp.write(_chunk(cid, created, eng.model,
+                                    {"content": w if len(words) == 1 else " " + w}, None))
+    except (SimOOM, _Reject) as e:
+        err = _error_body(getattr(e, "status", 500), str(e), getattr(e, "type", "server_error"))
+        await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+    else:
+        await resp.write(_chunk(cid, created, eng.model, {}, "length"))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 async def _models(request: web.Request) -> web.Response:
     eng = request.app[ENGINE]
     return web.json_response({"object": "list", "data": [
         {"id": eng.model, "object": "model", "created": 0, "owned_by": "berth-sim"}]})
+
+
+async def _props(request: web.Request) -> web.Response:
+    """llama-server's ``GET /props`` as far as Berth reads it: ``total_slots``."""
+    eng = request.app[ENGINE]
+    if eng.slots is None:
+        raise _Reject(404, "no /props: start the engine with --parallel N", "not_found_error")
+    return web.json_response({"total_slots": eng.slots, "model_alias": eng.model})
 
 
 async def _health(request: web.Request) -> web.Response:
@@ -427,6 +458,7 @@ def make_app(engine: StubEngine, protocol: bool) -> web.Application:
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
+    app.router.add_get("/props", _props)
     app.router.add_route("*", "/berth/v1/{op}", _berth_route)
     return app
 
@@ -445,6 +477,8 @@ def _engine_from_args(args: argparse.Namespace) -> StubEngine:
     spec, *more = [store.resolve(k) for k in keys if k]
     if not 0 < args.port < 65536:
         raise ValueError(f"port: expected 1-65535, got {args.port}")
+    if args.parallel is not None and args.parallel < 1:
+        raise ValueError(f"parallel: expected at least 1 slot, got {args.parallel}")
     if not args.tokens_per_s > 0:
         raise ValueError(f"tokens-per-s: must be > 0, got {args.tokens_per_s}")
     pool = parse_size(args.kv_pool, field="kv-pool") if args.kv_pool else None
@@ -454,7 +488,8 @@ def _engine_from_args(args: argparse.Namespace) -> StubEngine:
         kv_per_token_bytes=parse_size(args.kv_per_token, field="kv-per-token"),
         tokens_per_s=args.tokens_per_s, residual_bytes=parse_size(args.residual, field="residual"),
         kv_pool_bytes=pool, lend=args.lend, park_noop=args.park_noop, wake_hang=args.wake_hang,
-        model=args.model, more_pcis=tuple(m.pci for m in more), lend_noop=args.lend_noop)
+        model=args.model, more_pcis=tuple(m.pci for m in more), lend_noop=args.lend_noop,
+        slots=args.parallel)
 
 
 def _die_by(sig: int) -> None:

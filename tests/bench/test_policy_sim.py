@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import replace
 
 import pytest
@@ -231,7 +232,7 @@ class TestDefault:
         pol = make(DEFAULT)
         assert pol.knobs["release_grace_s"] == PolicyConfig().release_grace == DEFAULT_KNOBS[
             "release_grace_s"]
-        assert pol.reserve_bytes == CardConfig().reserve and pol.max_in_flight is None
+        assert pol.reserve_bytes == CardConfig().reserve and pol.max_in_flight == "slots"
         assert str(pol.queue) == str(PolicyConfig().queue) and str(pol.bound) == "declared"
 
     def test_verdict_figures(self):
@@ -303,3 +304,12 @@ class TestIssue24Machinery:
             b = world.jobs[1]
             assert b.dropped == "client left" and b.answered_s == pytest.approx(4.0), policy
             assert s["left"] == 1 and s["answered"] == 1, policy
+
+
+def test_plots_without_matplotlib_say_how_to_get_it(monkeypatch):
+    """matplotlib is the ``bench`` extra, not a test dependency (issue 38): asked for plots
+    without it, run.py says what to install before it replays anything, and no test draws."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # `import matplotlib` fails
+    with pytest.raises(SystemExit) as e:
+        runner.main(["--quick"])
+    assert "pip install -e '.[bench]'" in str(e.value) and "--no-plots" in str(e.value)

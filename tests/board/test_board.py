@@ -142,6 +142,8 @@ def test_bars_names_live_park_waiter_and_screenshot(world, browser, tmp_path):
         assert reason and reason in why, (reason, why)
         assert page.locator("#charts svg").count() >= 3
         assert page.locator("#events li[data-kind='parked']").count() >= 1
+        # berthd's registry of adapters (issue 38)
+        assert "adapters: llamacpp, ollama, protocol, sglang, vllm" in page.text_content("#meta")
         shot = tmp_path / "board.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
@@ -194,7 +196,7 @@ def test_with_the_key_a_park_from_the_page_parks(world, browser):
 
 
 def test_csp_is_strict_and_names_are_text(world, browser):
-    for path in ("", "static/board.js", "static/board.css", "state"):
+    for path in ("", "static/page.js", "static/page.css", "state"):
         _, headers, _ = _get_raw(world.url + path)
         csp = headers["Content-Security-Policy"]
         assert "script-src 'self'" in csp and "default-src 'none'" in csp, csp

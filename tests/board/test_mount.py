@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from berth.config import ConfigError, parse
-from berth.daemon.web import CSP, Hub, SocketSource, board_app
+from berth.daemon.board_web import CSP, Hub, SocketSource, board_app
 
 from tests.berthd import Berthd, api, sim_config, wait_for
 
@@ -76,8 +76,8 @@ async def _mounted(d: Berthd, port: int) -> None:
         async with aiohttp.ClientSession() as s:
             async with s.get(base) as r:
                 assert r.status == 200 and r.headers["Content-Security-Policy"] == CSP
-                assert 'src="static/board.js"' in await r.text()     # relative: any prefix
-            async with s.get(base + "static/board.js") as r:
+                assert 'src="static/page.js"' in await r.text()     # relative: any prefix
+            async with s.get(base + "static/page.js") as r:
                 assert r.status == 200
             deadline = asyncio.get_running_loop().time() + 10
             while True:

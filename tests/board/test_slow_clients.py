@@ -142,7 +142,7 @@ _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (48, hard))
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 from aiohttp import web
-from berth.daemon.web.listen import GuardedSite, Limits
+from berth.daemon.board_web.listen import GuardedSite, Limits
 async def main():
     app = web.Application()
     app.router.add_get("/state", lambda r: web.json_response({}))

@@ -54,3 +54,15 @@ def test_a_subcommand_help_is_its_own():
     assert p.returncode == 0 and "--front HOST:PORT" in p.stdout and "--require-berthd" in p.stdout
     p = subprocess.run([BERTH, "nosuch"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "invalid choice: 'nosuch'" in p.stderr
+
+
+def test_building_berth_runs_parser_reads_no_entry_point():
+    """``berth run --help`` lists the installed adapters (issue 38), but every run builds the
+    same parser, before its front listens (issue 30): the registry is read only for the help."""
+    code = ("import sys; from berth.cli import build_parser; "
+            "build_parser(['run', '--', 'x']).parse_args(['run', '--adapter', 'vllm', '--', 'x']); "
+            "print('importlib.metadata' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.split() == ["False"], (p.stdout, p.stderr[-2000:])
+    helped = subprocess.run([BERTH, "run", "--help"], capture_output=True, text=True, timeout=60)
+    assert "installed: llamacpp, ollama, protocol, sglang, vllm" in " ".join(helped.stdout.split())

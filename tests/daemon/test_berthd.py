@@ -202,8 +202,11 @@ class TestSurface:
         for k in ("admissions_rejected_with_free", "parks", "lends", "drains",
                   "fallbacks_to_drain", "wakes", "unparked", "reserve_fraction"):
             assert k in st["counters"]
+        # The adapters berthd loaded, from the registry (issue 38).
+        assert st["adapters"] == ["llamacpp", "ollama", "protocol", "sglang", "vllm"]
         out = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True)
         assert out.returncode == 0 and "gpu0" in out.stdout and "A" in out.stdout
+        assert "adapters: llamacpp, ollama, protocol, sglang, vllm" in out.stdout, out.stdout
 
     def test_metrics_are_prometheus_text(self, berthd):
         d = berthd()

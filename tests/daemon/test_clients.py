@@ -225,7 +225,8 @@ def test_berthds_refusal_names_the_flag_the_user_gave(berthd, args, said):
 
 
 def test_what_the_run_line_left_to_berth_toml_is_named_as_the_entry():
-    from berth.run.cli import RunOptions, in_flags
+    from berth.run.cli import RunOptions
+    from berth.run.lease import in_flags
     o = RunOptions(cmd=["serve"], engine="big", priority=None)
     assert in_flags("shares.0.size: 99.0GiB is larger than every card's capacity; priority: 5 "
                     "is more than the 0 berth.toml allows; lend: x", o) == (

@@ -306,11 +306,17 @@ def test_config_check_refuses_an_adapter_no_plugin_carries_out(tmp_path):
     assert out.returncode == 2, out
     assert "engines.qwen.adapter" in out.stderr and "'vlmm'" in out.stderr, out.stderr
     assert "did you mean 'vllm'" in out.stderr, out.stderr
-    for known in ("protocol", "vllm", "sglang", "llamacpp", "checkpoint", "supervisor"):
-        assert known in out.stderr, out.stderr
+    # The adapters the registry holds (berth.adapters), not every mechanism (issue 38).
+    assert "known adapters: llamacpp, ollama, protocol, sglang, vllm" in out.stderr, out.stderr
     f.write_text(TYPO.replace("vlmm", "vllm"))
     out = subprocess.run([BERTH, "config", "check", str(f)], capture_output=True, text=True)
     assert out.returncode == 0 and "park=hook/vllm" in out.stdout, out
+
+
+def test_a_hook_park_without_an_adapter_names_the_installed_adapters():
+    with pytest.raises(ConfigError) as e:
+        parse({"engines": {"a": {"front": "127.0.0.1:1", "park": "hook"}}})
+    assert "needs an adapter (installed: llamacpp, ollama, protocol, sglang, vllm)" in str(e.value)
 
 
 def test_config_check_refuses_an_unknown_park_mechanism(tmp_path):

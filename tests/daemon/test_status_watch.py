@@ -180,7 +180,7 @@ def test_an_idle_holder_whose_client_waits_on_the_waiter_says_it_yields_at_once(
     """Issue 34: the board and ``berth status`` say why an idle holder yields or keeps its
     card; with the waiter known, its turn's "until" follows the forecast (none here: its last
     answer went to the client now waiting on the waiter)."""
-    from berth.board import _until
+    from berth.board_text import _until
     from berth.daemon.status import outlook
     policy = Policy(juggle_window_s=0)
     h = _holder(in_flight=0)

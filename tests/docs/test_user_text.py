@@ -103,8 +103,8 @@ def user_docs() -> list[Path]:
 
 
 def test_board_files_and_user_docs():
-    static = sorted((ROOT / "core/daemon/web/static").iterdir())
-    assert {p.name for p in static} >= {"index.html", "board.js", "board.css"}
+    static = sorted((ROOT / "core/daemon/board_web/static").iterdir())
+    assert {p.name for p in static} >= {"index.html", "page.js", "page.css"}
     docs = user_docs()
     assert len(docs) >= 4, docs
     found = []

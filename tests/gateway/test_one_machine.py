@@ -24,7 +24,7 @@ def test_two_models_routed_to_their_fronts_and_a_parked_one_woken(machine):
     # The board, served by the gateway too (issue 15), read from berthd over its socket.
     code, doc, h = http(m.port, "GET", "/board/")
     assert code == 200 and "default-src 'none'" in h["Content-Security-Policy"], (code, doc)
-    assert 'src="static/board.js"' in doc["raw"]
+    assert 'src="static/page.js"' in doc["raw"]
     wait_for(lambda: any(le["engine"] == "alpha" for le in
                          (http(m.port, "GET", "/board/state")[1].get("board") or {})
                          .get("status", {}).get("leases", [])), 10, "the board to show alpha")

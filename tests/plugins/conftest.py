@@ -46,8 +46,10 @@ class Dists:
         self.root = root
         self.modules: list[str] = []
 
-    def add(self, dist: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
-        """A distribution ``dist`` with modules (name -> source) and ``[berth]`` entry points."""
+    def add(self, dist: str, entry_points: dict[str, str], modules: dict[str, str],
+            group: str = "berth") -> None:
+        """A distribution ``dist`` with modules (name -> source) and entry points of ``group``
+        (``berth``, or ``berth.adapters`` for an adapter)."""
         for name, source in modules.items():
             (self.root / f"{name}.py").write_text(textwrap.dedent(source))
             self.modules.append(name)
@@ -55,7 +57,7 @@ class Dists:
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
         eps = "".join(f"{k} = {v}\n" for k, v in entry_points.items())
-        (info / "entry_points.txt").write_text(f"[berth]\n{eps}")
+        (info / "entry_points.txt").write_text(f"[{group}]\n{eps}")
         importlib.invalidate_caches()
 
 

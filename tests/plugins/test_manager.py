@@ -13,6 +13,7 @@ from berth_plugins.manager import (
     BUILTINS,
     DECISION_HOOKS,
     PluginRefused,
+    adapters,
     is_write,
     make_plugin_manager,
     mechanisms,
@@ -41,8 +42,10 @@ RECORDING_PLUGIN = """
 
 def test_builtins_register_cleanly():
     pm = make_plugin_manager(load_entry_points=False)
-    assert [name for name, _ in pm.list_name_plugin()] == list(BUILTINS)
-    assert mechanisms(pm) == {"checkpoint", "protocol", "vllm", "sglang", "llamacpp", "ollama"}
+    own = ["llamacpp", "ollama", "protocol", "sglang", "vllm"]   # berth-gpu's berth.adapters
+    assert [name for name, _ in pm.list_name_plugin()] == list(BUILTINS) + own
+    assert adapters(pm) == own
+    assert mechanisms(pm) == {"checkpoint", *own}
     specs = {n for n in dir(hookspecs) if n.startswith("berth_")}
     assert specs == set(ACTION_HOOKS) | set(DECISION_HOOKS)
 
@@ -124,7 +127,7 @@ def test_two_plugins_claiming_one_mechanism_are_refused(dists):
             return ["vllm"]
     """})
     with pytest.raises(PluginRefused, match="'vllm' is already carried out by plugin "
-                                            "'berth_plugins.vllm'; block one"):
+                                            "'vllm'; block one"):
         make_plugin_manager()
     pm = make_plugin_manager(block=["vllm"])   # the operator picks the third-party one
     assert pm.has_plugin("dup") and "vllm" in mechanisms(pm)
@@ -135,6 +138,7 @@ def test_block_by_name(dists):
     pm = make_plugin_manager(block=["typo2", "vllm", "berth_plugins.sglang"])
     assert not pm.has_plugin("typo2")
     assert mechanisms(pm) == {"checkpoint", "protocol", "llamacpp", "ollama", "supervisor"}
+    assert adapters(pm) == ["llamacpp", "ollama", "protocol"]   # an adapter: by name or module
     with pytest.raises(ValueError, match="block: no plugin named 'vlm'"):
         make_plugin_manager(block=["vlm", "typo2"])
 
@@ -216,3 +220,35 @@ def test_is_write_reads_never_wake_and_adapters_answer_first():
     assert is_write(pm, "comfyui", "POST", "/prompt")
     bare = make_plugin_manager(block=["builtin_front"], load_entry_points=False)
     assert is_write(bare, "e", "POST", "/x") and not is_write(bare, "e", "GET", "/x")
+
+
+ADAPTER = """
+    from berth_plugins.hookspecs import hookimpl
+
+    @hookimpl
+    def berth_mechanisms():
+        return {claims!r}
+"""
+
+
+def test_a_third_party_adapter_registers_under_its_name(dists):
+    dists.add("berth-myeng", {"myeng": "myeng_mod"}, {"myeng_mod": ADAPTER.format(
+        claims=["myeng"])}, group="berth.adapters")
+    pm = make_plugin_manager()
+    assert "myeng" in adapters(pm) and "myeng" in mechanisms(pm) and pm.has_plugin("myeng")
+    assert "myeng" not in adapters(make_plugin_manager(load_entry_points=False))
+
+
+def test_an_adapter_that_does_not_carry_out_its_name_is_refused(dists):
+    dists.add("berth-misnamed", {"misnamed": "misnamed_mod"}, {"misnamed_mod": ADAPTER.format(
+        claims=["other"])}, group="berth.adapters")
+    with pytest.raises(PluginRefused, match="'misnamed'.*must name itself among its mechanisms; "
+                                            "it returns \\['other'\\]"):
+        make_plugin_manager()
+
+
+def test_an_adapter_name_taken_twice_is_refused(dists):
+    dists.add("berth-vllm2", {"vllm": "vllm2_mod"}, {"vllm2_mod": ADAPTER.format(
+        claims=["vllm"])}, group="berth.adapters")
+    with pytest.raises(PluginRefused, match="'vllm'.*another adapter has this name"):
+        make_plugin_manager()

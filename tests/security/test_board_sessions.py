@@ -2,8 +2,8 @@
 (``[board] session_limit``, default 8 h), ended by sign-out, scoped to the board's path, and
 never relayed by a front or the gateway to an engine.
 
-The board here is berthd's own board app (:mod:`berth.daemon.web`) served in this process by
-:func:`berth.daemon.web.serve` (as berthd serves it) and mounted at ``/board/`` in another
+The board here is berthd's own board app (:mod:`berth.daemon.board_web`) served in this process by
+:func:`berth.daemon.board_web.serve` (as berthd serves it) and mounted at ``/board/`` in another
 aiohttp app (as the gateway mounts it); sign-in needs no berthd. The relay is checked through a
 real front (the one ``berth run`` and the gateway build) and a real ``berth gateway``.
 """
@@ -16,7 +16,7 @@ import subprocess
 
 import aiohttp
 from aiohttp import web
-from berth.daemon.web import Hub, Limits, SocketSource, board_app, serve
+from berth.daemon.board_web import Hub, Limits, SocketSource, board_app, serve
 
 from tests.berthd import BERTH, Berthd, sim_config, wait_for
 from tests.front.conftest import Upstream, front_for, json_handler, run

@@ -290,3 +290,32 @@ def test_crash_on_term_leaves_the_free_to_the_driver_after_the_exit_and_the_dela
     plain.proc.send_signal(signal.SIGTERM)
     assert plain.proc.wait(timeout=10) == 0
     assert kit.driver.read(PCI).free_bytes == 24 * GiB     # freed by the engine itself, at once
+
+
+def test_parallel_slots_queue_the_rest_and_props_says_how_many(kit):
+    """``--parallel N`` (llama-server's flag, issue 34): N requests run at once, the rest wait in
+    the engine's queue in arrival order, and ``GET /props`` says ``total_slots`` as llama-server's
+    does; without it there is no ``/props`` (Berth's front then forwards every request)."""
+    plain = kit.start(weights="1GiB")
+    assert http("GET", plain.url + "/props")[0] == 404
+    eng = kit.start("--parallel", "1", "--tokens-per-s", "20", "--protocol", weights="1GiB")
+    assert http("GET", eng.url + "/props") == (200, {"total_slots": 1, "model_alias": "stub"})
+    ends: list[str] = []
+
+    def chat(name: str, tokens: int) -> None:
+        body = {"model": "stub", "max_tokens": tokens,
+                "messages": [{"role": "user", "content": name}]}
+        assert http("POST", eng.url + "/v1/chat/completions", body, timeout_s=60)[0] == 200
+        ends.append(name)
+
+    def in_flight() -> int:
+        return http("GET", eng.url + "/berth/v1/state")[1]["in_flight"]
+    threads = [threading.Thread(target=chat, args=("long", 40))]       # 2 s in its slot
+    threads[0].start()
+    wait_for(lambda: in_flight() == 1, 10, "the long request in its slot")
+    threads.append(threading.Thread(target=chat, args=("short", 1)))   # 50 ms, after it
+    threads[1].start()
+    wait_for(lambda: in_flight() == 2, 10, "the short request queued")
+    for t in threads:
+        t.join(30)
+    assert ends == ["long", "short"], ends

@@ -93,13 +93,13 @@ DEFAULT_KNOBS, DEFAULT_RESERVE_BYTES = _install_defaults()
 
 
 def default_policy(knobs: dict | None = None) -> "BerthPolicy":
-    """``berth-default``: the defaults of berth.toml and ``berth run --front`` (no
-    ``--max-in-flight``: the front forwards every request), the engines' declared bound, the
+    """``berth-default``: the defaults of berth.toml and ``berth run --front`` (its front
+    forwards the engine's slots, measured or declared, issue 34), the engines' declared bound, the
     default reserve on every card. Only the engines' own entries (size, park, priority,
     keep_warm) come from the workload, as a user writes them."""
     from berth.config.models import PolicyConfig
     pol = BerthPolicy(str(PolicyConfig().queue), "declared", {**DEFAULT_KNOBS, **(knobs or {})},
-                      reserve_bytes=DEFAULT_RESERVE_BYTES, max_in_flight=None)
+                      reserve_bytes=DEFAULT_RESERVE_BYTES, max_in_flight="slots")
     pol.name = "berth-default"
     return pol
 

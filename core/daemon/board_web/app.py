@@ -6,7 +6,7 @@ the page's URLs are relative so either works):
 
 ========================  =========================================================================
 ``GET  /``                the page (``index.html``)
-``GET  /static/{name}``   ``board.js``, ``board.css``
+``GET  /static/{name}``   ``page.js``, ``page.css``
 ``GET  /state``           ``{"operator", "who", "board", "history"}`` once (JSON)
 ``GET  /metrics``         berthd's figures as Prometheus text (the control API's), read-only:
                           no key, for a scraper (issue 29); the key is for actions only
@@ -45,11 +45,11 @@ import time
 from importlib import resources
 
 from aiohttp import web
-from berth.daemon.web.hub import Hub
+from berth.daemon.board_web.hub import Hub
 
 __all__ = ["board_app", "CSP", "OPS"]
 
-log = logging.getLogger("berth.daemon.web")
+log = logging.getLogger("berth.daemon.board_web")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -59,7 +59,7 @@ COOKIE = "berth_board"
 #: Sessions kept at most (the oldest goes first): a flood of sign-ins cannot grow berthd.
 MAX_SESSIONS = 256
 _NAME = re.compile(r"^[A-Za-z0-9._@-]{1,40}$")
-_FILES = {"board.js": "application/javascript", "board.css": "text/css"}
+_FILES = {"page.js": "application/javascript", "page.css": "text/css"}
 HUB = web.AppKey("board_hub", Hub)
 KEY = web.AppKey("board_key", str)
 SESSIONS = web.AppKey("board_sessions", dict)     # token -> (name, expires at, monotonic s)
@@ -122,7 +122,7 @@ def _new_session(request: web.Request, name: str) -> str:
 
 
 def _file(name: str) -> bytes:
-    return resources.files("berth.daemon.web").joinpath("static", name).read_bytes()
+    return resources.files("berth.daemon.board_web").joinpath("static", name).read_bytes()
 
 
 async def index(request: web.Request) -> web.Response:

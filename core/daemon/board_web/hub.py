@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 __all__ = ["Hub", "Source", "BrokerSource", "SocketSource", "WaitTimes", "EVENT_KINDS"]
 
-log = logging.getLogger("berth.daemon.web")
+log = logging.getLogger("berth.daemon.board_web")
 
 #: Timeline kinds the board lists as events (grants, parks, wakes, lends, drains, fallbacks and
 #: what an operator did); the rest (attach, touch-level notes) stay in ``berth timeline``.

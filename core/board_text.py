@@ -1,5 +1,6 @@
-"""``berth status`` (the board) and the operator commands ``berth park|wake|drain|hold|
-release-hold``. Source: issue 4 "The board", "Operator commands"."""
+"""The board as text in a terminal: ``berth status``, and the operator commands ``berth
+park|wake|drain|hold|release-hold``. Source: issue 4 "The board", "Operator commands". (The
+board in a browser is :mod:`berth.daemon.board_web`; its page is ``board_web/static/``.)"""
 
 from __future__ import annotations
 
@@ -85,6 +86,8 @@ def render(st: dict) -> str:
         ("fallbacks_to_drain", "fallbacks to drain"), ("unparked", "unparked"),
         ("admissions_rejected_with_free", "refused while memory was free"))))
     lines.append(f"reserve: {k['reserve_fraction']:.1%} of the cards")
+    if "adapters" in st:            # berthd's registry of adapters (issue 38)
+        lines.append("adapters: " + (", ".join(st["adapters"]) or "none"))
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ Plain HTML, CSS and JavaScript shipped in ``static/`` (no build step, nothing fe
 elsewhere: the page works offline). berthd serves it on ``[board] listen`` (default
 ``127.0.0.1:7088``) with :func:`serve`; the gateway mounts it from its own process with::
 
-    from berth.daemon.web import Hub, SocketSource, board_app
+    from berth.daemon.board_web import Hub, SocketSource, board_app
     hub = Hub(SocketSource(socket_path)); await hub.start()
     app.add_subapp("/board/", board_app(hub, cfg.board.key))      # and await hub.stop() at the end
 """
@@ -15,14 +15,14 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
-from berth.daemon.web.app import CSP, OPS, board_app, operator_of
-from berth.daemon.web.hub import BrokerSource, Hub, SocketSource, WaitTimes
-from berth.daemon.web.listen import GuardedSite, Limits
+from berth.daemon.board_web.app import CSP, OPS, board_app, operator_of
+from berth.daemon.board_web.hub import BrokerSource, Hub, SocketSource, WaitTimes
+from berth.daemon.board_web.listen import GuardedSite, Limits
 
 __all__ = ["Hub", "BrokerSource", "SocketSource", "WaitTimes", "board_app", "operator_of",
            "serve", "CSP", "OPS", "Limits"]
 
-log = logging.getLogger("berth.daemon.web")
+log = logging.getLogger("berth.daemon.board_web")
 
 
 async def serve(hub: Hub, listen: str, key: str | None, limits: Limits | None = None,

@@ -1,4 +1,5 @@
-// Berth board: draws berthd's status from server-sent events. No framework, no build step.
+// Berth's web board, the page (served by berth.daemon.board_web): draws berthd's status from
+// server-sent events. No framework, no build step.
 // Every name from berthd reaches the page through textContent or an attribute value, never
 // through innerHTML (the page's CSP also forbids inline script).
 "use strict";
@@ -303,7 +304,9 @@
     last = doc;
     const st = doc.status;
     document.getElementById("meta").textContent = "driver " + st.driver + " · up " + secs(st.uptime_s) +
-      " · " + st.leases.length + " lease(s), " + st.waiting.length + " waiting";
+      " · " + st.leases.length + " lease(s), " + st.waiting.length + " waiting" +
+      // the adapters berthd loaded: what an engine entry's adapter may name
+      (st.adapters ? " · adapters: " + (st.adapters.join(", ") || "none") : "");
     drawCards(st);
     drawWaiting(st);
     drawLeases(st);
