@@ -1,9 +1,12 @@
-"""Write the seeded workloads under ``bench/policy/workloads/`` (the files are committed).
+"""Write the workloads under ``bench/policy/workloads/`` (the files are committed).
 
     python bench/policy/gen.py [--seed N] [--out DIR]
 
-Four workloads (the issue's a, b, c and d); every figure below is a parameter of the generator, written
-into each file's ``generator`` section:
+Without ``--seed``, the committed set: a-d and issue 34's shapes from seed 8, issue 24's shapes
+(e-i) with the parameters their live tests were written with. ``--seed N`` draws every one of
+them from N (:func:`build_every`; :mod:`.shapes` for e onward). Four hour-long workloads (the
+issue's a, b, c and d); every figure below is a parameter of the generator, written into each
+file's ``generator`` section:
 
 - ``a-one-card``: one 24 GiB card; two chat models (14 GiB and 8 GiB declared) and a
   ComfyUI-like engine that loads 11 GiB and grows to 18 GiB while it renders (and keeps it:
@@ -43,11 +46,12 @@ if __package__ in (None, ""):
 
 from .workload import CardSpec, EngineSpec, GiB, Mechanisms, MiB, RequestSpec, Workload  # noqa: E402
 
-__all__ = ["build_all", "main", "WORKLOADS"]
+__all__ = ["build_all", "build_every", "main", "WORKLOADS", "COMMITTED_SEED"]
 
 KiB = 1 << 10
 CARD_BYTES = 24 * GiB
 RESERVE_BYTES = 1 * GiB
+COMMITTED_SEED = 8
 WORKLOADS = ("a-one-card", "b-four-cards", "c-length-shift", "d-home-box")
 
 
@@ -292,20 +296,28 @@ def build_all(seed: int) -> dict[str, Workload]:
     return {name: make(seed * 1000 + i) for i, (name, make) in enumerate(zip(WORKLOADS, makers, strict=True))}
 
 
+def build_every(seed: int | None) -> dict[str, Workload]:
+    """Every workload, a-d and the shapes, from ``seed``; ``None``: the committed set (module
+    docstring)."""
+    from .shapes import build_shapes
+    return {**build_all(COMMITTED_SEED if seed is None else seed), **build_shapes(seed)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seed", type=int, default=8, help="base seed (default 8)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help=f"draw every workload from this seed (default: the committed set: "
+                         f"seed {COMMITTED_SEED}, issue 24's shapes as their live tests have them)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "workloads"))
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from .shapes import build_shapes  # issue 24's shapes: no seed, written beside them
-    for name, wl in {**build_all(args.seed), **build_shapes()}.items():
+    for name, wl in build_every(args.seed).items():
         path = out / f"{name}.json"
         wl.dump(path)
         Workload.load(path)
-        print(f"{path}: {len(wl.requests)} requests over {wl.duration_s:.0f} s, "
-              f"{len(wl.engines)} engines on {len(wl.cards)} cards")
+        print(f"{path}: {len(wl.requests)} requests, {len(wl.clients)} closed-loop clients over "
+              f"{wl.duration_s:.0f} s, {len(wl.engines)} engines on {len(wl.cards)} cards")
     return 0
 
 

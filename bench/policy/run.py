@@ -34,7 +34,7 @@ import berth  # noqa: E402
 from .gen import WORKLOADS as SEEDED  # noqa: E402
 from .metrics import cards_table, table  # noqa: E402
 from .policies import DEFAULT, KNOBS, POLICIES, make  # noqa: E402
-from .shapes import SHAPES, build_shapes  # noqa: E402
+from .shapes import SHAPES  # noqa: E402
 from .verdict import lines, verdict  # noqa: E402
 from .workload import Workload  # noqa: E402
 from .world import World  # noqa: E402
@@ -43,7 +43,7 @@ __all__ = ["main", "run_one", "load_workload", "commit"]
 
 HERE = Path(__file__).resolve().parent
 QUICK_WORKLOAD, QUICK_S = "a-one-card", 600.0
-#: gen.py's seeded workloads, then issue 24's shapes (no seed: the same under ``--seed``).
+#: gen.py's hour-long workloads, then the shapes (issue 24's e-i, issue 34's j onward).
 WORKLOADS = (*SEEDED, *SHAPES)
 
 
@@ -114,7 +114,7 @@ def _need_matplotlib() -> None:
                          "--no-plots)") from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description="Berth's ladder against the peers' policies.")
     ap.add_argument("--workload", action="append", help="a workload name or .json path "
                     f"(repeatable; default all: {', '.join(WORKLOADS)})")
@@ -133,13 +133,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="audit the accounting after every event")
     ap.add_argument("--knob", action="append", type=_knob, default=[], metavar="NAME=VALUE",
                     help="override one of Berth's policy knobs (repeatable)")
+    ap.add_argument("--seeds", help="with --verdict: these seeds (N-M or N,M,...), every "
+                    "workload each draws; prints the table of cells held (yardstick.py)")
+    ap.add_argument("--verdict", action="store_true",
+                    help="with --seeds: only the peers and berth-default, judged, with the "
+                    "hindsight row (the best fixed rent per cell)")
+    ap.add_argument("--no-hindsight", action="store_true", help="with --seeds: skip the "
+                    "hindsight row (8 more runs per cell)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
+    if args.seeds or args.verdict:
+        return _seeds(ap, args)
     if not args.no_plots:
         _need_matplotlib()
 
     if args.seed is not None:
-        from .gen import build_all
-        built = {**build_all(args.seed), **build_shapes()}
+        from .gen import build_every
+        built = build_every(args.seed)
         names = args.workload or ([QUICK_WORKLOAD] if args.quick else list(WORKLOADS))
         unknown = [n for n in names if n not in built]
         if unknown:
@@ -157,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     from .policies.berth import DEFAULT_KNOBS, DEFAULT_RESERVE_BYTES
     print(f"{DEFAULT} knobs (a new install's): "
           + ", ".join(f"{k}={v:g}" for k, v in {**DEFAULT_KNOBS, **knobs}.items())
-          + f", reserve {DEFAULT_RESERVE_BYTES / 2**20:.0f} MiB per card, front forwards all")
+          + f", reserve {DEFAULT_RESERVE_BYTES / 2**20:.0f} MiB per card, front forwards each engine's slots")
     t0 = time.perf_counter()
     runs: dict[str, dict] = {}
     recorders = {}
@@ -199,6 +213,28 @@ def main(argv: list[str] | None = None) -> int:
         print("plots: " + ", ".join(str(p) for p in paths))
     if args.json:
         print(json.dumps(runs, sort_keys=False))
+    return 0
+
+
+def _seeds(ap: argparse.ArgumentParser, args) -> int:
+    """``--seeds A-B --verdict``: the yardstick's table over many seeds (:mod:`.yardstick`)."""
+    from . import yardstick
+    if not (args.seeds and args.verdict):
+        ap.error("--seeds and --verdict go together (e.g. --seeds 1-10 --verdict)")
+    try:
+        seeds = yardstick.parse_seeds(args.seeds)
+    except ValueError as exc:
+        ap.error(str(exc))
+    knobs = dict(args.knob)
+    print(f"commit: {commit()}")
+    t0 = time.perf_counter()
+    m = yardstick.measure(seeds, args.workload, knobs, hindsight=not args.no_hindsight,
+                          progress=lambda s: print(f"seed {s}: {time.perf_counter() - t0:.0f} s",
+                                                   file=sys.stderr))
+    print(yardstick.table(m, seeds))
+    print(f"{len(seeds)} seeds in {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        print(json.dumps(m))
     return 0
 
 

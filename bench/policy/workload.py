@@ -18,8 +18,10 @@ Mechanism costs (:class:`Mechanisms`) and where their defaults come from:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import random
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -27,6 +29,9 @@ __all__ = ["CardSpec", "EngineSpec", "RequestSpec", "ClientSpec", "Mechanisms", 
            "MiB"]
 
 GiB = 1 << 30
+#: The fields every client entry in a file carries (the rest only when set).
+_CLIENT_CORE = ("engine", "start_s", "until_s", "pause_s", "service_s", "growth_bytes",
+                "ramp_s", "kind")
 MiB = 1 << 20
 
 
@@ -115,10 +120,21 @@ class RequestSpec:
 
 @dataclass(frozen=True)
 class ClientSpec:
-    """A closed-loop client (issue 24's ping-pong): its first request arrives at ``start_s``;
-    after each answer it pauses ``pause_s`` and sends the next, while the time is before
-    ``until_s``. Each request runs ``service_s`` and grows its engine by ``growth_bytes``
-    over ``ramp_s``. Unlike :class:`RequestSpec` arrivals, these depend on the policy."""
+    """A closed-loop client: its first request leaves at ``start_s``; after each answer it
+    thinks, then sends the next, while the time is before ``until_s`` (issue 24's ping-pong;
+    issue 34's client that moves between engines). Unlike :class:`RequestSpec` arrivals, its
+    send times depend on the policy; what it sends does not (:meth:`steps`).
+
+    - engine: ``engine`` alone (a fixed engine), or ``engines``: a sequence it cycles through
+      (A, B, A, B, ...), or with ``weights`` (one per engine) a random choice for each request.
+    - think time: ``pause_s`` seconds, or uniform in ``[pause_s, pause_max_s]``; with
+      ``burst`` > 1, that think time follows every ``burst``-th answer and ``burst_gap_s``
+      follows the others (a user who sends a few requests back to back, then reads).
+    - each request runs ``service_s`` (uniform up to ``service_max_s`` when given) and grows its
+      engine by ``growth_bytes`` over ``ramp_s``.
+    - ``seed``: the client's own draws, so the n-th request's engine, service and think time
+      are the same under every policy.
+    """
 
     engine: str
     start_s: float
@@ -128,10 +144,47 @@ class ClientSpec:
     growth_bytes: int = 0
     ramp_s: float = 0.0
     kind: str = "chat"
+    engines: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+    pause_max_s: float | None = None
+    service_max_s: float | None = None
+    seed: int = 0
+    burst: int = 1
+    burst_gap_s: float = 0.0
 
-    def request(self, t_s: float) -> RequestSpec:
-        return RequestSpec(t_s, self.engine, self.service_s, self.growth_bytes, self.ramp_s,
-                           self.kind)
+    def __post_init__(self):
+        # JSON gives lists; the spec stays hashable and comparable.
+        object.__setattr__(self, "engines", tuple(self.engines))
+        object.__setattr__(self, "weights", tuple(float(w) for w in self.weights))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every engine this client may ask for."""
+        return self.engines or (self.engine,)
+
+    def request(self, t_s: float, engine: str | None = None,
+                service_s: float | None = None) -> RequestSpec:
+        return RequestSpec(t_s, engine or self.engine,
+                           self.service_s if service_s is None else service_s,
+                           self.growth_bytes, self.ramp_s, self.kind)
+
+    def steps(self):
+        """Yield ``(engine, service_s, think_s)`` for the client's 1st, 2nd, ... request
+        (infinite; deterministic from ``seed``): the think time is what follows that answer."""
+        rng = random.Random(self.seed)
+        names = self.names
+        for n in itertools.count():
+            if self.weights:
+                engine = rng.choices(names, weights=self.weights)[0]
+            else:
+                engine = names[n % len(names)]
+            service = (self.service_s if self.service_max_s is None
+                       else rng.uniform(self.service_s, self.service_max_s))
+            think = (self.pause_s if self.pause_max_s is None
+                     else rng.uniform(self.pause_s, self.pause_max_s))
+            if (n + 1) % self.burst:
+                think = self.burst_gap_s
+            yield engine, service, think
 
 
 @dataclass(frozen=True)
@@ -238,12 +291,28 @@ class Workload:
             if r.service_s <= 0 or r.ramp_s < 0:
                 raise ValueError(f"{self.name}: requests[{i}]: service_s must be > 0, ramp_s >= 0")
         for i, c in enumerate(self.clients):
-            if c.engine not in names:
-                raise ValueError(f"{self.name}: clients[{i}]: unknown engine {c.engine!r}")
-            if c.service_s <= 0 or c.pause_s < 0 or c.until_s < c.start_s:
-                raise ValueError(f"{self.name}: clients[{i}]: need service_s > 0, pause_s >= 0, "
-                                 f"until_s >= start_s")
+            self._check_client(i, c, names)
         return self
+
+    def _check_client(self, i: int, c: ClientSpec, names: set[str]) -> None:
+        where = f"{self.name}: clients[{i}]"
+        for e in (c.engine, *c.engines):
+            if e not in names:
+                raise ValueError(f"{where}: unknown engine {e!r}")
+        if c.service_s <= 0 or c.pause_s < 0 or c.until_s < c.start_s:
+            raise ValueError(f"{where}: need service_s > 0, pause_s >= 0, until_s >= start_s")
+        if c.weights and (len(c.weights) != len(c.engines) or min(c.weights) < 0
+                          or sum(c.weights) <= 0):
+            raise ValueError(f"{where}: weights {list(c.weights)!r}: need one weight >= 0 per "
+                             f"engine of {list(c.engines)!r}, not all 0")
+        if c.burst < 1 or c.burst_gap_s < 0:
+            raise ValueError(f"{where}: need burst >= 1 and burst_gap_s >= 0, got {c.burst} and "
+                             f"{c.burst_gap_s}")
+        if c.pause_max_s is not None and c.pause_max_s < c.pause_s:
+            raise ValueError(f"{where}: pause_max_s {c.pause_max_s} < pause_s {c.pause_s}")
+        if c.service_max_s is not None and c.service_max_s < c.service_s:
+            raise ValueError(f"{where}: service_max_s {c.service_max_s} < service_s "
+                             f"{c.service_s}")
 
     # -- files ----------------------------------------------------------------------------------
     @classmethod
@@ -272,7 +341,11 @@ class Workload:
         head["engines"] = [{k: v for k, v in asdict(e).items() if k != "free" or v}
                            for e in self.engines]
         if self.clients:
-            head["clients"] = [asdict(c) for c in self.clients]
+            # A fixed-engine client's file stays as issue 24 wrote it: only the fields set.
+            plain = ClientSpec("", 0.0, 0.0, 0.0, 1.0)
+            head["clients"] = [{k: v for k, v in asdict(c).items()
+                                if k in _CLIENT_CORE or v != getattr(plain, k)}
+                               for c in self.clients]
         else:
             head.pop("clients", None)
         text = json.dumps(head, indent=1)[:-2]

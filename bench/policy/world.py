@@ -132,6 +132,9 @@ class World:
         self._pid = itertools.count(1)
         # Every request not yet over, and every closed-loop client that may send another.
         self._open = len(self.jobs) + len(wl.clients)
+        #: each client's draws (engine, service, think time), the same under every policy
+        self._steps = [c.steps() for c in wl.clients]
+        self._think = [0.0 for _ in wl.clients]
         self._horizon_s = wl.duration_s + tail_s
         if check:
             self.loop.after_each = self._audit_or_raise
@@ -190,12 +193,16 @@ class World:
         self.policy.on_arrival(job)
 
     def _send(self, client: int) -> None:
-        """A closed-loop client sends its next request (it stops once past ``until_s``)."""
+        """A closed-loop client sends its next request (it stops once past ``until_s``): to the
+        engine its next step names (:meth:`ClientSpec.steps`); the think time after its answer
+        is that step's."""
         spec = self.wl.clients[client]
         if self.now >= spec.until_s:
             self._close_job(None)
             return
-        job = Job(len(self.jobs), spec.request(self.now), self.specs[spec.engine], client)
+        engine, service_s, self._think[client] = next(self._steps[client])
+        job = Job(len(self.jobs), spec.request(self.now, engine, service_s), self.specs[engine],
+                  client)
         self.jobs.append(job)           # the client's pending send, counted open, is this job
         self._arrive(job)
 
@@ -324,7 +331,7 @@ class World:
                 return
             job.closed = True
             if job.client is not None:
-                self.loop.after(self.wl.clients[job.client].pause_s, self._send, job.client)
+                self.loop.after(self._think[job.client], self._send, job.client)
                 self._open += 1         # the client's next send is still to come
         self._open -= 1
         if self._open == 0:

@@ -1,4 +1,4 @@
-"""Issue 24's shapes run live, with the parameters of their workload files
+"""The shapes (issue 24's, issue 34's) run live, with the parameters of their workload files
 (``bench/policy/workloads/<name>.json``), and the same workload replayed by the policy
 simulator under ``berth-default``, so a test can check that the two agree.
 
@@ -46,10 +46,16 @@ class Outcome:
     first: list[str]
     parks: int
     drains: int
+    answered: int = 0
 
     @property
     def switches(self) -> int:
         return self.parks + self.drains
+
+    @property
+    def per_request(self) -> float:
+        """Switches per request answered."""
+        return self.switches / max(1, self.answered)
 
 
 def simulate(wl: Workload) -> Outcome:
@@ -58,7 +64,7 @@ def simulate(wl: Workload) -> Outcome:
     rec = world.run()
     served = sorted((j.start_s, j.engine) for j in world.jobs if j.done_s is not None)
     k = rec.summary["switches_by_kind"]
-    return Outcome(_distinct(e for _, e in served), k["park"], k["drain"])
+    return Outcome(_distinct(e for _, e in served), k["park"], k["drain"], len(served))
 
 
 def agree(live: Outcome, sim: Outcome) -> bool:
@@ -66,6 +72,15 @@ def agree(live: Outcome, sim: Outcome) -> bool:
     there are so few that 20 % is less than one: a loaded machine shifts a live run by a poll)."""
     return live.first == sim.first and abs(live.switches - sim.switches) <= max(
         1.0, 0.2 * sim.switches)
+
+
+def agree_per_request(live: Outcome, sim: Outcome) -> bool:
+    """Issue 34, for clients that send after each answer: how many requests a run gets depends
+    on how fast the machine answers (a loaded test machine answers slower than the simulator's
+    costs), so the runs must agree on who is served first and on the switches *per request
+    answered*, within 20 % (or one switch's worth of the live run's requests)."""
+    slack = max(0.2 * sim.per_request, 1.0 / max(1, live.answered))
+    return live.first == sim.first and abs(live.per_request - sim.per_request) <= slack
 
 
 def _distinct(engines) -> list[str]:
@@ -227,10 +242,14 @@ class Live:
         self.request(r.engine, r.service_s, r.leave_s)
 
     def _closed_loop(self, c) -> None:
+        """A closed-loop client: its engine, service and think time for each request are the
+        simulator's (``ClientSpec.steps``), so both replay the same client."""
         self._at(c.start_s)
-        while time.monotonic() < self.t0 + c.until_s:
-            self.request(c.engine, c.service_s)
-            time.sleep(c.pause_s)      # the client's own pause: the workload
+        for engine, service_s, think_s in c.steps():
+            if time.monotonic() >= self.t0 + c.until_s:
+                break
+            self.request(engine, service_s)
+            time.sleep(think_s)        # the client's own think time: the workload
 
     def run(self, limit_s: float) -> list[Row]:
         """Every request of the workload at its time; waits up to ``limit_s`` past the
@@ -255,7 +274,7 @@ class Live:
         served = sorted((r.first, r.engine) for r in self.rows if r.status == "200")
         return Outcome(_distinct(e for _, e in served),
                        sum(1 for e in tl if e["kind"] == "parked"),
-                       sum(1 for e in tl if e["kind"] == "drain"))
+                       sum(1 for e in tl if e["kind"] == "drain"), len(served))
 
     def timeline(self) -> list[dict]:
         return self.d.timeline()

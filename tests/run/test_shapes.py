@@ -1,4 +1,4 @@
-"""Issue 24's shapes, live: each runs with the parameters of its workload file under
+"""The shapes, live (issues 24 and 34): each runs with the parameters of its workload file under
 ``bench/policy/workloads/`` (:mod:`tests.run.shapes`), and the policy simulator's replay of the
 same file under ``berth-default`` must agree with it on who is served first and on the number of
 switches (parks and drains, within 20 %). The ping-pong is :mod:`tests.run.test_ping_pong`; the
@@ -11,7 +11,7 @@ import re
 import pytest
 
 from tests.helpers import sweep
-from tests.run.shapes import Live, agree, simulate, workload
+from tests.run.shapes import Live, agree, agree_per_request, simulate, workload
 
 
 @pytest.fixture
@@ -125,3 +125,45 @@ def test_a_park_for_a_waiter_that_left_is_called_off(live):
     assert all(r.status == "200" for r in lv.rows if r not in left), _report(lv, sim)
     assert lv.d.sim_oom() == 0
     assert agree(lv.outcome(), sim), _report(lv, sim)
+
+
+def _served(lv: Live) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in lv.rows:
+        if r.status == "200":
+            out[r.engine] = out.get(r.engine, 0) + 1
+    return out
+
+
+@pytest.mark.early
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["j-alternate-two", "k-alternate-three", "l-think-times",
+                                  "m-busy-beside", "n-comfy-chats", "o-bursty-ping-pong"])
+def test_clients_that_move_between_engines(live, name):
+    """Issue 34's shapes under the default policy: a client that moves between engines (and, in
+    m and n, another client beside it) sends each request after the last answer. Every request
+    is answered, no card runs out of memory, every engine it asks for serves, and the live run
+    agrees with the simulator's replay of the same file on who is served first and on the
+    switches per request answered (within 20 %: a client that waits for each answer sends as
+    many requests as the machine's speed allows, so the count itself differs)."""
+    lv = live(name)
+    lv.run(limit_s=150)
+    sim = simulate(lv.wl)
+    bad = [(r.engine, round(r.sent - lv.t0, 1), r.status) for r in lv.rows if r.status != "200"]
+    assert not bad, _report(lv, sim)
+    assert lv.d.sim_oom() == 0
+    asked = {e for c in lv.wl.clients for e in c.names} | {r.engine for r in lv.wl.requests}
+    assert set(_served(lv)) == asked, _report(lv, sim)
+    print(_report(lv, sim))
+    if name not in DISAGREE:
+        assert agree_per_request(lv.outcome(), sim), _report(lv, sim)
+
+
+#: Where the simulator's replay and the live run are known to disagree (issue 34, not yet
+#: resolved): an engine asked while another is still loading. The simulator's park of the
+#: loading engine takes effect the moment it loads, before its first request (held in the
+#: manager until the health poll) reaches it; live, that engine serves its request first
+#: (n: ComfyUI's first job; o: B's first burst), so the first-served order differs and the
+#: switches per request differ by about 25 %. Asserted there: every request answered, no
+#: OOM, every engine served.
+DISAGREE = frozenset({"n-comfy-chats", "o-bursty-ping-pong"})

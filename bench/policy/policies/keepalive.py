@@ -1,6 +1,10 @@
 """Ollama: evict idle models by shortest keep_alive to fit, then reload.
 
-Modelled on Ollama's scheduler (``server/sched.go``; reference/peers.md "Ollama"):
+Modelled on Ollama's scheduler (github.com/ollama/ollama, ``server/sched.go`` at v0.33.0-rc2,
+commit fb3076099: ``Scheduler.processPending``, ``Scheduler.load``'s pre-flight fit,
+``selectLlamaServerPlacement`` and ``bestSingleGPUFit``, ``updateFreeSpace``,
+``findRunnerToUnload`` with ``ByDurationAndName``, ``waitForVRAMRecovery``; ``defaultModelsPerGPU``
+3; reference/peers.md "Ollama"):
 
 - **Fast path.** A request for a model that is loaded (or loading) and not being unloaded goes
   straight to its runner, which serves ``OLLAMA_NUM_PARALLEL`` at once (we set it to the
@@ -28,6 +32,14 @@ Modelled on Ollama's scheduler (``server/sched.go``; reference/peers.md "Ollama"
   the runner's memory as what it actually used (Ollama parses each runner's use after its
   load), not the conservative estimate, so a lazily growing engine is not charged the timeout.
 - **keep_alive** (5 min default): a runner idle that long is unloaded.
+- **Placement** (engines of ``free`` placement, issue 34): Ollama places a runner at each load.
+  ``bestSingleGPUFit``: among the cards where the estimate is at most 80 % of the card's free
+  memory (``min(driver free, total − Σ estimates)``, as ``updateFreeSpace`` computes it), the
+  one with the most free; none: unload a victim and try again. An engine of several cards takes
+  as many cards, each chosen the same way (Ollama would spread one model's layers over every
+  card instead; the simulator's engines have fixed per-card sizes). For these engines the
+  victim is chosen among all runners, as ``findRunnerToUnload`` does; an engine of fixed
+  placement (every other workload) keeps its own cards and the victims on them.
 - **Runtime OOM** expires every runner on the card.
 """
 
@@ -47,6 +59,7 @@ RECOVERY_FRACTION = 0.75
 RECOVERY_POLL_S = 0.25
 RECOVERY_TIMEOUT_S = 5.0
 RESCHED_DELAY_S = 0.25
+MODELS_PER_GPU = 3           # defaultModelsPerGPU
 
 
 @dataclass
@@ -70,8 +83,10 @@ class KeepAlivePolicy(SimPolicy):
         self.runners: dict[str, _Runner] = {}
         self.pending: deque = deque()
         self.blocked = False
-        self.max_runners = 3 * len(world.wl.cards)
+        self.max_runners = MODELS_PER_GPU * len(world.wl.cards)
         self.recovery_timeouts = 0
+        #: where the next load of each free engine goes (chosen by :meth:`place`)
+        self.placed: dict[str, tuple[str, ...]] = {}
 
     def extra(self) -> dict:
         return {"vram_recovery_timeouts": self.recovery_timeouts}
@@ -131,6 +146,18 @@ class KeepAlivePolicy(SimPolicy):
             if len(self.runners) >= self.max_runners:                     # (3)
                 self._evict(spec)
                 return
+            if spec.free:
+                cards = self.place(spec)
+                spec = spec.on(cards) if cards is not None else spec
+                self.placed[m] = spec.cards
+                if not self.runners:                                      # (4) the first model
+                    self._load(job)
+                    continue
+                if cards is not None:
+                    self._load(job)
+                    continue
+                self._evict(spec)                                         # (7)
+                return
             others = [o for o in self.runners.values() if set(o.proc.spec.cards) & set(spec.cards)]
             if not others:                                                # (4)
                 self._load(job)
@@ -149,6 +176,20 @@ class KeepAlivePolicy(SimPolicy):
         self.pending.append(job)
         self._kick()
 
+    def _free(self, pci: str) -> int:
+        """``updateFreeSpace``: the driver's free, or total less the runners' estimates if less."""
+        predicted = sum(r.proc.spec.size_bytes.get(pci, 0) for r in self.runners.values())
+        return min(self.world.free(pci), self.world.total[pci] - predicted)
+
+    def place(self, spec) -> tuple[str, ...] | None:
+        """``bestSingleGPUFit`` for each of the engine's cards: the cards where its per-card
+        estimate is at most 80 % of free, the most free first; ``None`` when too few fit."""
+        est = max(spec.size_bytes.values())
+        ok = [p for p in self.world.total if est <= HEADROOM * self._free(p)]
+        ok.sort(key=lambda p: -self._free(p))           # stable: card order breaks ties
+        n = len(spec.cards)
+        return tuple(ok[:n]) if len(ok) >= n else None
+
     def _fits(self, spec) -> bool:
         for p, est in spec.size_bytes.items():
             predicted = sum(r.proc.spec.size_bytes.get(p, 0) for r in self.runners.values())
@@ -159,14 +200,17 @@ class KeepAlivePolicy(SimPolicy):
 
     def _load(self, job) -> None:
         self.pending.popleft()
-        proc = self.world.load(job.engine)
+        proc = self.world.load(job.engine, cards=self.placed.pop(job.engine, None))
         r = _Runner(proc, self.world.specs[job.engine].keep_alive_s)
         self.runners[job.engine] = r
         self._use(r, job)
 
     def _evict(self, spec) -> None:
-        cands = [r for r in self.runners.values()
-                 if set(r.proc.spec.cards) & set(spec.cards)] or list(self.runners.values())
+        if spec.free:
+            cands = list(self.runners.values())          # findRunnerToUnload: every runner
+        else:
+            cands = [r for r in self.runners.values()
+                     if set(r.proc.spec.cards) & set(spec.cards)] or list(self.runners.values())
         cands.sort(key=lambda r: (r.keep_alive_s, r.proc.engine))
         victim = next((r for r in cands if r.ref == 0), cands[0])
         self.blocked = True

@@ -1,7 +1,11 @@
 """llama-swap: stop the running model, load the next one.
 
-Modelled on llama-swap's FIFO scheduler (``internal/router/scheduler/fifo.go``; reference/
-llama-swap.md "Requests during a start or swap"). For every request, in order:
+Modelled on llama-swap v250 (github.com/mostlygeek/llama-swap, tag v250, read at v250-5-g0bdb3720):
+its run loop's FIFO scheduler (``internal/router/scheduler/fifo.go``: ``FIFO.OnRequest``,
+``enqueue``, ``drainQueue``, ``OnServeDone``, ``collidesWith``, ``conflictsWithInFlight``), the
+group swapper (``internal/router/group.go``: ``groupSwapper.EvictionFor``) and the matrix
+solver (``internal/router/matrix.go``: ``matrixSwapper.EvictionFor``; config.example.yaml's
+``matrix`` section for ``evict_costs``). For every request, in order:
 
 1. a swap to the same model is in flight: join it (one load serves every waiter);
 2. fast path: the model is ready, nothing must be evicted, and no in-flight swap evicts it:
@@ -15,17 +19,31 @@ llama-swap.md "Requests during a start or swap"). For every request, in order:
 The queue is re-walked in order whenever a swap finishes or a model's in-flight count drops to
 zero. A swap never waits for the driver to show the memory free (the #97 failure class).
 
+**Queue order** (``FIFO.enqueue``, ``routing.scheduler.settings.fifo.priority``): a queued
+request goes just before the first queued request of strictly lower priority, so higher
+priorities are served first and equal ones keep their arrival order. The operator here gives
+each model the priority its Berth entry has (``EngineSpec.priority``), as one who set both would.
+
+**Same-model collation** (fifo.go's type comment, "A B C A B C --> A A B B C C", since #790):
+not a rule of its own but what (1), (2) and the re-walk make of it: a request for the model
+being swapped in joins that swap, one for a ready model with nothing to evict is served at
+once past the queue, and the re-walk lets every queued request for the next model join the one
+swap that the first of them starts.
+
 Eviction (the ``Swapper``):
 
-- ``swap`` (``router="group"``): groups with ``swap: true``. With no groups llama-swap runs one
+- ``swap`` (``router="group"``): ``groupSwapper.EvictionFor``: a running model of the target's
+  group is evicted when the group has ``swap: true``; one of another group when the target's
+  group is ``exclusive`` and the other is not ``persistent``. With no groups llama-swap runs one
   model at a time on the whole machine; we give it the best groups an operator could write
   without a memory model: one group per set of engines that share a card (connected
-  components), ``exclusive: false`` so groups on disjoint cards coexist. One card: one model at
-  a time, llama-swap's default.
+  components), ``swap: true``, ``exclusive: false`` (groups on disjoint cards coexist),
+  ``persistent: false``. One card: one model at a time, llama-swap's default.
 - ``swap-matrix`` (``router="matrix"``, PR #646): the operator lists the co-resident sets; we
   list every maximal set whose declared sizes fit each card's total. A request picks the set
-  containing its model that evicts the fewest running models (every ``evict_cost`` is 1), ties
-  to definition order (largest sets first, then by name).
+  containing its model whose running models outside it cost least (the sum of their
+  ``evict_costs``, default 1; the operator here sets none), ties to definition order (largest
+  sets first, then by name).
 
 Placement (issue 25), ``swap-matrix`` only, for engines of ``free`` placement: a llama-swap
 model is one ``cmd`` with its ``CUDA_VISIBLE_DEVICES``, so an operator who lets an engine run on
@@ -106,6 +124,15 @@ def _fits(sizes: list[dict[str, int]], total: dict[str, int]) -> bool:
     return all(b <= total[p] for p, b in per_card.items())
 
 
+@dataclass(frozen=True)
+class Group:
+    """One llama-swap group's flags (``routing.router.settings.groups``)."""
+
+    swap: bool = True
+    exclusive: bool = False
+    persistent: bool = False
+
+
 @dataclass
 class _Swap:
     target: str
@@ -128,6 +155,11 @@ class SwapPolicy(SimPolicy):
     def attach(self, world) -> None:
         super().attach(world)
         self.group = card_components(world.wl.engines)
+        self.groups = {g: Group() for g in set(self.group.values())}
+        #: the matrix's ``evict_costs`` (a model not named costs 1)
+        self.evict_costs: dict[str, int] = {}
+        #: ``fifo.priority``: each model's Berth priority
+        self.priority = {e.name: e.priority for e in world.wl.engines}
         self.places = self.router == "matrix" and any(e.free for e in world.wl.engines)
         self.sets = fitting_sets(world.wl) if self.router == "matrix" and not self.places else []
         self.variants = {e.name: _variants(e, [c.pci for c in world.wl.cards])
@@ -159,12 +191,19 @@ class SwapPolicy(SimPolicy):
     def eviction_for(self, target: str, running: list[str]) -> list[str]:
         """Pure: the running models that must stop for ``target`` to run."""
         if self.router == "group":
-            return [m for m in running if m != target and self.group[m] == self.group[target]]
+            tg = self.groups[self.group[target]]
+            out = []
+            for m in running:
+                same = self.group[m] == self.group[target]
+                if m != target and ((same and tg.swap) or (
+                        not same and tg.exclusive and not self.groups[self.group[m]].persistent)):
+                    out.append(m)
+            return out
         best, best_cost = None, None
         for s in self.sets:
             if target not in s:
                 continue
-            cost = sum(1 for m in running if m not in s)
+            cost = sum(self.evict_costs.get(m, 1) for m in running if m not in s)
             if best_cost is None or cost < best_cost:
                 best, best_cost = s, cost
         keep = best or frozenset({target})
@@ -217,7 +256,14 @@ class SwapPolicy(SimPolicy):
     # -- the decision tree ------------------------------------------------------------------
     def on_arrival(self, job) -> None:
         if not self._decide(job):
-            self.queued.append(job)
+            self._enqueue(job)
+
+    def _enqueue(self, job) -> None:
+        """``FIFO.enqueue``: just before the first queued request of strictly lower priority."""
+        p = self.priority[job.engine]
+        i = next((k for k, q in enumerate(self.queued) if self.priority[q.engine] < p),
+                 len(self.queued))
+        self.queued.insert(i, job)
 
     def _decide(self, job) -> bool:
         """Steps (1)-(5) of the module docstring; False when the request stays queued."""
