@@ -170,11 +170,13 @@ def answered(lease: Lease, client: str | None, at: float | None) -> None:
 
 
 def arrived(lease: Lease, client: str | None, at: float,
-            kept: Forecast | None = None) -> None:
+            kept: Forecast | None = None, moved: bool | None = None,
+            holds: bool = False) -> None:
     """A request for ``lease`` arrived at ``at`` (broker's clock) from ``client`` at a front
     that had none. Records its idle gap and settles the forecast ``kept`` that kept it idle
     for a waiter (right when it said demand, wrong when it said none). Whether its client moved
-    here is told later (:func:`settle`), once the engine it moved from has reported its
+    here (:func:`moved_from`): ``moved`` when it ``holds`` its card (a client of its own, most
+    often), else told later (:func:`settle`), once the engine it moved from has reported its
     answer. A second word of the same arrival (the wake's, then the jobs report's) records
     nothing more."""
     d = lease.demand
@@ -186,6 +188,11 @@ def arrived(lease: Lease, client: str | None, at: float,
         d.gaps.append(at - d.answered_at)
     if kept is not None and kept.outlook is not Outlook.UNKNOWN:
         _outcome(d, wrong=kept.outlook is Outlook.NONE)
+    if holds:
+        if moved is not None:
+            d.moved.append(moved)
+    else:
+        d.unsettled = True
 
 
 def settle(lease: Lease, leases: Iterable[Lease]) -> None:
@@ -196,8 +203,9 @@ def settle(lease: Lease, leases: Iterable[Lease]) -> None:
     the alternation going on, not demand the yield cost). Settled here, not at the arrival:
     the holder it moved from may report its answer after the wake."""
     d = lease.demand
-    if d.asked_at is None:
+    if d.asked_at is None or not d.unsettled:
         return
+    d.unsettled = False
     moved = moved_from(leases, lease, d.asked_client, d.asked_at)
     if moved is not None:
         d.moved.append(moved)

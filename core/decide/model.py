@@ -299,7 +299,8 @@ class Demand:
     - ``error``: its recent rate of wrong forecasts, in [0, 1] (an exponential average);
       ``forecasts`` / ``wrong``: how many were settled, and how many of them were wrong;
     - ``pending``: ``(idle_from, rent_s)`` of a **no demand** forecast it yielded under, settled
-      by its next request.
+      by its next request; ``unsettled``: that request came while another engine held its card,
+      and whether it moved here is settled when it gets the card back.
     """
 
     answered_client: str | None = None
@@ -312,6 +313,7 @@ class Demand:
     forecasts: int = 0
     wrong: int = 0
     pending: tuple[float, float] | None = None
+    unsettled: bool = False
 
 
 #: How long a priority protects an idle holder after its last request by default (seconds):

@@ -248,12 +248,13 @@ def asked(st: State, lease: Lease, client: str | None, at: float) -> None:
 def _arrival(st: State, lease: Lease, client: str | None, at: float) -> None:
     """The first request at an idle front (issue 34): its idle gap, and, for an idle holder
     kept for a waiter, whether the forecast that kept it was right."""
-    kept = None
-    if lease.idle() and S.ACTIVE in lease.states():
+    kept, holds = None, S.ACTIVE in lease.states()
+    if lease.idle() and holds:
         waiter = contender(st, lease)
         if waiter is not None:
             kept = idle_forecast(lease, waiter, st.policy)
-    demand.arrived(lease, client, at, kept)
+    moved = demand.moved_from(st.ledger.leases.values(), lease, client, at) if holds else None
+    demand.arrived(lease, client, at, kept, moved, holds)
 
 
 def contender(st: State, lease: Lease) -> Lease | None:

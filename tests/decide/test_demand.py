@@ -130,11 +130,12 @@ class TestTrust:
         d.answered_at = 10.0
         d.pending = (10.0, 4.0)
         d.asked_client, d.asked_at = OTHER, 11.0      # its own client came back in 1 s
+        d.unsettled = True                            # while another engine held its card
         demand.settle(le, [le])
         assert d.error == pytest.approx(0.5) and d.wrong == 1
         assert demand.trust(le, policy()) == pytest.approx(0.5)
         # a right forecast halves the error again
-        d.pending, d.asked_at = (20.0, 4.0), 30.0
+        d.pending, d.asked_at, d.unsettled = (20.0, 4.0), 30.0, True
         demand.settle(le, [le])
         assert d.error == pytest.approx(0.25) and d.forecasts == 2
 
@@ -143,6 +144,7 @@ class TestTrust:
         a.demand.pending = (10.0, 4.0)
         b.demand.answered_client, b.demand.answered_at = ME, 12.0
         a.demand.asked_client, a.demand.asked_at = ME, 12.1    # served on B first, then back
+        a.demand.unsettled = True
         demand.settle(a, [a, b])
         assert a.demand.error == 0.0 and a.demand.moved[-1] is True
 
@@ -174,6 +176,24 @@ class TestGaps:
         assert demand.forecast(a, b, policy(), 4.0, 30.0).outlook is demand.Outlook.NONE
         a.demand.moved.extend([False, False, True])   # most of its requests: its own clients
         assert demand.forecast(a, b, policy(), 4.0, 30.0).outlook is demand.Outlook.UNKNOWN
+
+
+class TestOwnClients:
+    def test_a_request_to_the_holder_from_the_client_it_answered_is_its_own(self):
+        """A busy client beside an alternating one, both behind one address (loopback): the
+        holder's own client's requests say it has clients of its own, so the alternating
+        client's move does not make it yield at once (it keeps the rent)."""
+        w = World([24 * GiB], policy())
+        holder(w)
+        for _ in range(3):                       # its client comes back, to it
+            w.advance(1.0)
+            w.apply(w.s.jobs("a", 1, w.now, w.now, client=ME))
+            w.advance(0.05)
+            w.apply(w.s.jobs("a", 0, w.now, answered_client=ME, answered_at=w.now))
+        assert list(w.s.ledger.leases["a"].demand.moved) == [False, False, False]
+        w.advance(0.01)
+        ask(w, ME)                               # the same address asks the other engine
+        assert state(w, "a") is S.ACTIVE
 
 
 class TestTurnEnd:
