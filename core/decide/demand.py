@@ -8,14 +8,21 @@ whose only client is the very one now waiting on the other engine. A prediction 
 bound; learning-augmented ski rental (Purohit, Svitkina and Kumar, NeurIPS 2018) keeps it safe
 when it is wrong, with a trust parameter λ (``Policy.demand_trust``): an idle holder forecast
 to see **no demand** yields after λ·rent; one forecast to see **demand** keeps its card until
-rent/λ (its turn's ``max_turn`` caps it); with no forecast it keeps the plain rent. A
-**demand** forecast is checked on the spot: idle past the rent without a request it is wrong,
-and a wrong forecast falls back to the plain rent, so in effect it keeps the rent (measured:
-keeping up to twice the rent cost ``f-fresh-engine`` a quarter of its p95, whose clients stop,
-and won nothing on any other workload); what it changes is the words, and the error record. Right, the
+rent/λ (its turn's ``max_turn`` caps it); with no forecast it keeps the plain rent. Right, the
 cost is at most (1+λ) times the best choice in hindsight; wrong, at most (1+1/λ) times. Each
 holder's own record of wrong forecasts (:attr:`~.model.Demand.error`) raises its λ towards 1,
 where the rule is the plain rent again, so a predictor that keeps being wrong stops costing.
+
+A **demand** forecast is checked on the spot: idle past the rent without a request it is
+wrong, and a wrong forecast falls back to the plain rent, so it keeps the rent (measured:
+keeping up to twice the rent cost ``f-fresh-engine``, whose clients stop, a tenth of its p95,
+and won nothing elsewhere); it changes the words and the error record.
+
+λ = 0 by default: a forecast of no demand yields at once. A positive λ costs every switch of
+one person alternating two models λ·rent (40-150 ms for a 14 GiB checkpoint, beside a
+pipeline that aims at 100 ms), and with λ = 0.1 or 1 the simulator's workloads wait as long or
+longer (``bench/policy/run.py --knob demand_trust=λ``); the error record bounds the loss
+instead: one wrong forecast costs one switch back and puts that holder's λ at 1/2 or more.
 
 The forecast (:func:`forecast`), numbered as in the code, from what the holder's front and the
 waiter's front saw (:class:`~.model.Demand`, on the broker's clock):
@@ -26,9 +33,10 @@ waiter's front saw (:class:`~.model.Demand`, on the broker's clock):
    holder anything before the waiter has served it: **no demand**, unless the holder's history
    shows clients of its own (2). A waiter that was already waiting while the holder served
    (two clients taking turns) is not that.
-2. its arrival history while other engines held the card: requests for it that came from no
-   other engine's answer (from clients of its own) mean the holder has demand a move of one
-   client does not end; (1) is then left to the gaps (3).
+2. its arrival history: requests for it whose client's last answer came from it (clients of
+   its own, not a client that moved from another engine) mean the holder has demand a move of
+   one client does not end; (1) is then left to the gaps (3). On loopback every client has one
+   address; this tells a busy client from one that alternates behind it.
 3. the gaps between its requests: the median of its last idle gaps (an answer's end to the next
    request's arrival) under the rent is **demand**, over it **no demand**.
 4. nothing known: no forecast, the plain rent.
