@@ -3,10 +3,11 @@
 The setting of ``berth demo`` (issues 5 and 12): a berthd on one simulated 12 GiB card (1 GiB
 reserve) in a simulated host of 24 GiB RAM, two stub engines of 5.5 GiB weights under
 ``berth run --size 6GiB --park checkpoint``, so that one is always parked in (simulated) host
-RAM. Unlike the
-demo, the minimum turn and the juggle guard are off: the bench switches back to back, which they
-exist to slow, and it times Berth's own work, not those waits. Each switch sends one streamed chat to the parked engine's
-front and times, from the moment the request is sent:
+RAM. The policy is the default, nothing turned off (issue 34: defaults are the product): one
+client alternates, so the holder's last answer went to the client now waiting on the other
+engine, and it yields at once (no rent, no minimum turn for an engine with no demand, no juggle
+guard between engines of which only one has work). Each switch sends one streamed chat to the
+parked engine's front and times, from the moment the request is sent:
 
 - ``ttfb``: the first byte of the answer (the status line; the stub engine writes its first
   chunk at once, so this is the switch, not generation);
@@ -123,10 +124,8 @@ class Bench:
         return p
 
     def start(self) -> None:
-        # The keys below join the [policy] table of the demo's config.
-        policy = '\n[policy]\nmin_turn = "0s"\njuggle_window = "0s"\n'
-        text = CONFIG.format(tmp=self.tmp, rate=int(self.rate))
-        (self.tmp / "berth.toml").write_text(text.replace("\n[policy]\n", policy, 1))
+        # The demo's config as it is: its [policy] is the default one.
+        (self.tmp / "berth.toml").write_text(CONFIG.format(tmp=self.tmp, rate=int(self.rate)))
         shim = self.tmp / "cuda-checkpoint-shim"
         shim.write_text(SHIM.format(tool=TOOL, log=self.calls))
         shim.chmod(0o755)

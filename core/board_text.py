@@ -143,8 +143,10 @@ def _size_words(sh: dict) -> str:
 
 def _until(le: dict) -> str:
     """`` · turn until 14:03:05 (8.00s) · keep_warm until 14:07:30 (4.5m)``: when the holder's
-    protections end (``berth.daemon.status.protection``), each while it lasts."""
-    out = ""
+    protections end (``berth.daemon.status.protection``), each while it lasts; for an idle
+    holder, why its turn keeps the card or not (`` · A yields at once: its client is waiting
+    on B``, issue 34)."""
+    out = f" · {le['demand']['why']}" if le.get("demand") else ""
     for key, label in (("turn", "turn"), ("keep_warm", "keep_warm")):
         left, at = le.get(f"{key}_left_s"), le.get(f"{key}_until")
         if left is None or at is None:

@@ -11,6 +11,7 @@ front and ComfyUI's gate alike; issue 12 case 4, issue 16).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -193,8 +194,16 @@ class Client:
         return await self.call("GET", f"/v1/leases/{lease_id}/instructions",
                                timeout_s=timeout_s + 10, after=after, timeout=timeout_s)
 
-    async def wake(self, lease_id: str) -> dict:
-        return await self.call("POST", f"/v1/leases/{lease_id}/wake", {})
+    async def wake(self, lease_id: str, client: str | None = None,
+                   client_age_s: float | None = None) -> dict:
+        """Ask berthd to wake the parked lease for a held request of ``client`` (a key from
+        :mod:`berth.front.clients`) that arrived ``client_age_s`` seconds ago (issue 34)."""
+        body: dict = {}
+        if client is not None:
+            body["client"] = client
+        if client_age_s is not None:
+            body["client_age_s"] = round(max(0.0, client_age_s), 3)
+        return await self.call("POST", f"/v1/leases/{lease_id}/wake", body)
 
     async def touch(self, lease_id: str) -> dict:
         return await self.call("POST", f"/v1/leases/{lease_id}/touch", {})
@@ -235,47 +244,69 @@ class JobReporter:
     report said nothing was in flight (the answer came and went unseen); else at most once per
     ``every_s``; again in full for a new lease. A failed report (berthd away, no lease) is
     tried again at the next poll. The age (seconds at the report, not this process's clock) is
-    what crosses to berthd, which turns it into its own clock's time of arrival."""
+    what crosses to berthd, which turns it into its own clock's time of arrival.
+
+    ``clients()``: ``(oldest, answered, answered_at)``, the client key of the oldest of those
+    requests, and the client key of the front's last answer and when it ended (monotonic s;
+    issue 34: berthd's forecast of whether an idle holder is asked again reads them; ``None``:
+    the front does not say). :meth:`kick` makes the next poll come at once (the front calls
+    it when its last request ends: the holder's idle spell is what a waiter waits on)."""
 
     def __init__(self, work: Callable[[], tuple[int, float | None]],
                  lease_id: Callable[[], str | None], client: Callable[[], "Client | None"], *,
                  served: Callable[[], int] | None = None,
+                 clients: Callable[[], tuple[str | None, str | None, float | None]] | None = None,
                  poll_s: float = 0.05, every_s: float = 1.0):
         self.work, self.lease_id, self.client = work, lease_id, client
-        self.served = served
+        self.served, self.clients = served, clients
         self.poll_s, self.every_s = poll_s, every_s
-        self.sent: tuple[int, float | None, int | None] | None = None
+        self.sent: tuple | None = None
         self._sent_at = float("-inf")
         self._lease: str | None = None
+        self._kick: asyncio.Event | None = None
+
+    def kick(self) -> None:
+        """Poll now rather than at the next ``poll_s`` (safe to call from the loop's thread)."""
+        if self._kick is not None:
+            self._kick.set()
 
     async def run(self) -> None:
+        self._kick = asyncio.Event()
         while True:
             await self.poll()
-            await asyncio.sleep(self.poll_s)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_s):
+                    await self._kick.wait()
+            self._kick.clear()
 
     async def poll(self) -> bool:
         """Report now if the work changed enough; True when a report was sent."""
         n, oldest = self.work()
         served = None if self.served is None else self.served()
+        who = (None, None, None) if self.clients is None else self.clients()
         now = time.monotonic()
         lid = self.lease_id()
         if lid != self._lease:
             self.sent = None               # a new lease: berthd knows nothing of its jobs
         sent = self.sent
         edge = sent is None or (n == 0) != (sent[0] == 0) or (
-            sent[0] == 0 and served != sent[2])
-        if (n, oldest, served) == sent or not (edge or now - self._sent_at >= self.every_s):
+            sent[0] == 0 and served != sent[2]) or who[1:] != sent[3][1:]
+        if (n, oldest, served, who) == sent or not (
+                edge or now - self._sent_at >= self.every_s):
             return False
         try:
-            await self.send(lid, n, None if oldest is None else max(0.0, now - oldest), served)
+            await self.send(lid, n, None if oldest is None else max(0.0, now - oldest), served,
+                            who, now)
         except Exception as e:             # berthd away: it learns the count when back
             log.debug("could not report %s requests in flight: %s", n, e)
             return False
-        self.sent, self._sent_at, self._lease = (n, oldest, served), now, lid
+        self.sent, self._sent_at, self._lease = (n, oldest, served, who), now, lid
         return True
 
     async def send(self, lid: str | None, n: int, oldest_age_s: float | None = None,
-                   served: int | None = None) -> None:
+                   served: int | None = None,
+                   who: tuple[str | None, str | None, float | None] = (None, None, None),
+                   now: float = 0.0) -> None:
         client = self.client()
         if not lid or client is None:
             raise RuntimeError("no lease")
@@ -284,4 +315,10 @@ class JobReporter:
             body["oldest_age_s"] = round(oldest_age_s, 3)
         if served is not None:
             body["served"] = served
+        oldest_client, answered, answered_at = who
+        if oldest_client is not None and n:
+            body["client"] = oldest_client
+        if answered is not None and answered_at is not None:
+            body["answered_client"] = answered
+            body["answered_age_s"] = round(max(0.0, now - answered_at), 3)
         await client.call("POST", f"/v1/leases/{lid}/jobs", body)

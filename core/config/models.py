@@ -142,6 +142,7 @@ class PolicyConfig(_Strict):
     max_job: PositiveDuration = 3600.0
     max_turn: Duration = 30.0
     first_request: Duration = 1.5
+    demand_trust: float = Field(0.0, ge=0.0, le=1.0)
 
     def policy(self) -> Policy:
         return Policy(queue=self.queue, scan_max_skips=self.scan_max_skips,
@@ -151,7 +152,8 @@ class PolicyConfig(_Strict):
                       juggle_max_swaps=self.juggle_max_swaps,
                       hook_residual_guess_bytes=self.hook_residual_guess,
                       read_interval_s=self.read_interval, max_job_s=self.max_job,
-                      max_turn_s=self.max_turn, first_request_s=self.first_request)
+                      max_turn_s=self.max_turn, first_request_s=self.first_request,
+                      demand_trust=self.demand_trust)
 
 
 class EngineConfig(_Strict):

@@ -16,15 +16,17 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 ``POST /v1/leases/{id}/attach``            ``{"pid", "start_time"}``: the engine's process
 ``POST /v1/leases/{id}/report``            ``{"op", "ok", "detail"}``: park/wake/lend/return/drain
 ``GET  /v1/leases/{id}/instructions``      long-poll ``?after=SEQ&timeout=S`` → instructions
-``POST /v1/leases/{id}/wake``              a front holds a write for this lease
+``POST /v1/leases/{id}/wake``              a front holds a write for this lease (``{"client",
+                                           "client_age_s"}``: whose, and since when; issue 34)
 ``DELETE /v1/leases/{id}/wake``            the writes that asked for it have all gone
 ``POST /v1/leases/{id}/extend``            ``{"bytes", "card"?}``: room to grow, asked before
                                            the growth (202; the reservation grows once the
                                            ladder made room: ``GET /v1/leases/{id}``)
 ``DELETE /v1/leases/{id}/extend``          that request is no longer wanted (``api_extend``)
 ``POST /v1/leases/{id}/touch``             the engine served a request
-``POST /v1/leases/{id}/jobs``              ``{"in_flight", "oldest_age_s", "served"}``: requests
-                                           its front has now, and has started this lease
+``POST /v1/leases/{id}/jobs``              ``{"in_flight", "oldest_age_s", "served", "client",
+                                           "answered_client", "answered_age_s"}``: requests its
+                                           front has now and has started this lease, and whose
 ``POST /v1/leases/{id}/ready``             the engine answers: its minimum turn starts
 ``POST /v1/leases/{id}/release``           the run is done (``?wait=S``: until the driver
                                            confirms the memory free)
@@ -69,6 +71,7 @@ from berth.daemon.api_bodies import (
     ReleaseBody,
     ReportBody,
     ShareBody,
+    WakeBody,
     error,
     errors,
     parse_body,
@@ -372,26 +375,32 @@ async def wake(request: web.Request) -> web.Response:
     refused = _not_owner(lease, request, "wake")
     if refused is not None:
         return refused
-    await broker.submit(lambda now: broker.sched.wake(lid, now))
+    body: WakeBody = await parse_body(request, WakeBody)
+    age = body.client_age_s
+    await broker.submit(lambda now: broker.sched.wake(
+        lid, now, body.client, None if age is None else now - age))
     return web.json_response({"id": lid, "states": {p: s.state.value for p, s in lease.shares.items()},
                               "wait": _wait(broker, lid)})
 
 
 async def jobs(request: web.Request) -> web.Response:
-    """``{"in_flight": N, "oldest_age_s": S, "served": C}``: the requests the lease's front
-    forwards or holds now (issue 12 case 4), the age of the oldest (issue 16: FIFO turns) and
-    how many model requests it has started during this lease (issue 24: one answered between
-    two reports still ends the first-request hold)."""
+    """``{"in_flight": N, "oldest_age_s": S, "served": C, "client": K, "answered_client": K,
+    "answered_age_s": S}``: the requests the lease's front forwards or holds now (issue 12
+    case 4), the age of the oldest (issue 16: FIFO turns), how many model requests it has
+    started during this lease (issue 24: one answered between two reports still ends the
+    first-request hold), and the clients of the oldest request and of the last answer, with
+    that answer's age (issue 34: the forecast of whether a request for it comes soon)."""
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     body: JobsBody = await parse_body(request, JobsBody)
     refused = _not_owner(_lease(broker, lid), request, "report the jobs of")
     if refused is not None:
         return refused
-    age = body.oldest_age_s
+    age, done = body.oldest_age_s, body.answered_age_s
     # An age, not a time, crosses from the run: it becomes a time on berthd's own clock here.
     await broker.submit(lambda now: broker.sched.jobs(
-        lid, body.in_flight, now, None if age is None else now - age, body.served))
+        lid, body.in_flight, now, None if age is None else now - age, body.served,
+        body.client, body.answered_client, None if done is None else now - done))
     return web.json_response({"id": lid, "in_flight": body.in_flight, "served": body.served})
 
 

@@ -20,8 +20,9 @@ from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
-__all__ = ["AttachBody", "JobsBody", "LeaseBody", "NoteBody", "OperatorBody", "ReleaseBody", "ReportBody", "ShareBody",
-           "error", "errors", "parse_body", "query_number"]
+__all__ = ["AttachBody", "JobsBody", "LeaseBody", "NoteBody", "OperatorBody", "ReleaseBody",
+           "ReportBody", "ShareBody", "WakeBody", "ClientKey", "error", "errors", "parse_body",
+           "query_number"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -44,6 +45,10 @@ class _Body(BaseModel):
     # Every number from outside is bounded before use (issue 36): no infinity, no NaN (JSON's
     # 1e400 parses as infinity), and each field below has a range.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+#: A front's key for a client (:mod:`berth.front.clients`): a hash, never an address.
+ClientKey = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[0-9a-zA-Z_-]+$")]
 
 
 class ShareBody(_Body):
@@ -102,6 +107,20 @@ class JobsBody(_Body):
     in_flight: int = Field(ge=0, le=1_000_000)
     oldest_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
     served: int | None = Field(None, ge=0, le=2**53)
+    #: the client key of the oldest of those requests (issue 34)
+    client: ClientKey | None = None
+    #: the client key of the front's last answer, and seconds since it ended (issue 34)
+    answered_client: ClientKey | None = None
+    answered_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
+
+
+class WakeBody(_Body):
+    """``POST /v1/leases/{id}/wake``: the client key of the held request that asks, and
+    seconds since it arrived (issue 34: an idle holder whose last answer went to that client
+    yields at once). Both optional; an empty body asks for the wake alone."""
+
+    client: ClientKey | None = None
+    client_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
 
 
 class ReportBody(_Body):

@@ -332,7 +332,7 @@ class Broker:
         interval = self.cfg.policy.read_interval
         while True:
             try:
-                await asyncio.wait_for(self._kick.wait(), interval)
+                await asyncio.wait_for(self._kick.wait(), _until_due(self, interval))
             except TimeoutError:
                 pass
             self._kick.clear()
@@ -376,3 +376,10 @@ class Broker:
             # A drain has no fallback: keep watching until the memory is free.
             w = Watch(w.lease_id, w.pci, w.until, w.max_use_bytes, w.since,
                       self.clock() + self.cfg.policy.release_grace)
+
+
+def _until_due(broker: Broker, interval: float) -> float:
+    """Seconds until the next pass: the read interval, or sooner when a turn ends (issue 34:
+    an idle holder yields λ·rent after its answer) or a deadline falls due before it."""
+    due = broker.sched.next_due()
+    return interval if due is None else min(interval, max(0.0, due - broker.clock()))

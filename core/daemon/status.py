@@ -10,11 +10,12 @@ import time
 from typing import TYPE_CHECKING
 
 from berth.decide.admission import Policy, WaitKind
-from berth.decide.ladder import turn_end
+from berth.decide.ladder import idle_forecast, turn_end
 from berth.decide.ledger import RESIDUAL_SLACK_BYTES, counted_bytes
 from berth.decide.measures import reserve_fraction, suggested_reserve
 from berth.decide.model import Lease, Share, ShareState
 from berth.decide.moves import move_block
+from berth.decide.reports import contender
 from berth.decide.units import format_size
 from berth.process import ProcessId, alive
 
@@ -48,8 +49,9 @@ def board(broker: "Broker") -> dict:
     now, wall = broker.clock(), time.time()
     policy = broker.sched.policy
     for le in led.leases.values():
+        rival = contender(broker.sched.state, le)
         extra = {**_orphans(broker, le), **_escapees(broker, le),
-                 **protection(le, policy, now, wall)}
+                 **protection(le, policy, now, wall, rival), "demand": outlook(le, policy, rival)}
         leases.append({**extra,
             "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
             "priority": le.priority, "bound": le.bound.value, "held": le.held,
@@ -118,7 +120,23 @@ def _size_note(le: Lease) -> str | None:
     return None
 
 
-def protection(lease: Lease, policy: Policy, now: float, wall: float) -> dict:
+def outlook(lease: Lease, policy: Policy, waiter: Lease | None = None) -> dict | None:
+    """An idle active holder's forecast of its demand (issue 34, :mod:`berth.decide.demand`),
+    against ``waiter`` when one waits for its card: ``{"outlook": "none" | "demand" |
+    "unknown", "why": "A yields at once: its client is waiting on B", "keep_s", "rent_s",
+    "trust", "forecasts", "wrong"}`` (seconds; ``keep_s`` from the start of its idle spell);
+    ``None`` while it serves or holds no active share."""
+    if not lease.idle() or not any(sh.state is S.ACTIVE for sh in lease.shares.values()):
+        return None
+    fc = idle_forecast(lease, waiter or lease, policy, waiter is not None)
+    d = lease.demand
+    return {"outlook": fc.outlook.value, "why": fc.words(lease.engine),
+            "keep_s": round(fc.keep_s, 3), "rent_s": round(fc.rent_s, 3),
+            "trust": round(fc.trust, 3), "forecasts": d.forecasts, "wrong": d.wrong}
+
+
+def protection(lease: Lease, policy: Policy, now: float, wall: float,
+               waiter: Lease | None = None) -> dict:
     """When an active holder's protections end, as ``berth.decide.ladder.displaceable`` (3)
     and (4) apply them (a test holds the two together), like ``ollama ps``'s "until":
 
@@ -131,13 +149,15 @@ def protection(lease: Lease, policy: Policy, now: float, wall: float) -> dict:
 
     Seconds from ``now`` (the broker's clock) and the same instant as seconds since the epoch
     (``wall`` is ``time.time()`` at ``now``); ``None`` once over, or for a holder with no
-    active share. ``held``, an operator hold, protects until it is released."""
+    active share. ``held``, an operator hold, protects until it is released. ``waiter``: the
+    waiter its turn is judged against, when one waits (its client may end an idle holder's
+    turn at once, issue 34)."""
     active = any(sh.state is S.ACTIVE for sh in lease.shares.values())
     out: dict = {"idle": lease.idle(), "turn_left_s": None, "turn_until": None,
                  "keep_warm_left_s": None, "keep_warm_until": None}
     if not active:
         return out
-    ends = {"turn": turn_end(lease, policy, now),
+    ends = {"turn": turn_end(lease, policy, now, waiter),
             "keep_warm": lease.last_used_at + lease.keep_warm_s}
     for name, end in ends.items():
         if end is not None and end > now:

@@ -66,6 +66,11 @@ class Policy:
     - ``rent_fixed_s``: when >= 0, an idle holder's rent (how long it keeps its card against an
       equal-priority waiter) is this many seconds instead of what a switch back would cost; for
       the policy simulator's hindsight row (the best fixed rent per workload), not a user knob.
+    - ``demand_trust``: λ in [0, 1], how far an idle holder's turn trusts the forecast of its
+      demand (:mod:`berth.decide.demand`, issue 34): forecast to see none, it yields after
+      λ × the rent; forecast to see some, it keeps its card up to the rent / λ (its
+      ``max_turn`` caps it); 1 is the plain rent. Each holder's wrong forecasts raise its own λ
+      towards 1.
     """
 
     queue: QueuePolicy = QueuePolicy.SCAN
@@ -83,6 +88,7 @@ class Policy:
     max_turn_s: float = 30.0
     first_request_s: float = 1.5
     rent_fixed_s: float = -1.0
+    demand_trust: float = 0.0
 
 
 class Fit(enum.StrEnum):

@@ -17,7 +17,7 @@ from .state import State, card_name
 
 S = ShareState
 
-__all__ = ["tick"]
+__all__ = ["tick", "next_due"]
 
 
 def tick(st: State, now: float) -> list[Effect]:
@@ -33,8 +33,15 @@ def tick(st: State, now: float) -> list[Effect]:
         fx.append(Note(lease.id, "restart.over", f"{lease.engine}: not restarted within "
                                                  f"{lease.restart_grace_s:g}s; its room goes"))
         fx += exited(st, lease.id, now, final=True)
+    for lid in [lid for lid, due in st.recheck.items() if due <= now]:
+        del st.recheck[lid]        # the admission pass below plans for it again
     st.swaps.prune(now - st.policy.juggle_window_s)
     return fx + admit(st, now)
+
+
+def next_due(st: State) -> float | None:
+    """When :func:`tick` next has something to do: the earliest deadline or turn end."""
+    return min([*st.deadlines.values(), *st.recheck.values()], default=None)
 
 
 def _overdue(st: State, lid: str, pci: str, op: str, now: float) -> list[Effect]:

@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 
 from .admission import Policy, Waiter
 from .causes import card_causes, max_job_s, quiet_bound_s
+from .demand import Forecast, forecast
 from .ledger import Ledger, counted_bytes, hook_residual_guess
 from .model import Lease, ParkMechanism, ShareState
 from .units import format_duration, format_size
 
 __all__ = ["Rung", "RUNGS", "Action", "Step", "Plan", "NoPlan", "plan", "displaceable",
-           "expected_residual", "SwapLog", "turn_start", "rent_s"]
+           "expected_residual", "SwapLog", "turn_start", "rent_s", "turn_end", "idle_forecast",
+           "idle_for"]
 
 S = ShareState
 
@@ -185,14 +187,18 @@ def rent_s(holder: Lease, waiter: Lease, policy: Policy) -> float:
     return holder.switch_cost_s + (waiter.park_cost_s or holder.park_cost_s)
 
 
-def turn_end(holder: Lease, policy: Policy, now: float) -> float | None:
+def turn_end(holder: Lease, policy: Policy, now: float,
+             waiter: Lease | None = None) -> float | None:
     """When step (4) of :func:`displaceable` stops keeping the card for ``holder`` against an
     equal-priority waiter that asks at ``now`` with no park cost measured yet (the board's and
     ``berth status``'s "until", issue 29), on the broker's clock in seconds; ``None`` when the
-    turn keeps it for nothing from ``now``. It follows :func:`_turn` case by case (a test holds
-    the two together): the first-request window, the rent of an idle holder, the minimum turn,
-    and a busy holder's turn up to ``max_turn`` while the front reports its jobs. A request the
-    holder serves that is older than the waiter's keeps the card longer (up to ``max_job``)."""
+    turn keeps it for nothing from ``now``. ``waiter``: that waiter when one is known (its
+    client decides whether the holder's client waits on it, issue 34); ``None``: any waiter,
+    with no causality known. It follows :func:`_turn` case by case (a test holds the two
+    together): the first-request window, an idle holder's forecast (:func:`idle_forecast`:
+    λ·rent, the rent, or rent/λ), the minimum turn, and a busy holder's turn up to
+    ``max_turn`` while the front reports its jobs. A request the holder serves that is older
+    than the waiter's keeps the card longer (up to ``max_job``)."""
     start, said = turn_start(holder, policy)
     longest = max(policy.max_turn_s, policy.min_turn_s, holder.switch_cost_s)
     if holder.idle():
@@ -200,7 +206,8 @@ def turn_end(holder: Lease, policy: Policy, now: float) -> float | None:
             holder.last_job_at is None or holder.last_job_at < start) else 0.0
         idle_from = max(holder.idle_since if holder.idle_since is not None else now,
                         start if said else 0.0)
-        end = max(first, min(idle_from + rent_s(holder, holder, policy), start + longest))
+        fc = idle_forecast(holder, waiter or holder, policy, waiter is not None)
+        end = max(first, min(idle_from + fc.keep_s, start + longest))
     else:
         end = start + max(policy.min_turn_s, holder.switch_cost_s)
         if holder.jobs_reported:
@@ -208,6 +215,25 @@ def turn_end(holder: Lease, policy: Policy, now: float) -> float | None:
                 if holder.oldest_job_at is not None else start + longest
             end = max(end, min(start + longest, outlives))
     return end if end > now else None
+
+
+def idle_for(holder: Lease, policy: Policy, now: float) -> float:
+    """How long an idle holder has been idle at ``now`` (seconds), counted from its turn's
+    start at the earliest (a wake's idle spell starts when it serves again)."""
+    start, said = turn_start(holder, policy)
+    return now - max(holder.idle_since if holder.idle_since is not None else now,
+                     start if said else 0.0)
+
+
+def idle_forecast(holder: Lease, waiter: Lease, policy: Policy,
+                  known: bool = True) -> Forecast:
+    """An idle holder's forecast against ``waiter`` (:func:`.demand.forecast`): how long from
+    the start of its idle spell it keeps the card (``keep_s``), with the rent (what a switch
+    back would cost, :func:`rent_s`) and the evidence. ``known``: the waiter's client is known
+    (else no causality is looked for)."""
+    longest = max(policy.max_turn_s, policy.min_turn_s, holder.switch_cost_s)
+    return forecast(holder, waiter if known else None, policy, rent_s(holder, waiter, policy),
+                    longest)
 
 
 def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
@@ -224,14 +250,14 @@ def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
             return (f"{holder.engine} has just become ready and waits up to "
                     f"{format_duration(policy.first_request_s)} for its first request (a "
                     f"manager's health poll)")
-        idle_s = now - max(holder.idle_since if holder.idle_since is not None else now,
-                           start if said else 0.0)
-        rent = rent_s(holder, waiter, policy)
+        idle_s = idle_for(holder, policy, now)
+        # How long it keeps the card idle is what its forecast says (issue 34: λ·rent with no
+        # demand expected, rent/λ with some, the rent with no forecast).
         # A higher priority's rent is its keep_warm, which (3) has counted already.
-        if holder.priority == waiter.priority and idle_s < rent and now - start < longest:
-            return (f"{holder.engine} is idle for less than a switch back would cost "
-                    f"({format_duration(rent)}); its turn lasts at most "
-                    f"{format_duration(longest)}")
+        fc = idle_forecast(holder, waiter, policy)
+        if holder.priority == waiter.priority and idle_s < fc.keep_s and now - start < longest:
+            return f"{fc.words(holder.engine)}; its turn lasts at most " \
+                   f"{format_duration(longest)}"
         return None
     if now < start:        # no turn has begun: it has not said it serves (even at 0s)
         return (f"{holder.engine} is starting: it has not said it serves yet (given up to "

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import enum
 import re
+from collections import deque
 from dataclasses import dataclass, field
 
 __all__ = [
     "ShareState", "Bound", "ParkMechanism", "TRANSITIONS", "DIAGRAM_EDGES", "RULE_EDGES",
     "IllegalTransition", "Capabilities", "Share", "Lease", "Card", "normalize_pci", "names_card", "move", "Op", "OPS",
-    "capacity_bytes",
+    "capacity_bytes", "Demand",
     "LIVE_STATES", "ASLEEP_STATES", "SETTLED_STATES", "HOLDING_STATES",
 ]
 
@@ -281,6 +282,45 @@ def move(share: Share, dst: ShareState, now: float) -> tuple[ShareState, ShareSt
     return src, dst
 
 
+#: How many idle gaps and arrivals a lease's :class:`Demand` keeps (the newest).
+DEMAND_KEEP = 8
+
+
+@dataclass
+class Demand:
+    """What a lease's front saw of its requests' clients, for the forecast of
+    :mod:`berth.decide.demand` (issue 34). Times are the broker's clock (seconds); a client is
+    a key its front made (a hash of the client's address, never the address itself), ``None``
+    when unknown.
+
+    - ``answered_client`` / ``answered_at``: the client of the last answer its front delivered,
+      and when that answer ended;
+    - ``asked_client`` / ``asked_at``: the client of the oldest request at its front now (the
+      one that asked for its wake or its grant) and when it arrived; ``None`` when none;
+    - ``gaps``: its last idle gaps, seconds from an answer's end to the next request's arrival;
+    - ``moved``: for its last requests that arrived while another engine held its card, whether
+      each came from the client that engine had just answered (``True``: a client that moves
+      between engines) or not (``False``: a client of its own);
+    - ``error``: its recent rate of wrong forecasts, in [0, 1] (an exponential average);
+      ``forecasts`` / ``wrong``: how many were settled, and how many of them were wrong;
+    - ``pending``: ``(idle_from, rent_s)`` of a **no demand** forecast it yielded under, settled
+      by its next request; ``unsettled``: that request came while another engine held its card,
+      and whether it moved here is settled when it gets the card back.
+    """
+
+    answered_client: str | None = None
+    answered_at: float | None = None
+    asked_client: str | None = None
+    asked_at: float | None = None
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=DEMAND_KEEP))
+    moved: deque[bool] = field(default_factory=lambda: deque(maxlen=DEMAND_KEEP))
+    error: float = 0.0
+    forecasts: int = 0
+    wrong: int = 0
+    pending: tuple[float, float] | None = None
+    unsettled: bool = False
+
+
 #: How long a priority protects an idle holder after its last request by default (seconds):
 #: Ollama's keep_alive default, so an engine marked important stays as warm as there.
 DEFAULT_KEEP_WARM_S = 300.0
@@ -329,6 +369,8 @@ class Lease:
     ``movable``: the PCI addresses of the shares that named no card; while the lease waits,
     Berth places them anew at every admission pass (issue 25: placement at grant time). A
     granted lease keeps its cards; a parked one wakes on them.
+    ``demand``: what its front saw of its clients, for the forecast of whether a request for it
+    comes within a switch back (:class:`Demand`, issue 34).
     """
 
     id: str
@@ -366,6 +408,7 @@ class Lease:
     parking_since: float | None = None
     frees_nothing: str | None = None
     movable: frozenset[str] = frozenset()
+    demand: Demand = field(default_factory=Demand)
 
     def idle(self) -> bool:
         """Nothing in flight at its front, as its front last reported (issue 16: turns protect

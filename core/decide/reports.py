@@ -9,9 +9,10 @@ no clock.
 
 from __future__ import annotations
 
+from . import demand
 from .actions import after_use, fallback, freed, want_resume, want_return
 from .effects import CardRead, Effect, Note, Until, Watch
-from .ladder import turn_start
+from .ladder import idle_forecast, turn_start
 from .model import OPS, Lease, Op, ShareState
 from .restarts import exited
 from .rooms import admit
@@ -20,7 +21,7 @@ from .units import format_duration, format_size
 
 S = ShareState
 
-__all__ = ["observe", "confirmed", "report", "jobs"]
+__all__ = ["observe", "confirmed", "report", "jobs", "asked", "contender"]
 
 
 def observe(st: State, reads: dict[str, CardRead], now: float) -> list[Effect]:
@@ -200,12 +201,19 @@ def _released(st: State, lease: Lease, op: str, ok: bool, now: float,
 
 
 def jobs(st: State, lease_id: str, in_flight: int, now: float, oldest_at: float | None,
-         served: int | None) -> list[Effect]:
+         served: int | None, client: str | None = None, answered_client: str | None = None,
+         answered_at: float | None = None) -> list[Effect]:
     """See :meth:`~.scheduler.Scheduler.jobs`."""
     for name, n in (("in_flight", in_flight), ("served", served)):
         if n is not None and n < 0:
             raise ValueError(f"{name}: expected a count >= 0, got {n}")
     lease = st.ledger.leases[lease_id]
+    demand.answered(lease, answered_client, answered_at)
+    if in_flight and not lease.in_flight:
+        # A request came to a front that had none: what the forecast learns from (issue 34).
+        _arrival(st, lease, client, oldest_at if oldest_at is not None else now)
+    elif in_flight and client is not None:
+        lease.demand.asked_client = client      # the oldest request now may be another
     moved = served is not None and served != lease.served and served > 0
     fx = _first_request(st, lease, now) if (in_flight or moved) and len(st.queue) else []
     if in_flight and not lease.in_flight:
@@ -225,8 +233,41 @@ def jobs(st: State, lease_id: str, in_flight: int, now: float, oldest_at: float 
     lease.in_flight, lease.jobs_reported = in_flight, True
     lease.served = lease.served if served is None else served
     lease.oldest_job_at = oldest_at if in_flight else None
+    if not in_flight:
+        lease.demand.asked_client = lease.demand.asked_at = None
     lease.last_used_at = now
     return fx + (admit(st, now) if (went_idle or moved_on or moved) and len(st.queue) else [])
+
+
+def asked(st: State, lease: Lease, client: str | None, at: float) -> None:
+    """A front asks for its sleeping engine's wake for a request of ``client`` that arrived at
+    ``at``: the forecast of the holders in its way looks at that client at once (the jobs
+    report that counts the request may come later)."""
+    if lease.in_flight == 0:
+        _arrival(st, lease, client, at)
+
+
+def _arrival(st: State, lease: Lease, client: str | None, at: float) -> None:
+    """The first request at an idle front (issue 34): its idle gap, and, for an idle holder
+    kept for a waiter, whether the forecast that kept it was right."""
+    kept, holds = None, S.ACTIVE in lease.states()
+    if lease.idle() and holds:
+        waiter = contender(st, lease)
+        if waiter is not None:
+            kept = idle_forecast(lease, waiter, st.policy)
+    moved = demand.moved_from(st.ledger.leases.values(), lease, client, at) if holds else None
+    demand.arrived(lease, client, at, kept, moved, holds)
+
+
+def contender(st: State, lease: Lease) -> Lease | None:
+    """The first waiter of equal priority queued for one of ``lease``'s cards (the one an idle
+    holder's turn is judged against, issue 34), if any."""
+    for w in st.queue:
+        other = st.ledger.leases.get(w.lease_id)
+        if other is not None and other.id != lease.id and other.priority == lease.priority \
+                and set(w.need or other.shares) & set(lease.shares):
+            return other
+    return None
 
 
 def _first_request(st: State, lease: Lease, now: float) -> list[Effect]:

@@ -6,11 +6,12 @@ Source: seed 000 (admission), seed 002 "Making room". Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+from . import demand
 from .actions import begin_lend, begin_park, stop, want_return
 from .admission import Waiter, WaitKind, admission_pass
 from .causes import jobs_words
 from .effects import Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected
-from .ladder import Action, NoPlan, Plan, Rung, Step, plan
+from .ladder import Action, NoPlan, Plan, Rung, Step, idle_for, idle_forecast, plan, turn_end
 from .model import Lease, Op, ShareState
 from .moves import plan_moves
 from .placement import _cost_s, choose
@@ -89,6 +90,8 @@ def _granted(st: State, w: Waiter, now: float) -> list[Effect]:
     """Effects of one admission, by the waiter's kind: a grant, a wake or a return once room
     is confirmed (rule 2), or an extension."""
     lease = st.ledger.leases[w.lease_id]
+    if w.kind in (WaitKind.GRANT, WaitKind.RESUME):
+        demand.settle(lease, st.ledger.leases.values())      # issue 34
     room = st.rooms.pop(w.lease_id, None) or _take_over(st, w)
     st.noplan_said.pop(w.lease_id, None)
     rung = room.plan.rung.value if room else Rung.FIT.value
@@ -180,7 +183,11 @@ def make_room(st: State, w: Waiter, now: float) -> list[Effect]:
     p = plan(st.ledger, w, st.policy, now, st.swaps, busy)
     lease = st.ledger.leases[w.lease_id]
     p = _move_instead(st, w, p, busy) or p
+    st.recheck.pop(w.lease_id, None)
     if isinstance(p, NoPlan):
+        due = _turns_end(st, lease, now)
+        if due is not None and not p.lasting:
+            st.recheck[w.lease_id] = due
         if st.noplan_said.get(w.lease_id) != (p.reason, p.lasting):
             st.noplan_said[w.lease_id] = (p.reason, p.lasting)
             return [Note(w.lease_id, "wait", f"{lease.engine} waits: {p.reason}",
@@ -233,6 +240,20 @@ def _move_instead(st: State, w: Waiter, p: Plan | NoPlan, busy: frozenset[str]) 
     return Plan(w.lease_id, Rung.MOVE, steps)
 
 
+def _turns_end(st: State, waiter: Lease, now: float) -> float | None:
+    """The earliest time a turn in the waiter's way ends (:func:`~.ladder.turn_end` of each
+    active holder of equal or higher priority on its cards), so the next pass comes then and
+    not at the next driver read; ``None``: none ends."""
+    ends = []
+    for pci in waiter.shares:
+        for holder, _sh in st.ledger.active_on(pci):
+            if holder.id != waiter.id and holder.priority >= waiter.priority:
+                end = turn_end(holder, st.policy, now, waiter)
+                if end is not None:
+                    ends.append(end)
+    return min(ends, default=None)
+
+
 def _begin_steps(st: State, p: Plan, lease: Lease, now: float) -> list[Effect]:
     """The plan's note, then each victim's park, lend or drain begun."""
     fx: list[Effect] = [Note(lease.id, "plan", f"making room for {lease.engine} by "
@@ -243,6 +264,10 @@ def _begin_steps(st: State, p: Plan, lease: Lease, now: float) -> list[Effect]:
                               "steps": [(step.action.value, step.engine) for step in p.steps]})]
     for step in p.steps:
         victim = st.ledger.leases[step.lease_id]
+        if victim.idle() and victim.priority == lease.priority:
+            # The forecast its turn yielded under is settled later (issue 34).
+            demand.yielded(victim, idle_forecast(victim, lease, st.policy),
+                           idle_for(victim, st.policy, now))
         reason = f"room for {lease.engine}"
         if step.jobs:
             reason += f", after its {jobs_words(step.jobs)}" if step.quiet_s else \

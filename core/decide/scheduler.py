@@ -206,7 +206,9 @@ class Scheduler:
         return [Note(lease_id, "attach", f"{lease.engine} runs as pid {pid}")]
 
     def jobs(self, lease_id: str, in_flight: int, now: float, oldest_at: float | None = None,
-             served: int | None = None) -> list[Effect]:
+             served: int | None = None, client: str | None = None,
+             answered_client: str | None = None,
+             answered_at: float | None = None) -> list[Effect]:
         """The holder's front forwards ``in_flight`` requests now (its run reports each change).
         A holder that goes idle yields to anyone waiting once its idle spell outlasts a switch
         back (rent or buy, issue 24), so the admission pass runs then; a busy one's park or
@@ -215,9 +217,14 @@ class Scheduler:
         front does not say). ``served``: the model requests its front has started during this
         lease (``None``: not said); a count that moved since the last report is a request served
         between two in-flight samples, so its turn's first request has come and its idle spell
-        starts now (a count that went back is a new run's front counting from 0). Raises
-        ``ValueError`` for a negative count."""
-        return reports.jobs(self.state, lease_id, in_flight, now, oldest_at, served)
+        starts now (a count that went back is a new run's front counting from 0).
+        ``client``: the client key of the oldest of those requests; ``answered_client`` /
+        ``answered_at``: the client key of the last answer the front delivered and when it
+        ended (``None``: not said): the forecast of whether a request comes for it within a
+        switch back learns from them (issue 34, :mod:`.demand`). Raises ``ValueError`` for a
+        negative count."""
+        return reports.jobs(self.state, lease_id, in_flight, now, oldest_at, served, client,
+                            answered_client, answered_at)
 
     def touch(self, lease_id: str, now: float) -> list[Effect]:
         """The engine served a request (for least-recently-used victim order)."""
@@ -245,10 +252,14 @@ class Scheduler:
         :func:`.reports.report`. Raises ``ValueError`` for an unknown ``op``."""
         return reports.report(self.state, lease_id, op, ok, now, detail)
 
-    def wake(self, lease_id: str, now: float) -> list[Effect]:
+    def wake(self, lease_id: str, now: float, client: str | None = None,
+             asked_at: float | None = None) -> list[Effect]:
         """A front holds a write for this lease: queue its resume if it is parked (or once its
-        park settles). Waking an active lease does nothing."""
+        park settles). Waking an active lease does nothing. ``client``: the client key of the
+        request that asks, which arrived at ``asked_at`` (default ``now``): an idle holder
+        whose last answer went to that client yields at once (issue 34, :mod:`.demand`)."""
         lease = self.ledger.leases[lease_id]
+        reports.asked(self.state, lease, client, now if asked_at is None else asked_at)
         lease.last_used_at = now
         sts = lease.states()
         if S.PARKED in sts:
@@ -311,6 +322,11 @@ class Scheduler:
     def tick(self, now: float) -> list[Effect]:
         """Act on deadlines that have passed, then run an admission pass."""
         return deadlines.tick(self.state, now)
+
+    def next_due(self) -> float | None:
+        """When :meth:`tick` next has work (seconds, the scheduler's clock): the earliest
+        deadline, or the end of a turn that keeps a waiter waiting (issue 34); ``None``: none."""
+        return deadlines.next_due(self.state)
 
     # -- the operator ----------------------------------------------------------------------------
     def operator(self, op: str, lease_id: str, now: float) -> list[Effect]:

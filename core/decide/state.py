@@ -65,6 +65,9 @@ class State:
         #: why a waiter's movable shares stand where they do, in words (issue 25; said at
         #: its grant)
         self.placed: dict[str, str] = {}
+        #: when a turn that keeps a waiter's room from it ends, by waiter (issue 34: an idle
+        #: holder yields λ·rent after its last answer, not at the next driver read)
+        self.recheck: dict[str, float] = {}
         #: Grant only on a driver read taken in the same step (rule 1); the broker reads the
         #: cards a ReadCards effect names and observes them at once.
         self.read_before_grant = True
@@ -103,6 +106,7 @@ def drop(st: State, lease_id: str) -> None:
     st.wake_wanted.discard(lease_id)
     st.noplan_said.pop(lease_id, None)
     st.placed.pop(lease_id, None)
+    st.recheck.pop(lease_id, None)
     for key in [k for k in st.deadlines if k[0] == lease_id]:
         del st.deadlines[key]
 

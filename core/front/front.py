@@ -12,6 +12,7 @@ from typing import Awaitable, Callable
 
 from yarl import URL
 
+from .clients import ClientLog
 from .fast import FastPath
 from .listen import Limits, Listener
 from .rules import EDGES, TRANSITIONS, FrontState, IllegalFrontTransition, default_is_write
@@ -96,6 +97,7 @@ class Front(FastPath):
         self.in_flight = self._holding = 0
         self._arrived: dict = {}                # request -> when it reached the front (monotonic s)
         self._line: collections.deque = collections.deque()   # held requests, in arrival order
+        self.clients = ClientLog()              # who its requests are from (issue 34)
         self.forwarded = self.served = 0
         self.held = self.held_timeouts = self.client_gone = self.errors = 0
         self.refused_reads = self.wakes = 0
@@ -165,6 +167,12 @@ class Front(FastPath):
     def state(self) -> FrontState:
         """The current state."""
         return self._state
+
+    @property
+    def oldest_client(self) -> str | None:
+        """The client key (:mod:`.clients`) of the oldest model request held or forwarded now
+        (``None``: none, or its client has no address)."""
+        return self.clients.oldest(self._arrived)
 
     @property
     def holding(self) -> int:
@@ -278,6 +286,16 @@ class Front(FastPath):
                 "forwarded": self.forwarded, "served": self.served, "held": self.held,
                 "held_timeouts": self.held_timeouts, "client_gone": self.client_gone,
                 "errors": self.errors, "refused_reads": self.refused_reads, "wakes": self.wakes}
+
+    def _arrive(self, req) -> None:
+        """A write is held: when it came, and from whom (issue 34)."""
+        self._arrived.setdefault(req, time.monotonic())
+        self.clients.came(req)
+
+    def _unheld(self, req) -> None:
+        """A held write leaves without being forwarded."""
+        self._arrived.pop(req, None)
+        self.clients.left(req, False, False)
 
     def _ask_wake(self) -> None:
         if self._on_wake is None:

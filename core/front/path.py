@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from . import held
+from .clients import ClientLog
 from .rules import (
     DEADLINE_MARGIN_S,
     HOLDING_STATES,
@@ -74,6 +75,9 @@ class RequestPath:
     _holding: int
     _arrived: dict
     _line: "collections.deque"
+    clients: ClientLog
+    _arrive: Callable[["Request"], None]
+    _unheld: Callable[["Request"], None]
     _last_activity: float
     _addr: Address | None
     _pool: Pool
@@ -158,7 +162,7 @@ class RequestPath:
         epoch = self._fail_epoch
         self.held += 1
         self._holding += 1
-        self._arrived.setdefault(req, time.monotonic())
+        self._arrive(req)
         self._line.append(req)
         forward = False
         try:
@@ -198,7 +202,7 @@ class RequestPath:
             if first and self._line:
                 self._notify()   # the next held write may take a slot left free
             if not forward:
-                self._arrived.pop(req, None)
+                self._unheld(req)
             if self._holding == 0 and self._state is F.WAKING and self._on_unwanted is not None:
                 try:
                     self._on_unwanted()
@@ -297,6 +301,7 @@ class RequestPath:
         # built-in rule, which no bundled adapter refines.
         if req.method not in _READS:
             self.served += 1
+            self.clients.came(req)
         if self._on_activity is not None:
             now = time.monotonic()
             if now - self._last_activity >= self.activity_every_s:
@@ -307,9 +312,10 @@ class RequestPath:
                     log.exception("front %s: on_activity callback failed", self.name)
 
     def _forwarded(self, req: "Request") -> None:
-        """A forward ended (answered, failed, or its client went)."""
+        """A forward ended (answered, failed, or its client went): its last answer (issue 34)."""
         self._arrived.pop(req, None)
         self.in_flight -= 1
+        self.clients.left(req, True, self.in_flight == 0)
         if self.in_flight == 0:
             self._idle.set()
         if self.max_in_flight is not None and self._holding:

@@ -29,6 +29,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from berth.client import ApiError, BerthdUnavailable, Client
@@ -408,7 +409,8 @@ class LeaseClient:
         if not self.lease_id:
             raise RuntimeError("berthd is unavailable, so the engine cannot be woken safely")
         try:
-            r = await self.client.wake(self.lease_id)
+            # Whose request asks, and since when (issue 34: a holder that answered it yields).
+            r = await self.client.wake(self.lease_id, *_asker(self.front))
             self.waits.update(r.get("wait"))
         except BerthdUnavailable as e:
             raise RuntimeError(f"berthd is unavailable ({e}); the engine stays parked") from None
@@ -445,6 +447,13 @@ class LeaseClient:
             finally:
                 self._touching = False
         asyncio.get_running_loop().create_task(touch())
+
+
+def _asker(front: "Front | None") -> tuple[str | None, float | None]:
+    """The client key of the oldest request ``front`` holds, and its age in seconds."""
+    at = front.oldest_at if front is not None else None
+    return (front.oldest_client if at is not None else None,
+            None if at is None else time.monotonic() - at)
 
 
 async def _reattach(lease: LeaseClient, engine: EngineProcess) -> None:

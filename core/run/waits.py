@@ -35,10 +35,16 @@ def job_reporter(front, lease, served_from: int = 0, **kw) -> JobReporter:
     """The reporter of ``front``'s work (requests forwarded plus held, and when the oldest
     arrived) for ``lease`` (a :class:`berth.run.lease.LeaseClient`), with the model requests
     the front has started since its count stood at ``served_from`` (taken before the front
-    opened for this lease: the held requests it forwards as it opens are this lease's)."""
-    return JobReporter(lambda: (front.in_flight + front.holding, front.oldest_at),
-                       lambda: lease.lease_id, lambda: lease.client,
-                       served=lambda: front.served - served_from, **kw)
+    opened for this lease: the held requests it forwards as it opens are this lease's), and
+    the clients berthd's forecast reads (issue 34): the oldest request's, and the last
+    answer's with when it ended. The front's last request ending reports at once."""
+    reporter = JobReporter(lambda: (front.in_flight + front.holding, front.oldest_at),
+                           lambda: lease.lease_id, lambda: lease.client,
+                           served=lambda: front.served - served_from,
+                           clients=lambda: (front.oldest_client, front.clients.answered_client,
+                                            front.clients.answered_at), **kw)
+    front.clients.on_quiet = reporter.kick
+    return reporter
 
 
 class WaitWords:

@@ -174,3 +174,30 @@ def test_watch_takes_seconds_and_says_what_is_wrong(serving):
         r = subprocess.run([BERTH, "status", "--watch", bad], env=serving.env,
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and "--watch" in r.stderr and bad in r.stderr, r.stderr
+
+
+def test_an_idle_holder_whose_client_waits_on_the_waiter_says_it_yields_at_once():
+    """Issue 34: the board and ``berth status`` say why an idle holder yields or keeps its
+    card; with the waiter known, its turn's "until" follows the forecast (none here: its last
+    answer went to the client now waiting on the waiter)."""
+    from berth.board_text import _until
+    from berth.daemon.status import outlook
+    policy = Policy(juggle_window_s=0)
+    h = _holder(in_flight=0)
+    h.last_job_at, h.idle_since = 115.0, 119.0
+    h.demand.answered_client, h.demand.answered_at = "k1", 119.0
+    w = Lease("w", "waiter", {PCI: Share(PCI, GiB)})
+    w.demand.asked_client, w.demand.asked_at = "k1", 119.2
+    out = outlook(h, policy, w)
+    assert out["outlook"] == "none" and out["why"] == \
+        "holder yields at once: its client is waiting on waiter", out
+    assert protection(h, policy, 120.0, 0.0, w)["turn_until"] is None
+    assert displaceable(h, w, policy, 120.0) is None
+    line = _until({"demand": out, **protection(h, policy, 120.0, 0.0, w)})
+    assert "holder yields at once: its client is waiting on waiter" in line, line
+    # Another client's request: the plain rent, said as such, and its end.
+    w.demand.asked_client = "k2"
+    out = outlook(h, policy, w)
+    assert out["outlook"] == "unknown" and "less than a switch back" in out["why"], out
+    assert protection(h, policy, 120.0, 0.0, w)["turn_left_s"] == pytest.approx(2.0)
+    assert outlook(_holder(in_flight=1), policy, w) is None      # serving: no forecast

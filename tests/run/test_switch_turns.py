@@ -184,3 +184,91 @@ def test_back_to_back_switches_wait_for_nothing_but_the_mechanism(tmp_path, run_
                 p.wait(10)
         d.stop()
         sweep(tmp_path)
+
+
+REQUESTS = 20                            # issue 34's acceptance: 20 requests, A, B, A, ...
+PER_SWITCH_S = 0.15                      # issue 34's target for Berth's own time per switch
+# What the test holds it to: a bound that holds with eight busy processes beside the suite on
+# two cores (Berth's pipeline then takes 0.3-0.4 s a switch: process starts and wake-ups),
+# and that a rent fails by far (it keeps the card idle for the mechanism's own time, seconds).
+# The target itself is a speed figure: bench/switch.py measures it (overhead_ms_median).
+LOADED_PER_SWITCH_S = 1.0
+
+
+def _tool_wall_s(log: Path, t0: float, t1: float) -> tuple[float, int]:
+    """The stand-in cuda-checkpoint's own wall time inside [t0, t1]: the union of its calls'
+    intervals (overlapping calls counted once), and how many restores it made."""
+    spans, restores = [], 0
+    for line in log.read_text().splitlines() if log.exists() else []:
+        a, b, _rc, *args = line.split()
+        start, end = int(a) / 1e9, int(b) / 1e9
+        if start >= t0 and end <= t1:
+            spans.append((start, end))
+            restores += "restore" in args
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total, restores
+
+
+@pytest.mark.early
+@pytest.mark.xdist_group("timing")
+@pytest.mark.timeout(400)
+def test_one_client_alternating_two_engines_pays_only_the_mechanism(tmp_path):
+    """Issue 34: one person alternates two models that do not fit together (the everyday use
+    of llama-swap), on the default policy. The holder's last answer went to the very client
+    now waiting on the other engine, so it yields at once (no rent): the 20 requests take the
+    checkpoint tool's own wall time (parks and restores, timed by a shim around the tool,
+    overlapping calls counted once) plus Berth's own pipeline per switch (the target 0.15 s;
+    held here to a bound a loaded machine keeps, and printed). The first request goes to the
+    engine that holds the card (llama-swap starts a model for a request), so 19 switch.
+    Seen before the issue: 310 s for 20 requests, of which the tool took 147 s (8.1 s of
+    Berth's own per switch, the holder keeping its card for the rent)."""
+    rate = 70e9
+    (tmp_path / "berth.toml").write_text(CONFIG.format(tmp=tmp_path, rate=f"{rate:.0f}"))
+    calls = tmp_path / "checkpoint-calls.log"
+    shim = tmp_path / "cuda-checkpoint-shim"
+    shim.write_text(SHIM.format(tool=TOOL, log=calls))
+    shim.chmod(0o755)
+    d = Berthd(tmp_path, tmp_path / "berth.toml")
+    ports = {"A": free_port(), "B": free_port()}
+    runs = []
+    try:
+        d.start()
+        env = {**d.env}
+        env.pop("BERTH_SIM_CHECKPOINT_BPS", None)     # the rate is the config's
+        for name in ("A", "B"):
+            runs.append(subprocess.Popen(
+                [BERTH, "run", "--engine", name, "--front", f"127.0.0.1:{ports[name]}",
+                 "--size", "14GiB", "--park", "checkpoint", "--checkpoint-path", str(shim), "--",
+                 BERTH, "sim", "engine", "--port", "{port}", "--weights", "13GiB",
+                 "--load-s", "0.1", "--model", name],
+                env=env, stdout=open(tmp_path / f"run-{name}.log", "ab"),
+                stderr=subprocess.STDOUT, start_new_session=True))
+            wait_for(lambda n=name: (d.lease_of(n) or {}).get("ready")
+                     and d.state_of(n) == "active", 60, f"{name} serving")
+        wait_for(lambda: d.state_of("A") == "parked", 60, "A parked for B")
+        order = ["B", "A"] * (REQUESTS // 2)
+        t_start = time.time()
+        firsts = [(target, *_chat(ports[target], target)) for target in order]
+        t_end = time.time()
+        tool, restores = _tool_wall_s(calls, t_start, t_end)
+        switches = REQUESTS - 1
+        total = t_end - t_start
+        print(f"{REQUESTS} requests in {total:.2f}s; checkpoint tool {tool:.2f}s; Berth's own "
+              f"{(total - tool) / switches * 1e3:.0f} ms per switch ({switches} switches; "
+              f"target {PER_SWITCH_S * 1e3:.0f} ms; load average {os.getloadavg()[0]:.1f})")
+        print("target, sent, first byte:", *[(t, round(a - t_start, 2), round(b - a, 2))
+                                             for t, a, b in firsts], sep="\n  ")
+        assert restores == switches, (restores, switches)      # every request but one switched
+        assert total <= tool + LOADED_PER_SWITCH_S * switches, (total, tool, switches)
+        assert d.status()["counters"]["drains"] == 0
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        d.stop()
+        sweep(tmp_path)

@@ -66,14 +66,15 @@ from berth.decide.scheduler import (
 from ..world import EXITED, GONE, LOADING, PARKED, READY
 from .base import SimPolicy
 
-__all__ = ["BerthPolicy", "KNOBS", "DEFAULT_KNOBS", "default_policy", "next_poll"]
+__all__ = ["BerthPolicy", "KNOBS", "DEFAULT_KNOBS", "default_policy", "next_poll",
+           "client_key"]
 
 S = ShareState
 
 #: The core's Policy knobs used by every Berth configuration (seconds, counts).
 KNOBS = dict(scan_max_skips=8, scan_max_wait_s=30.0, release_grace_s=90.0, wake_limit_s=60.0,
              wait_limit_s=120.0, min_turn_s=10.0, juggle_window_s=120.0, juggle_max_swaps=4,
-             read_interval_s=1.0, rent_fixed_s=-1.0)
+             read_interval_s=1.0, rent_fixed_s=-1.0, demand_trust=0.0)
 
 def _install_defaults() -> tuple[dict, int]:
     """Berth exactly as a new install configures it: ``[policy]`` with no keys (berth.toml's
@@ -105,6 +106,13 @@ def default_policy(knobs: dict | None = None) -> "BerthPolicy":
 
 _SERVING = frozenset({S.ACTIVE, S.LENDING, S.LENT, S.RETURNING})
 _ASLEEP = frozenset({S.PARKING, S.PARKED})
+
+
+def client_key(job) -> str | None:
+    """The key a front would make for ``job``'s client: its closed-loop client's index
+    (``world.Job.client``), ``None`` for an open-loop request (no client known, so no
+    causality to read from it; issue 34)."""
+    return None if job.client is None else f"client-{job.client}"
 
 
 def next_poll(since_s: float, t_s: float, first_s: float = 0.02, max_s: float = 0.25) -> float:
@@ -154,7 +162,9 @@ class BerthPolicy(SimPolicy):
         self.ids = itertools.count(1)
         self.ports = {e: 5800 + i for i, e in enumerate(sorted(world.specs))}
         self.notes: Counter[str] = Counter()
-        self.reported: dict[str, int] = {}
+        self.reported: dict[str, tuple] = {}
+        #: per engine, the client key of its front's last answer and when it ended (issue 34)
+        self.answered: dict[str, tuple[str | None, float]] = {}
 
     # -- figures ---------------------------------------------------------------------------
     def floor_bytes(self, pci: str) -> int:
@@ -193,10 +203,15 @@ class BerthPolicy(SimPolicy):
         held = [] if proc is not None and proc.state == LOADING else list(self.held[engine])
         jobs = held + (list(proc.running) + list(proc.queue) if proc else [])
         n = len(jobs)
-        oldest = min((j.arrival_s for j in jobs), default=None)
-        if self.reported.get(lid) != (n, oldest):
-            self.reported[lid] = (n, oldest)
-            self._apply(self.sched.jobs(lid, n, self.world.now, oldest))
+        first = min(jobs, key=lambda j: j.arrival_s, default=None)
+        oldest = None if first is None else first.arrival_s
+        answered = self.answered.get(engine, (None, None))
+        if self.reported.get(lid) != (n, oldest, answered):
+            self.reported[lid] = (n, oldest, answered)
+            self._apply(self.sched.jobs(lid, n, self.world.now, oldest,
+                                        client=None if first is None else client_key(first),
+                                        answered_client=answered[0],
+                                        answered_at=answered[1]))
 
     def _pump(self, engine: str) -> None:
         """Move the engine's held requests along: forward, ask for a wake, or ask for a lease."""
@@ -223,7 +238,8 @@ class BerthPolicy(SimPolicy):
             if forwarded:
                 self._apply(self.sched.touch(lid, now))
         elif sts & _ASLEEP:
-            self._apply(self.sched.wake(lid, now))
+            first = self.held[engine][0]
+            self._apply(self.sched.wake(lid, now, client_key(first), first.arrival_s))
 
     def _new_lease(self, engine: str) -> None:
         spec = self.world.specs[engine]
@@ -243,6 +259,10 @@ class BerthPolicy(SimPolicy):
                                      for p in spec.cards], {})
         if spec.keep_warm_s is not None:
             lease.keep_warm_s = spec.keep_warm_s
+        if self.held[engine]:
+            # As the run's lease request says it: the client of the request it asks for.
+            first = self.held[engine][0]
+            lease.demand.asked_client, lease.demand.asked_at = client_key(first), first.arrival_s
         self.lease_of[engine], self.engine_of[lid] = lid, engine
         self._apply(self.sched.request(lease, self.world.now))
 
@@ -253,6 +273,9 @@ class BerthPolicy(SimPolicy):
         return tuple(g.cards)
 
     def on_job_end(self, job, ok: bool) -> None:
+        if ok:
+            # As the front records it: who got the answer, and when it ended (issue 34).
+            self.answered[job.engine] = (client_key(job), self.world.now)
         self._pump(job.engine)
         self._jobs(job.engine)
 
@@ -368,9 +391,9 @@ class BerthPolicy(SimPolicy):
             self.world.loop.soon(self._pump, e)
 
     def _schedule_tick(self) -> None:
-        if not self.sched.deadlines:
+        due = self.sched.next_due()
+        if due is None:
             return
-        due = min(self.sched.deadlines.values())
         if self.tick_handle is not None and self.tick_at <= due:
             return
         if self.tick_handle is not None:

@@ -1,0 +1,214 @@
+"""Issue 34, pure: an idle holder's turn follows a forecast of its demand. Virtual time, no I/O.
+
+One person alternating two models: the holder's last answer went to the very client that now
+waits on the other engine, so it yields at once instead of keeping its card for the rent (a
+switch back's cost). Two clients taking turns (ping-pong) are not that: the waiter was already
+waiting while the holder served. Gaps between a holder's requests forecast the rest; a holder
+whose forecasts turn out wrong falls back towards the plain rent (learning-augmented ski
+rental, trust λ = ``Policy.demand_trust``). Each test of the first three classes failed before
+the change: the idle holder kept its card for the 4 s rent whoever asked.
+"""
+
+from __future__ import annotations
+
+import pytest
+from berth.decide import demand
+from berth.decide.admission import Policy
+from berth.decide.ladder import displaceable, idle_forecast, turn_end
+from berth.decide.model import Capabilities, Lease, ParkMechanism, Share, ShareState
+
+from tests.decide.world import GiB, World, pci_of
+
+S = ShareState
+CKPT = ParkMechanism.CHECKPOINT
+G0 = pci_of(0)
+ME, OTHER = "client-me", "client-other"
+
+
+def policy(**kw) -> Policy:
+    """The default turns (min 10 s, max 30 s, first request 1.5 s) and λ, no juggle guard."""
+    return Policy(juggle_window_s=0, **kw)
+
+
+def state(w: World, lid: str) -> ShareState:
+    return w.s.ledger.leases[lid].shares[G0].state
+
+
+def holder(w: World, load_s: float = 4.0, client: str | None = ME) -> None:
+    """a holds the card; its cold start cost ``load_s`` (the rent), it served one request of
+    ``client``, answered now."""
+    w.s.request(Lease("a", "A", {G0: Share(G0, 14 * GiB)}, caps=Capabilities(
+        park=CKPT, front="127.0.0.1:1")), w.now)
+    w.read()
+    w.advance(load_s)
+    w.apply(w.s.ready("a", w.now))
+    w.apply(w.s.jobs("a", 1, w.now, w.now, client=client))
+    w.advance(0.05)
+    w.apply(w.s.jobs("a", 0, w.now, answered_client=client, answered_at=w.now))
+
+
+def ask(w: World, client: str | None, asked_at: float | None = None) -> None:
+    """b asks for the card for a request of ``client`` that arrived at ``asked_at``."""
+    lease = Lease("b", "B", {G0: Share(G0, 14 * GiB)},
+                  caps=Capabilities(park=CKPT, front="127.0.0.1:2"))
+    lease.demand.asked_client = client
+    lease.demand.asked_at = w.now if asked_at is None else asked_at
+    w.apply(w.s.request(lease, w.now))
+
+
+class TestCausality:
+    def test_the_holder_whose_client_waits_on_the_waiter_yields_at_once(self):
+        w = World([24 * GiB], policy())
+        holder(w)
+        w.advance(0.01)                  # the client got its answer and asks the other model
+        ask(w, ME)
+        assert state(w, "a") is S.PARKING
+
+    def test_a_waiter_that_waited_while_the_holder_served_is_ping_pong(self):
+        w = World([24 * GiB], policy())
+        holder(w)
+        ask(w, ME, asked_at=w.now - 2.0)   # sent before the holder's answer: another client
+        assert state(w, "a") is S.ACTIVE
+        why, lasting = w.s.wait_cause("b")
+        assert "less than a switch back would cost" in why and not lasting, why
+
+    def test_another_clients_request_keeps_the_rent(self):
+        w = World([24 * GiB], policy())
+        holder(w)
+        w.advance(0.01)
+        ask(w, OTHER)
+        assert state(w, "a") is S.ACTIVE
+        w.advance(4.2)                   # the plain rent: its 4 s start
+        assert state(w, "a") is S.PARKING
+
+    def test_no_client_known_is_no_causality(self):
+        w = World([24 * GiB], policy())
+        holder(w, client=None)
+        w.advance(0.01)
+        ask(w, None)
+        assert state(w, "a") is S.ACTIVE
+
+    def test_the_board_says_why(self):
+        w = World([24 * GiB], policy(demand_trust=0.5))
+        holder(w)
+        w.advance(0.01)
+        ask(w, ME)
+        why, _ = w.s.wait_cause("b")
+        assert "A yields after 2.00s idle: its client is waiting on B" in why, why
+        fc = idle_forecast(w.s.ledger.leases["a"], w.s.ledger.leases["b"], w.s.policy)
+        assert fc.outlook is demand.Outlook.NONE and fc.keep_s == pytest.approx(2.0)
+        assert demand.Forecast(fc.outlook, fc.why, 4.0, 0.0, 0.0).words("A") == \
+            "A yields at once: its client is waiting on B"
+
+
+class TestTrust:
+    def test_trust_yields_after_lambda_times_the_rent_and_the_turn_end_brings_the_pass(self):
+        w = World([24 * GiB], policy(demand_trust=0.5))
+        holder(w)                        # idle from now: yields 2 s later (0.5 x 4 s)
+        w.now += 0.01
+        ask(w, ME)
+        assert state(w, "a") is S.ACTIVE
+        due = w.s.next_due()
+        assert due == pytest.approx(w.now - 0.01 + 2.0, abs=1e-6)
+        w.advance(due - w.now)
+        assert state(w, "a") is S.PARKING
+
+    def test_lambda_one_is_the_plain_rent(self):
+        w = World([24 * GiB], policy(demand_trust=1.0))
+        holder(w)
+        w.advance(0.01)
+        ask(w, ME)
+        w.advance(3.8)
+        assert state(w, "a") is S.ACTIVE
+        w.advance(0.3)
+        assert state(w, "a") is S.PARKING
+
+    def test_a_wrong_forecast_raises_the_holders_lambda_towards_the_plain_rent(self):
+        le = Lease("a", "A", {})
+        d = le.demand
+        demand.yielded(le, demand.Forecast(demand.Outlook.NONE, "", 4.0, 0.0, 0.0), 0.0)
+        d.answered_at = 10.0
+        d.pending = (10.0, 4.0)
+        d.asked_client, d.asked_at = OTHER, 11.0      # its own client came back in 1 s
+        d.unsettled = True                            # while another engine held its card
+        demand.settle(le, [le])
+        assert d.error == pytest.approx(0.5) and d.wrong == 1
+        assert demand.trust(le, policy()) == pytest.approx(0.5)
+        # a right forecast halves the error again
+        d.pending, d.asked_at, d.unsettled = (20.0, 4.0), 30.0, True
+        demand.settle(le, [le])
+        assert d.error == pytest.approx(0.25) and d.forecasts == 2
+
+    def test_a_client_that_moved_back_is_the_alternation_not_an_error(self):
+        a, b = Lease("a", "A", {}), Lease("b", "B", {})
+        a.demand.pending = (10.0, 4.0)
+        b.demand.answered_client, b.demand.answered_at = ME, 12.0
+        a.demand.asked_client, a.demand.asked_at = ME, 12.1    # served on B first, then back
+        a.demand.unsettled = True
+        demand.settle(a, [a, b])
+        assert a.demand.error == 0.0 and a.demand.moved[-1] is True
+
+
+class TestGaps:
+    def test_short_gaps_keep_the_card_for_the_rent(self):
+        le = Lease("a", "A", {})
+        le.demand.gaps.extend([1.0, 1.2, 0.8])
+        fc = demand.forecast(le, None, policy(), 4.0, 30.0)
+        assert fc.outlook is demand.Outlook.DEMAND and fc.keep_s == pytest.approx(4.0)
+        assert "1.00s idle" in fc.why
+
+    def test_long_gaps_yield_at_once(self):
+        le = Lease("a", "A", {})
+        le.demand.gaps.extend([20.0, 9.0, 30.0])
+        fc = demand.forecast(le, None, policy(), 4.0, 30.0)
+        assert fc.outlook is demand.Outlook.NONE and fc.keep_s == 0.0
+
+    def test_two_gaps_are_no_forecast(self):
+        le = Lease("a", "A", {})
+        le.demand.gaps.extend([20.0, 1.0])
+        fc = demand.forecast(le, None, policy(), 4.0, 30.0)
+        assert fc.outlook is demand.Outlook.UNKNOWN and fc.keep_s == 4.0
+
+    def test_clients_of_its_own_disable_causality(self):
+        a, b = Lease("a", "A", {}), Lease("b", "B", {})
+        a.demand.answered_client, a.demand.answered_at = ME, 10.0
+        b.demand.asked_client, b.demand.asked_at = ME, 10.1
+        assert demand.forecast(a, b, policy(), 4.0, 30.0).outlook is demand.Outlook.NONE
+        a.demand.moved.extend([False, False, True])   # most of its requests: its own clients
+        assert demand.forecast(a, b, policy(), 4.0, 30.0).outlook is demand.Outlook.UNKNOWN
+
+
+class TestOwnClients:
+    def test_a_request_to_the_holder_from_the_client_it_answered_is_its_own(self):
+        """A busy client beside an alternating one, both behind one address (loopback): the
+        holder's own client's requests say it has clients of its own, so the alternating
+        client's move does not make it yield at once (it keeps the rent)."""
+        w = World([24 * GiB], policy())
+        holder(w)
+        for _ in range(3):                       # its client comes back, to it
+            w.advance(1.0)
+            w.apply(w.s.jobs("a", 1, w.now, w.now, client=ME))
+            w.advance(0.05)
+            w.apply(w.s.jobs("a", 0, w.now, answered_client=ME, answered_at=w.now))
+        assert list(w.s.ledger.leases["a"].demand.moved) == [False, False, False]
+        w.advance(0.01)
+        ask(w, ME)                               # the same address asks the other engine
+        assert state(w, "a") is S.ACTIVE
+
+
+class TestTurnEnd:
+    @pytest.mark.parametrize("client,trust", [(ME, 0.0), (ME, 0.5), (OTHER, 0.0)])
+    def test_the_turn_ends_where_the_ladder_stops_keeping_it(self, client, trust):
+        """``turn_end`` with the waiter follows ``_turn`` for the forecast's keep."""
+        w = World([24 * GiB], policy(demand_trust=trust))
+        holder(w)
+        h = w.s.ledger.leases["a"]
+        waiter = Lease("b", "B", {G0: Share(G0, GiB)})
+        waiter.demand.asked_client, waiter.demand.asked_at = client, w.now + 0.01
+        now = w.now + 0.01
+        end = turn_end(h, w.s.policy, now, waiter)
+        if end is None:
+            assert displaceable(h, waiter, w.s.policy, now) is None
+            return
+        assert displaceable(h, waiter, w.s.policy, end - 0.01) is not None
+        assert displaceable(h, waiter, w.s.policy, end + 0.01) is None
