@@ -31,12 +31,11 @@ def is_secret(key: Any) -> bool:
     return any(w in name for w in _SECRET_WORDS)
 
 
-def shows_value(key: Any) -> bool:
-    """Whether an error about ``key`` may repeat its value: only a key berth.toml knows (in any
-    table) that is not a secret. A misspelled key may be a secret put under the wrong name
-    (``kye``, ``pasword``), so its value is never repeated (issue 36)."""
-    from .models import Config
-    return not is_secret(key) and any(key in m.model_fields for _, m in _tables(Config))
+def shows_value(key: Any, root: type[BaseModel]) -> bool:
+    """Whether an error about ``key`` may repeat its value: only a key the document ``root``
+    models knows (in any table) that is not a secret. A misspelled key may be a secret put under
+    the wrong name (``kye``, ``pasword``), so its value is never repeated (issue 36)."""
+    return not is_secret(key) and any(key in m.model_fields for _, m in _tables(root))
 
 _BARE = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -140,7 +139,7 @@ def unknown_key(loc: tuple, value: Any, root: type[BaseModel]) -> tuple[tuple, s
             msg += f" (did you mean {close[0]!r}?)"
         where = f"[{loc_str(parent)}]" if parent else "the top level"
         msg += f"; {where} allows: {', '.join(allowed)}"
-    if not isinstance(value, dict) and shows_value(key):
+    if not isinstance(value, dict) and shows_value(key, root):
         msg += f" (got {value!r})"
     return loc, msg
 
