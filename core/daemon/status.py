@@ -30,6 +30,23 @@ S = ShareState
 def board(broker: "Broker") -> dict:
     """The board as DESIGN.md's ``berth status --json`` keys (bytes, seconds)."""
     led = broker.sched.ledger
+    cards = _card_rows(broker)
+    now = broker.clock()
+    counters = broker.sched.counters.as_dict()
+    counters["reserve_fraction"] = round(reserve_fraction(led), 4)
+    ram = {"budget_bytes": led.ram_budget_bytes, "parked_bytes": led.parked_in_ram_bytes(),
+           "available_bytes": led.ram_available_bytes()}
+    return {"cards": cards, "leases": _lease_rows(broker, now),
+            "waiting": _waiting_rows(broker, now), "counters": counters,
+            "drained": broker.drained.board() if hasattr(broker, "drained") else [],
+            "host_ram": ram, "driver": broker.driver.kind, "adapters": _adapters(broker),
+            "host_notes": broker.host_notes.values() if hasattr(broker, "host_notes") else [],
+            "uptime_s": round(now - broker.started_at, 1)}
+
+
+def _card_rows(broker: "Broker") -> list[dict]:
+    """The board's ``cards``: one row per card (bytes), with its suggested reserve."""
+    led = broker.sched.ledger
     sugg = suggested_reserve(led, broker.sched.growth, broker.cfg.policy.read_interval)
     cards = []
     for pci, c in led.cards.items():
@@ -45,9 +62,15 @@ def board(broker: "Broker") -> dict:
                       "suggested_reserve_bytes": sugg[pci]["suggested_bytes"],
                       "reserve_below_suggested": sugg[pci]["below"], "shares": shares,
                       "stowaways": _stowaways(broker, pci)})
-    leases = []
-    now, wall = broker.clock(), time.time()
+    return cards
+
+
+def _lease_rows(broker: "Broker", now: float) -> list[dict]:
+    """The board's ``leases``: one row per lease (bytes, seconds on ``broker.clock``)."""
+    led = broker.sched.ledger
+    wall = time.time()
     policy = broker.sched.policy
+    leases = []
     for le in led.leases.values():
         rival = contender(broker.sched.state, le)
         extra = {**_orphans(broker, le), **_escapees(broker, le),
@@ -72,23 +95,20 @@ def board(broker: "Broker") -> dict:
                         "lent_to": sh.lent_to, "borrowed_from": sh.borrowed_from,
                         "in_ram_bytes": _in_ram(sh)}
                        for sh in le.shares.values()]})
-    waiting = [{"id": w.lease_id, "engine": led.leases[w.lease_id].engine, "kind": w.kind.value,
-                "need": [{"card": p, "card_name": led.cards[p].name, "size_bytes": b}
-                         for p, b in w.need.items()],
-                "since": w.since, "waited_s": round(now - w.since, 3), "skips": w.skips,
-                "why": broker.sched.why_waiting(w.lease_id),
-                "lasting": broker.sched.wait_cause(w.lease_id)[1],
-                **_running_unleased(led.leases[w.lease_id], w.kind.value)}
-               for w in broker.sched.queue]
-    counters = broker.sched.counters.as_dict()
-    counters["reserve_fraction"] = round(reserve_fraction(led), 4)
-    ram = {"budget_bytes": led.ram_budget_bytes, "parked_bytes": led.parked_in_ram_bytes(),
-           "available_bytes": led.ram_available_bytes()}
-    return {"cards": cards, "leases": leases, "waiting": waiting, "counters": counters,
-            "drained": broker.drained.board() if hasattr(broker, "drained") else [],
-            "host_ram": ram, "driver": broker.driver.kind, "adapters": _adapters(broker),
-            "host_notes": broker.host_notes.values() if hasattr(broker, "host_notes") else [],
-            "uptime_s": round(now - broker.started_at, 1)}
+    return leases
+
+
+def _waiting_rows(broker: "Broker", now: float) -> list[dict]:
+    """The board's ``waiting``: one row per queued request, in queue order (bytes, seconds)."""
+    led = broker.sched.ledger
+    return [{"id": w.lease_id, "engine": led.leases[w.lease_id].engine, "kind": w.kind.value,
+             "need": [{"card": p, "card_name": led.cards[p].name, "size_bytes": b}
+                      for p, b in w.need.items()],
+             "since": w.since, "waited_s": round(now - w.since, 3), "skips": w.skips,
+             "why": broker.sched.why_waiting(w.lease_id),
+             "lasting": broker.sched.wait_cause(w.lease_id)[1],
+             **_running_unleased(led.leases[w.lease_id], w.kind.value)}
+            for w in broker.sched.queue]
 
 
 def _adapters(broker: "Broker") -> list[str]:
