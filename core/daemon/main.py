@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 from berth import paths
@@ -41,6 +42,9 @@ from berth.config import Config, ConfigError, load, load_config, plugin_problems
 from berth.driver.base import Driver, DriverError
 
 from berth_plugins.manager import PluginRefused, adapters, make_plugin_manager, mechanisms
+
+if TYPE_CHECKING:
+    from berth.daemon.broker import Broker
 
 __all__ = ["daemon_arguments", "config_arguments", "open_driver", "main_async", "StartRefused"]
 
@@ -135,7 +139,6 @@ def _socket_access(sock: Path, mode: int, gid: int | None, group: str | None) ->
 async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
     """Acquire berthd's parts in order on ``stack`` (see the module docstring); the broker."""
     # berthd's own parts load only when it runs (`berth config check` needs none of them).
-    from berth.daemon.api_serve import serve
     from berth.daemon.broker import Broker
     pm = load_plugins(cfg)
     gid = socket_gid(cfg)
@@ -155,7 +158,19 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
         driver.cards()
     except DriverError as e:
         raise StartRefused(str(e), 3) from None
-    broker = Broker(cfg, driver, sdir / "state.toml", pm)
+    broker = await _start_broker(stack, cfg, Broker(cfg, driver, sdir / "state.toml", pm))
+    await _serve(stack, cfg, broker, sock, gid)
+    cards = ", ".join(f"{c.name}={c.pci}" for c in broker.sched.ledger.cards.values())
+    log.info("berthd ready on %s (driver %s: %s); restored %d lease(s), dropped %d",
+             sock, driver.kind, cards, len(broker.restored), len(broker.dropped))
+    if broker.quarantined:
+        log.error("the state file was corrupt and was moved to %s", broker.quarantined)
+    return broker
+
+
+async def _start_broker(stack: contextlib.AsyncExitStack, cfg: Config, broker: "Broker"):
+    """Step 6: the broker's host RAM budget (bytes), then its start on ``stack`` (state file,
+    re-attached leases, baselines). Raises :class:`StartRefused` (code 3) on a driver error."""
     if cfg.policy.ram_budget == "auto":
         available = cfg.driver.host_ram or psutil.virtual_memory().available
         broker.sched.ledger.ram_budget_bytes = int(available * 0.8)
@@ -168,7 +183,15 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
         raise StartRefused(str(e), 3) from None
     stack.push_async_callback(broker.stop)
     await broker.resume_restored()
+    return broker
+
+
+async def _serve(stack: contextlib.AsyncExitStack, cfg: Config, broker: "Broker", sock: Path,
+                 gid: int | None) -> None:
+    """Steps 7 and 8 on ``stack``: the control API on ``sock`` (group ``gid``), then the web
+    board. Raises :class:`StartRefused` (code 4) when the API cannot listen."""
     from berth.daemon import board_web as board
+    from berth.daemon.api_serve import serve
     hub = board.Hub(board.BrokerSource(broker))
     try:
         runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key, waits=hub.waits)
@@ -188,12 +211,6 @@ async def _start(stack: contextlib.AsyncExitStack, cfg: Config):
             stack.push_async_callback(board_runner.cleanup)
     _warn_exposed(cfg)
     stack.push_async_callback(hub.stop)           # its streams end before the board closes
-    cards = ", ".join(f"{c.name}={c.pci}" for c in broker.sched.ledger.cards.values())
-    log.info("berthd ready on %s (driver %s: %s); restored %d lease(s), dropped %d",
-             sock, driver.kind, cards, len(broker.restored), len(broker.dropped))
-    if broker.quarantined:
-        log.error("the state file was corrupt and was moved to %s", broker.quarantined)
-    return broker
 
 
 def _warn_exposed(cfg: Config) -> None:
