@@ -20,7 +20,8 @@ state; slow work runs elsewhere and comes back as an event".
 Its helpers, each a job of its own: :mod:`.reads` (driver reads mapped to leases),
 :mod:`.channels` (per-lease grant and instructions, the timeline), :mod:`.restore` (the state
 file written and taken back; the settling of restarted shares is the scheduler's ``adopt``),
-:mod:`.status` (the board).
+:mod:`.status` (the board), :mod:`.read_loops` (the reader task and the watches'
+confirmation, a mixin).
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ from berth.config import Config
 from berth.daemon import restore, status
 from berth.daemon.channels import Channel, HostNotes, LeaseGone, Timeline, set_waits
 from berth.daemon.costs import SwitchCosts
+from berth.daemon.read_loops import ReadLoops
 from berth.daemon.reads import Reads
-from berth.decide.effects import Effect, Ended, Granted, Instruct, Note, Rejected, Until, Watch
+from berth.decide.effects import Effect, Ended, Granted, Instruct, Note, Rejected, Watch
 from berth.decide.model import Card, Lease
 from berth.decide.placement import Ask
 from berth.decide.scheduler import Scheduler
-from berth.driver.base import Driver, DriverError, confirm
+from berth.driver.base import Driver
 
 __all__ = ["Broker", "LeaseGone", "Channel"]
 
@@ -52,7 +54,7 @@ log = logging.getLogger("berth.daemon.broker")
 PERSIST_RETRY_S = 2.0
 
 
-class Broker:
+class Broker(ReadLoops):
     """The broker as a service. ``clock`` is monotonic seconds (shared by every process on the
     machine, so state-file times stay valid across a restart)."""
 
@@ -326,60 +328,3 @@ class Broker:
     def status(self) -> dict:
         """The board (:func:`berth.daemon.status.board`)."""
         return status.board(self)
-
-    # -- driver reads --------------------------------------------------------------------------
-    async def _reader(self) -> None:
-        interval = self.cfg.policy.read_interval
-        while True:
-            try:
-                await asyncio.wait_for(self._kick.wait(), _until_due(self, interval))
-            except TimeoutError:
-                pass
-            self._kick.clear()
-
-            def apply(now):
-                # The read is taken inside the single writer, so a grant it allows is decided
-                # on it and nothing else (rule 1).
-                return self.reads.observe_now(self.sched, now) + self.sched.tick(now)
-            try:
-                await self.submit(apply)
-            except Exception:
-                log.exception("applying a driver read failed")
-
-    async def _watch(self, w: Watch) -> None:
-        """Run the confirmation helper for one watch; report back with ``confirmed``."""
-        while True:
-            lease = self.sched.ledger.leases.get(w.lease_id)
-            if lease is None:
-                return
-            pids, ev = self.reads.confirmation(lease, w)
-            card = self.sched.ledger.cards[w.pci]
-            deadline = max(w.deadline, self.clock() + 0.5)
-            try:
-                r = await confirm(self.driver, w.pci, ev, deadline, clock=self.clock,
-                                  event_at=w.since)
-            except DriverError as e:
-                log.error("confirmation read of %s failed: %s", card.name, e)
-                r = None
-            if r is not None:
-                use = r.use_of(pids) if r.processes_known else None
-
-                def apply(now, use=use, w=w):
-                    # The confirming read proves the event; what is granted on the freed
-                    # memory is decided on a read taken now, inside the writer (rule 1).
-                    return self.reads.observe_now(self.sched, now) + self.sched.confirmed(
-                        w.lease_id, w.pci, w.until, now, use_bytes=use)
-                await self.submit(apply)
-                return
-            if w.until is not Until.FREED:
-                return           # the scheduler's deadline falls back to a drain
-            # A drain has no fallback: keep watching until the memory is free.
-            w = Watch(w.lease_id, w.pci, w.until, w.max_use_bytes, w.since,
-                      self.clock() + self.cfg.policy.release_grace)
-
-
-def _until_due(broker: Broker, interval: float) -> float:
-    """Seconds until the next pass: the read interval, or sooner when a turn ends (issue 34:
-    an idle holder yields λ·rent after its answer) or a deadline falls due before it."""
-    due = broker.sched.next_due()
-    return interval if due is None else min(interval, max(0.0, due - broker.clock()))
