@@ -4,6 +4,7 @@
 states and the lifetime). While the front is open a request costs one state check, the in-flight
 count, one write of its head and body to a kept-alive engine connection and the answer's bytes
 passed back as they arrive; the slow states add the hold.
+The answers the front writes itself (the ready path's 200, a 503, a 502) are :mod:`.answers`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from . import held
+from .answers import Answers
 from .clients import ClientLog
 from .rules import (
     DEADLINE_MARGIN_S,
@@ -22,7 +24,6 @@ from .rules import (
     FrontState,
     client_deadline_s,
     default_is_write,
-    error_answer,
 )
 from .upstream import Address, EngineConnection, EngineFailed, Pool, StaleConnection
 
@@ -39,12 +40,7 @@ _BODY_METHODS = frozenset({b"POST", b"PUT", b"PATCH"})
 _READS = frozenset({b"GET", b"HEAD", b"OPTIONS"})
 
 
-#: The engine's state behind a front that holds writes, as a health read says it (issue 37).
-_ENGINE_WORDS = {F.STARTING: "starting", F.CLOSING: "parking", F.ASLEEP: "parked",
-                 F.WAKING: "waking"}
-
-
-class RequestPath:
+class RequestPath(Answers):
     """The request path of a front. Answers return whether the client's connection may carry
     another request."""
 
@@ -279,15 +275,6 @@ class RequestPath:
             return head, None
         return head, request_bytes(req, head, await req.read_all())
 
-    def _fail(self, req: "Request", client: "ClientConnection", headless: bool, code: str,
-              message: str) -> bool:
-        """A 502 for the client: in-band in a held stream whose head it has already
-        (:mod:`.held`), else an answer of its own."""
-        if headless:
-            client.write(held.error_event(message, code, 502))
-            return True
-        return self._error(req, 502, code, message)
-
     def _forwarding(self, req: "Request") -> None:
         """A request goes to the engine: count it in flight (a drain waits for it), and in
         ``served`` unless it is a read (issue 24: berthd learns of a request that came and went
@@ -342,33 +329,6 @@ class RequestPath:
         seconds; ``None``: none). berthd's ladder keeps a busy holder's card for a waiter that
         asked later than that (issue 16: no engine waits behind requests newer than its own)."""
         return min(self._arrived.values(), default=None)
-
-    def _accepting(self, req: "Request", st: FrontState) -> bool:
-        req.conn.write(ready_answer(st, self.engine_state, req.method == b"HEAD"))
-        return True
-
-    def _unavailable(self, req: "Request", reason: str, message: str) -> bool:
-        req.conn.write(error_answer(503, reason, message, "unavailable_error",
-                                    head=req.method == b"HEAD"))
-        return True
-
-    def _error(self, req: "Request", status: int, reason: str, message: str) -> bool:
-        req.conn.write(error_answer(status, reason, message, "upstream_error",
-                                    head=req.method == b"HEAD"))
-        return True
-
-
-
-def ready_answer(st: FrontState, engine_state: str | None, head: bool) -> bytes:
-    """The ready path's answer while the front holds writes: 200 for llama-swap's readiness
-    (it reads only the status), with the engine's true state for a monitor in ``engine`` and
-    the ``X-Berth-Engine`` header (a drained engine is ``drained``, not up; issue 37)."""
-    engine = (engine_state or _ENGINE_WORDS.get(st, str(st))).encode()
-    body = b'{"status": "ok", "src": "berth", "front": "%s", "engine": "%s"}' % (
-        str(st).encode(), engine)
-    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nCache-Control: no-store"
-            b"\r\nX-Berth-Engine: %s\r\nContent-Length: %d\r\n\r\n%s"
-            % (engine, len(body), b"" if head else body))
 
 
 def request_head(req: "Request", addr: Address) -> bytes:
