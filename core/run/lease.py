@@ -16,10 +16,11 @@ confirms every release with a driver read; the run's word is never proof).
 4. :meth:`LeaseClient.report` each action's outcome; :meth:`LeaseClient.release` at the end,
    waiting up to ``release_wait_s`` for the driver to confirm the memory free.
 
-The front's callbacks (:meth:`on_wake`, :meth:`on_unwanted`, :meth:`on_activity`) tell berthd
-what clients ask for. The lease request a run line makes (:func:`request_body`) and berthd's
-refusal of it in the run line's words (:func:`in_flags`) are here together: the command line
-(:mod:`berth.run.cli`) builds the options, this module reads them (issue 38: no import circle).
+The front's callbacks (:meth:`on_wake`, :meth:`on_unwanted`, :meth:`on_activity`, in
+:mod:`berth.run.front_calls`) tell berthd what clients ask for. The lease request a run line
+makes (:func:`request_body`) and berthd's refusal of it in the run line's words
+(:func:`in_flags`) are here together: the command line (:mod:`berth.run.cli`) builds the
+options, this module reads them (issue 38: no import circle).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import contextlib
 import logging
 import os
 import re
-import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 from berth.client import ApiError, BerthdUnavailable, Client
@@ -40,6 +40,7 @@ from berth.front import Front
 from berth.process import ProcessId
 from berth.run.engine import EngineProcess
 from berth.run.failopen import FailOpen, Room
+from berth.run.front_calls import FrontCallbacks
 from berth.run.pins import pinned
 from berth.run.waits import WaitWords
 
@@ -62,14 +63,6 @@ async def _cancel(task: asyncio.Task) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-
-
-async def _wake_again(lease: "LeaseClient") -> None:
-    """A write arrived while its wake was being withdrawn: it asks for the wake again."""
-    try:
-        await lease.on_wake()
-    except Exception as e:
-        lease.front.fail_held(f"wake failed: {e}")
 
 
 def request_body(o: RunOptions) -> dict:
@@ -137,7 +130,7 @@ def in_flags(message: str, o: RunOptions) -> str:
     return _FIELD.sub(lambda m: m.group(1) + said(m), message)
 
 
-class LeaseClient:
+class LeaseClient(FrontCallbacks):
     """One run's lease at berthd. ``lease_id`` is ``None`` while the run is unleased (berthd
     down, or it lost the lease); ``cards`` (``{"pci", "name", "uuid", "bytes"}``), ``driver``
     and ``policy`` come with the grant; ``pids``, ``use`` (bytes per card) and
@@ -401,60 +394,6 @@ class LeaseClient:
     async def _back_off(self) -> None:
         await asyncio.sleep(self._backoff_s)
         self._backoff_s = min(self._backoff_s * 2, 5.0)
-
-    # -- the front's callbacks -----------------------------------------------------------------
-    async def on_wake(self) -> None:
-        """The front holds a write for the sleeping engine: ask berthd to resume the lease.
-        Raises ``RuntimeError`` (the front answers the held writes 503) without berthd."""
-        if not self.lease_id:
-            raise RuntimeError("berthd is unavailable, so the engine cannot be woken safely")
-        try:
-            # Whose request asks, and since when (issue 34: a holder that answered it yields).
-            r = await self.client.wake(self.lease_id, *_asker(self.front))
-            self.waits.update(r.get("wait"))
-        except BerthdUnavailable as e:
-            raise RuntimeError(f"berthd is unavailable ({e}); the engine stays parked") from None
-
-    def on_unwanted(self) -> None:
-        """The last request held for a wake gave up: withdraw the wake, unless it is under way,
-        so it does not later displace an engine in use for nobody."""
-        if not self.lease_id or self.front is None:
-            return
-
-        async def withdraw():
-            try:
-                r = await self.client.call("DELETE", f"/v1/leases/{self.lease_id}/wake")
-            except (BerthdUnavailable, ApiError):
-                return
-            if r.get("withdrawn") and self.front is not None and self.front.holding == 0:
-                with contextlib.suppress(Exception):
-                    self.front.sleep()
-                log.info("the requests that asked for the wake have gone; it stays parked")
-            elif r.get("withdrawn") and self.front is not None:   # a write came meanwhile
-                await _wake_again(self)
-        asyncio.get_running_loop().create_task(withdraw())
-
-    def on_activity(self) -> None:
-        """The front forwarded a request: touch the lease (one call in flight at most)."""
-        if not self.lease_id or self._touching:
-            return
-        self._touching = True
-
-        async def touch():
-            try:
-                with contextlib.suppress(BerthdUnavailable, ApiError):
-                    await self.client.touch(self.lease_id)
-            finally:
-                self._touching = False
-        asyncio.get_running_loop().create_task(touch())
-
-
-def _asker(front: "Front | None") -> tuple[str | None, float | None]:
-    """The client key of the oldest request ``front`` holds, and its age in seconds."""
-    at = front.oldest_at if front is not None else None
-    return (front.oldest_client if at is not None else None,
-            None if at is None else time.monotonic() - at)
-
 
 async def _reattach(lease: LeaseClient, engine: EngineProcess) -> None:
     """berthd is back without ``lease``'s lease (or was down at start; called by
