@@ -8,6 +8,8 @@ than its capacity" until berthd restarted."""
 
 from __future__ import annotations
 
+import os
+import pwd
 import subprocess
 
 from tests.berthd import BERTH, wait_for
@@ -24,10 +26,14 @@ def test_a_stowaway_from_before_berthd_leaves_with_its_bytes(tmp_path, berthd, h
     wait_for(lambda: d.status()["cards"][0]["stowaway_bytes"] == 8 * GiB, 30,
              "8 GiB of stowaway")
     stow = d.status()["cards"][0]["stowaways"]
-    assert stow == [{"pid": early.pid, "bytes": 8 * GiB}], stow
+    # Named by program and user too (issue 37), so the process to deal with needs no lookup.
+    assert [(s["pid"], s["bytes"]) for s in stow] == [(early.pid, 8 * GiB)], stow
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert stow[0]["program"] and stow[0]["user"] == me, stow
     board = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
                            timeout=30)
-    assert f"stowaways 8.0GiB (pid {early.pid} 8.0GiB)" in board.stdout, board.stdout
+    assert f"stowaways 8.0GiB (pid {early.pid} " in board.stdout, board.stdout
+    assert f"(user {me}) 8.0GiB)" in board.stdout, board.stdout
     early.exit()
     from berth.sim.cards import SimCards
     wait_for(lambda: SimCards(tmp_path / "sim").snapshot().cards[0].free_bytes == 24 * GiB, 30,
