@@ -187,7 +187,7 @@
     if (le.held) parts.push("held");
     if (le.turn_until && !le.idle) parts.push("turn " + at(le.turn_until));
     if (le.keep_warm_until) parts.push("keep_warm " + at(le.keep_warm_until));
-    // An idle holder's forecast of its demand, in words (issue 34): why it keeps its card
+    // An idle holder's forecast of its demand, in words: why it keeps its card
     // or yields ("A yields at once: its client is waiting on B").
     if (le.demand && le.demand.why) parts.push(le.demand.why);
     return parts.join(" · ");
