@@ -91,8 +91,7 @@ def load(directory: Path) -> dict:
     path = directory / STATE_FILE
     try:
         # As the lock: no symlink followed, no wait on a FIFO planted there (issue 36).
-        fd = open_shared(path, os.O_RDONLY, create_mode=None,
-                         owners=(os.geteuid(), 0, os.stat(directory).st_uid))
+        fd = open_shared(path, os.O_RDONLY, create_mode=None)
     except FileNotFoundError:
         raise SimError(_NOT_DECLARED.format(dir=directory)) from None
     except UnsafePath as e:
@@ -139,13 +138,16 @@ def transaction(directory: Path, create: bool = False) -> Iterator["Txn"]:
 
 
 def _open_lock(directory: Path) -> int:
-    """The lock file's descriptor (read-write, made 0644 if missing), opened as every file in a
-    directory other processes write (:func:`berth.paths.open_shared`: no symlink followed, no
-    wait on a FIFO); it is this user's, root's or the directory's owner's. Raises
-    ``FileNotFoundError`` (no such directory), :class:`~berth.paths.UnsafePath`."""
-    owners = (os.geteuid(), 0, os.stat(directory).st_uid)
-    return open_shared(directory / LOCK_FILE, os.O_RDWR, create_mode=0o644, owners=owners)
+    """The lock file's descriptor (made 0644 if missing), opened as every file in a directory
+    other processes write (:func:`berth.paths.open_shared`: no symlink followed, no wait on a
+    FIFO, nothing writable by others). Read-only, which ``flock`` needs no more than, and of any
+    owner: the simulated cards are one machine's, shared by every user's engines (a second
+    user's engine on root's simulated card, tests/security). Raises ``FileNotFoundError`` (no
+    such directory), :class:`~berth.paths.UnsafePath`."""
+    return open_shared(directory / LOCK_FILE, os.O_RDONLY, create_mode=0o644)
 
 
 def _write(directory: Path, data: dict) -> None:
-    write_atomic(directory / STATE_FILE, json.dumps(data, indent=1, sort_keys=True).encode())
+    # 0644: every user's engines read the simulated cards (a driver's state is no secret).
+    write_atomic(directory / STATE_FILE, json.dumps(data, indent=1, sort_keys=True).encode(),
+                 mode=0o644)

@@ -185,7 +185,7 @@ def test_another_users_run_killed_takes_its_engine_group(make_user, shared_berth
     from tests.faults.test_run_faults import REAPER, sigkill_run_and_check
     d = shared_berthd(cards=(("gpu0", "24GiB"),))
     for p in [d.tmp / "sim", *(d.tmp / "sim").rglob("*")]:   # her engine writes its use there
-        os.chmod(p, 0o777 if p.is_dir() else 0o666)
+        os.chmod(p, 0o777 if p.is_dir() else 0o644)
     mallory = make_user()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp",
            "XDG_RUNTIME_DIR": "", "BERTH_SOCKET": str(d.sock),
