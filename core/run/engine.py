@@ -38,7 +38,6 @@ __all__ = ["EngineProcess", "NoEngine", "free_port"]
 log = logging.getLogger("berth.run")
 
 _PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 _SIGKILL_WAIT_S = 5.0
 #: While an engine does not answer its health check: the first note after this many seconds,
 #: then one every _HEALTH_NOTE_EVERY_S (a big model loads for minutes; silence looked hung).
@@ -63,30 +62,6 @@ def _child_setup(parent: int) -> None:
         pass
     if os.getppid() != parent:       # the run died before prctl took effect
         os._exit(1)
-
-
-def become_subreaper() -> bool:
-    """Make this process (``berth run``) a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``):
-    an engine's descendant whose parent exits (an engine that double-forks and calls
-    ``setsid()`` to daemonize) is re-parented to the run rather than to init, so it stays in the
-    run's process tree, its memory counts for the lease, and the run stops it with the engine
-    (issue 36). Whether it took effect (Linux 3.4+)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def is_subreaper() -> bool:
-    """Whether this process is a child subreaper (``PR_GET_CHILD_SUBREAPER``)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        flag = ctypes.c_int(0)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER + 1, ctypes.byref(flag), 0, 0, 0) == 0 \
-            and flag.value != 0
-    except (OSError, AttributeError):
-        return False
 
 
 def reaped(keep: set[int]) -> set[int]:

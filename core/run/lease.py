@@ -69,7 +69,7 @@ def request_body(o: RunOptions) -> dict:
     """The ``POST /v1/leases`` body for a run line: what its flags give; berthd fills the rest
     from the engine's ``[engines.<name>]`` entry."""
     body: dict = {"engine": o.engine, "owner_pid": os.getpid(), "lend": o.lend}
-    from berth.run.engine import is_subreaper
+    from berth.run.reaper import is_subreaper
     if is_subreaper():
         # Its descendants are the engine's, daemonized ones included: berthd counts them for
         # the lease from their first byte (issue 36).

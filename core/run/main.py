@@ -109,7 +109,7 @@ class EngineRun:
         async with contextlib.AsyncExitStack() as stack:
             loop = asyncio.get_running_loop()
             # An engine that double-forks stays in the run's tree (issue 36).
-            from berth.run.engine import become_subreaper
+            from berth.run.reaper import become_subreaper
             become_subreaper()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._signalled)

@@ -66,3 +66,18 @@ def test_building_berth_runs_parser_reads_no_entry_point():
     assert p.returncode == 0 and p.stdout.split() == ["False"], (p.stdout, p.stderr[-2000:])
     helped = subprocess.run([BERTH, "run", "--help"], capture_output=True, text=True, timeout=60)
     assert "installed: llamacpp, ollama, protocol, sglang, vllm" in " ".join(helped.stdout.split())
+
+
+def test_the_run_becomes_a_subreaper_without_loading_aiohttps_client():
+    """``berth run`` becomes a child subreaper (issue 36) before its front listens, which
+    llama-swap's first health poll times (250 ms after the start): the call must not load
+    aiohttp's client (0.15 s; it lived in ``berth.run.engine`` and the run's start went from
+    0.14 s to 0.33 s, bench/llamaswap.py)."""
+    code = ("import sys; from berth.run.main import EngineRun; "
+            "import inspect, re; src = inspect.getsource(EngineRun.main); "
+            "mod = re.search(r'from (berth\\.run\\.\\w+) import become_subreaper', src).group(1); "
+            "before = set(sys.modules); __import__(mod); "
+            "print(sorted(m for m in set(sys.modules) - before if m.startswith('aiohttp.client')))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "[]", p.stdout
