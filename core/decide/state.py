@@ -142,7 +142,13 @@ def wait_cause(st: State, lease_id: str) -> tuple[str | None, bool]:
         return f"room being made by {room.plan.rung}: " + ", ".join(parts), False
     ahead = st.behind.get(lease_id)
     if ahead is not None and ahead in st.ledger.leases:
-        return f"queued behind {st.ledger.leases[ahead].engine} for the same card", False
+        said = f"queued behind {st.ledger.leases[ahead].engine} for the same card"
+        # Issue 37: every wait names what holds the memory. The lease ahead's own cause does
+        # (one level: a chain of waiters is named by its head, whose cause names the holders).
+        head_why = None if ahead in st.behind else wait_cause(st, ahead)[0]
+        if head_why:
+            said += f" ({st.ledger.leases[ahead].engine}: {head_why})"
+        return said, False
     said = st.noplan_said.get(lease_id)
     return (said[0], said[1]) if said else (None, False)
 

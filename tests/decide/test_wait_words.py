@@ -54,3 +54,17 @@ def test_the_wait_names_what_was_reported_and_nothing_else():
     w.advance(1)                                # the next pass says the count it was told
     why, _ = w.s.wait_cause("b")
     assert "A (priority 0, 2 requests in flight)" in why, why
+
+
+def test_a_waiter_queued_behind_another_names_what_holds_the_card():
+    # Issue 37 (found under supervisord's autostart): the second waiter was told only "queued
+    # behind B for the same card", naming neither the holder nor what is being done for it.
+    w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0))
+    w.request("a", "A", {G0: 20 * GiB}, park=ParkMechanism.CHECKPOINT)
+    w.advance(30)
+    w.request("b", "B", {G0: 10 * GiB})
+    w.request("c", "C", {G0: 10 * GiB})
+    head, _ = w.s.wait_cause("b")
+    why, _ = w.s.wait_cause("c")
+    assert head and why == f"queued behind B for the same card (B: {head})", (head, why)
+    assert "A" in head, head

@@ -24,7 +24,9 @@ class _Lease:
         self.reports: list[tuple[str, bool, str]] = []
 
     def limit(self, name: str) -> float:
-        return 10.0
+        # A bound on a hung action, not a speed: at a load of 15 the stand-in cuda-checkpoint's
+        # lock, checkpoint and state calls took over 10 s together.
+        return 120.0
 
     async def report(self, op, ok, detail):
         self.reports.append((str(op), ok, detail))
