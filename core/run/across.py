@@ -57,10 +57,10 @@ async def detect(park: str | None, checkpoint_path: str | None, options: dict) -
 def device_map(old: list[dict], new: tuple[str, ...], cards: dict[str, dict]) -> dict[str, str]:
     """``{old UUID: new UUID}`` for a wake on ``new`` (PCI addresses) of an engine checkpointed
     on ``old`` (the grant's ``{"pci", "uuid", ...}``, in the same order); ``{}`` when the cards
-    are the same. ``cards``: berthd's ``{pci: {"name", "uuid"}}``. Raises ``ValueError`` when
+    are the same, in the same order (two shares that swap cards are mapped). ``cards``: berthd's ``{pci: {"name", "uuid"}}``. Raises ``ValueError`` when
     the counts differ or a UUID is unknown."""
     before = [c["pci"] for c in old]
-    if sorted(before) == sorted(new):
+    if before == list(new):
         return {}
     if len(before) != len(new):
         raise ValueError(f"a wake on {len(new)} cards of an engine checkpointed on "

@@ -68,6 +68,7 @@ def _x_parked_for_w(tmp_path, procs: dict, kind1: str) -> tuple[Berthd, int, str
     wait_for(lambda: (d.lease_of("X") or {}).get("ready"), 60, "X serving")
     x_id, card, _ = _share(d, "X")
     assert card == "gpu0", card
+    assert d.lease_of("X")["move"]["restore_across"] is True     # the tool has --device-map
     assert chat(port, "X").finish_reason
     procs["W"] = berth_run(d, "W", "--size", "20GiB@gpu0", weights="19GiB")
     wait_for(lambda: (_share(d, "W") or ("", "", ""))[2] == "active", 120, "W granted")
@@ -104,6 +105,8 @@ def test_across_kinds_the_restore_is_refused_with_its_reason_and_the_engine_rest
         assert chat(port, "X", timeout_s=120).finish_reason
         got = _share(d, "X")
         assert got is not None and got[0] != x_id and got[1:] == ("gpu1", "active"), got
+        # Its new lease claims no restore across cards: none would be placed to be refused.
+        assert d.lease_of("X")["move"]["restore_across"] is False
         falls = [e["text"] for e in d.timeline() if e["kind"] == "fallback"]
         assert any("same kind" in t and "falling back to drain" in t for t in falls), falls
         log = (tmp_path / "run-X.log").read_text()
