@@ -12,7 +12,7 @@ from .admission import Waiter, WaitKind, admission_pass
 from .causes import jobs_words
 from .effects import Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected
 from .ladder import Action, NoPlan, Plan, Rung, Step, idle_for, idle_forecast, plan, turn_end
-from .model import Lease, Op, ShareState
+from .model import Lease, Op, ParkMechanism, ShareState
 from .moves import plan_moves
 from .placement import _cost_s, choose
 from .state import Room, State, awaited, card_name, drop
@@ -296,12 +296,29 @@ def _begin_steps(st: State, p: Plan, lease: Lease, now: float) -> list[Effect]:
         elif step.action is Action.PARK:
             fx += begin_park(st, victim, now, reason, quiet)
         elif step.action is Action.MOVE:
-            # A move restarts the engine: its requests in flight finish first (max_job).
-            fx += stop(st, victim, now, f"{reason}; it moves {step.why}",
-                       st.policy.max_job_s if victim.in_flight else None, move_to=step.move_to)
+            fx += _move(st, victim, step, now, reason)
         else:
             fx += stop(st, victim, now, reason, step.quiet_s)
     return fx
+
+
+def _move(st: State, victim: Lease, step: Step, now: float, reason: str) -> list[Effect]:
+    """Begin a move (issue 35); its requests in flight finish first (max_job). A checkpoint
+    that restores onto another card moves by a park whose wake follows at once, placed where
+    the engine fits best (:func:`_place`): the same lease and process. Otherwise the engine
+    restarts: a drain whose run asks for a card again at once."""
+    quiet = st.policy.max_job_s if victim.in_flight else None
+    if not (victim.caps.restore_across and victim.caps.park is ParkMechanism.CHECKPOINT):
+        return stop(st, victim, now, f"{reason}; it moves {step.why}", quiet,
+                    move_to=step.move_to)
+    st.counters.moves += 1
+    st.wake_wanted.add(victim.id)
+    src = ", ".join(card_name(st, p) for p in victim.shares)
+    return begin_park(st, victim, now, f"{reason}; it moves {step.why} by checkpoint and "
+                      f"restore", quiet) + [
+        Note(victim.id, "move", f"{victim.engine} moves {src}→{card_name(st, step.move_to)} "
+             f"by checkpoint and restore ({reason})",
+             {"from": list(victim.shares), "to": step.move_to, "how": "restore"})]
 
 
 def cancel_room(st: State, lease_id: str, now: float) -> list[Effect]:

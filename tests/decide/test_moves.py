@@ -191,3 +191,39 @@ def test_a_checkpoint_wakes_on_another_card_where_its_tool_restores_across_cards
     w.apply(w.s.wake("X", w.now))
     assert not [e for e in w.effects[n:] if isinstance(e, Instruct) and e.op == "wake"]
     assert list(w.s.ledger.leases["X"].shares) == [G0]
+
+
+def test_a_holder_whose_checkpoint_restores_across_cards_moves_by_park_and_restore():
+    """The two-card shape with C parked by checkpoint and restored onto another card: the move
+    is a park whose wake follows at once on gpu0, the same lease (no drain, no restart), and W
+    is granted gpu1 by the move rung."""
+    from berth.decide.admission import Policy
+    from berth.decide.placement import Ask
+    from berth.decide.scheduler import Granted, Instruct, Note
+
+    w = World([24 * GiB, 24 * GiB], Policy(min_turn_s=60, juggle_window_s=0), reserve=GiB)
+    for lid, card, size, cost in (("B", G0, 12 * GiB, 6.0), ("C", G1, 10 * GiB, 4.0)):
+        lease = _hold(w, lid, card, size, cost_s=cost, park=ParkMechanism.CHECKPOINT,
+                      park_cost_s=1.0)
+        lease.caps = Capabilities(front="127.0.0.1:1", park=ParkMechanism.CHECKPOINT,
+                                  restore_across=lid == "C")
+        w.apply(w.s.ready(lid, w.now))
+        w.apply(w.s.jobs(lid, 1, w.now))
+    waiter = Lease("W", "W", {}, caps=Capabilities(front="127.0.0.1:2"))
+    w.s.place(waiter, [Ask(None, 20 * GiB)], {})
+    w.apply(w.s.request(waiter, w.now))
+    [park] = [e for e in w.effects if isinstance(e, Instruct) and e.lease_id == "C"]
+    assert park.op == "park" and "by checkpoint and restore" in park.reason, park
+    notes = [e.text for e in w.effects if isinstance(e, Note) and e.kind == "move"]
+    assert notes == ["C moves gpu1→gpu0 by checkpoint and restore (room for W)"], notes
+    w.apply(w.s.jobs("C", 0, w.now))
+    w.do_all()
+    [grant] = [e for e in w.effects if isinstance(e, Granted) and e.lease_id == "W"]
+    assert list(grant.cards) == [G1] and grant.rung == "move"
+    [wake] = [e for e in w.effects if isinstance(e, Instruct) and e.lease_id == "C"
+              and e.op == "wake"]
+    assert wake.cards == (G0,)
+    c = w.s.ledger.leases["C"]
+    assert list(c.shares) == [G0] and c.states() == {ShareState.ACTIVE}
+    assert (w.s.counters.moves, w.s.counters.drains) == (1, 0)
+    w.check()
