@@ -172,7 +172,12 @@ class Actions:
         """The wake's mechanism; where berthd placed it on other cards (issue 35), the
         checkpoint is restored there (``--device-map``). A refusal is said and raised: berthd
         falls back to a drain, and the run starts its engine again on the card it is given."""
-        mapping = across.device_map(self.lease.cards, ins.cards, self.lease.card_ids)
+        try:
+            mapping = across.device_map(self.lease.cards, ins.cards, self.lease.card_ids) \
+                if self.lease.cards else {}
+        except ValueError as e:
+            # Cards the run cannot map: the fallback's restart puts the engine where berthd says.
+            raise RestoreRefused(f"cannot restore onto {', '.join(ins.cards)}: {e}") from e
         if not mapping:
             await run_action(self.pm, f"berth_{Op.WAKE}", self.context(Op.WAKE, ins))
             return
