@@ -21,7 +21,12 @@ Park (the reference's steps 3–5; steps 1, 2 and 6 are the caller's):
 
 Wake (the unpark's steps 2–3): refused unless ``ctx.room_confirmed`` (the broker read room on the
 cards: a restore without room leaves the process stuck). Per PID: ``running`` is skipped;
-``--action restore`` expecting ``locked``; ``--action unlock`` expecting ``running``.
+``--action restore`` expecting ``locked``; ``--action unlock`` expecting ``running``. With
+``ctx.options["device_map"]`` (``{old UUID: new UUID}``, every checkpointed card; issue 35) the
+restore is ``--action restore --device-map OLD=NEW[,...]`` (driver 580+): onto other cards of
+the same kind. A refusal (across kinds: CUDA error 801) leaves the process checkpointed; the
+wake fails with the tool's reason, and the broker falls back to a drain, after which the run
+starts the engine again (:func:`supports_device_map` says whether the tool has the option).
 
 Exit statuses are 8 bits, so a CUDA error 304 arrives as 48, 401 as 145, 801 as 33; messages name
 the CUDA error behind the status (:func:`berth.driver.cuda.cuda_error_of`). A ``failed`` state,
@@ -76,7 +81,12 @@ def berth_mechanisms() -> list[str]:
 def tool_argv(ctx: ActionContext) -> list[str]:
     """The command that runs cuda-checkpoint (see the module docstring for the search order).
     Raises :class:`MechanismError` when none is found or ``checkpoint_path`` is malformed."""
-    given = ctx.options.get("checkpoint_path")
+    return argv_of(ctx.options)
+
+
+def argv_of(options: dict) -> list[str]:
+    """:func:`tool_argv` from an engine's options alone (``checkpoint_path``)."""
+    given = options.get("checkpoint_path")
     if given:
         if isinstance(given, (str, os.PathLike)):
             return [os.fspath(given)]
@@ -173,11 +183,12 @@ class _Tool:
                             f"of {', '.join(_STATES)}")
         return state, ""
 
-    async def act(self, action: str, pid: int, timeout_ms: int | None = None
-                  ) -> tuple[int, str, str | None]:
-        """``--action ACTION --pid PID``; returns (exit status, stderr, state read after)."""
+    async def act(self, action: str, pid: int, timeout_ms: int | None = None,
+                  more: tuple[str, ...] = ()) -> tuple[int, str, str | None]:
+        """``--action ACTION --pid PID [MORE]``; returns (exit status, stderr, state read
+        after)."""
         extra = ("--timeout", str(timeout_ms)) if timeout_ms is not None else ()
-        status, _, err = await self.run("--action", action, "--pid", str(pid), *extra)
+        status, _, err = await self.run("--action", action, "--pid", str(pid), *extra, *more)
         after, _ = await self.state(pid)
         return status, err.strip()[:_QUOTE_CHARS], after
 
@@ -256,7 +267,10 @@ async def _wake_pid(tool: _Tool, pid: int, state: str) -> None:
     if state == FAILED:
         raise tool.dead(pid, "--get-state says failed")
     if state == CHECKPOINTED:
-        status, err, after = await tool.act("restore", pid)
+        mapping = tool.ctx.options.get("device_map") or {}
+        more = ("--device-map", ",".join(f"{a}={b}" for a, b in mapping.items())) \
+            if mapping else ()
+        status, err, after = await tool.act("restore", pid, more=more)
         if cuda_error_of(status) == OUT_OF_MEMORY:
             raise tool.dead(pid, f"restore ran out of memory ({err}); the process stays "
                                  "checkpointed and stuck (cuda-checkpoint#44)", status)
@@ -291,6 +305,27 @@ async def _wake(ctx: ActionContext) -> None:
     if not seen:
         raise MechanismError(NAME, f"engine {ctx.engine!r}: none of pids {ctx.pids} has a CUDA "
                                    f"state to restore ({skipped})")
+
+
+async def supports_device_map(argv: list[str], timeout_s: float = 5.0) -> bool:
+    """Whether the tool ``argv`` restores onto another card: its ``--help`` names
+    ``--device-map`` (cuda-checkpoint of driver 580+; issue 35). A tool that cannot be run,
+    or does not answer within ``timeout_s``, does not."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, "--help", stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    except OSError:
+        return False
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except asyncio.TimeoutError:
+        return False
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return b"--device-map" in out
 
 
 @hookimpl

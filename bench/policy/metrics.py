@@ -68,7 +68,8 @@ class Recorder:
         self.bytes_moved[kind] += n_bytes
 
     def placed(self, engine: str, cards: tuple[str, ...]) -> None:
-        """A load of ``engine`` on ``cards`` (PCI addresses)."""
+        """A load of ``engine`` on ``cards`` (PCI addresses), or a wake restored there from
+        others (issue 35)."""
         self.placements[engine]["+".join(sorted(self.card_name[p] for p in cards))] += 1
 
     def oom(self, now: float, pci: str, engine: str, used: int, asked: int) -> None:
@@ -137,7 +138,7 @@ class Recorder:
 def cards_table(rows: list[tuple[str, str, dict]]) -> str:
     """A Markdown table of each engine's cards per ``(workload, policy)`` row: the sets of
     cards it was loaded on, with how many loads on each (issue 25)."""
-    out = ["| workload | policy | engines' cards (loads) |", "|---|---|---|"]
+    out = ["| workload | policy | engines' cards (loads, and wakes restored onto another card) |", "|---|---|---|"]
     for wl, pol, s in rows:
         cells = []
         for e, by in s.get("cards_by_engine", {}).items():

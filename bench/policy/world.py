@@ -430,10 +430,14 @@ class World:
             proc.after = None
             self._do_stop(proc)
 
-    def restore(self, proc: Proc) -> None:
-        """Bring a parked engine back: allocate its memory, copy, then serve."""
+    def restore(self, proc: Proc, cards: tuple[str, ...] | None = None) -> None:
+        """Bring a parked engine back: allocate its memory, copy, then serve. ``cards``: where
+        a checkpoint of an engine of free placement is restored when not where it parked
+        (``cuda-checkpoint --device-map``, issue 35), its cards in the order of its own."""
         if proc.state != PARKED:
             raise RuntimeError(f"restore {proc!r}: not parked")
+        if cards is not None and tuple(cards) != proc.spec.cards:
+            self._rehome(proc, tuple(cards))
         self._close_ask(proc.engine)
         proc.state = RESTORING
         back, proc.parked = proc.parked, {p: 0 for p in proc.parked}
@@ -443,6 +447,18 @@ class World:
             if not self._add(proc, p, b):
                 return
         self.loop.after(self.mech.restore_s(n), self._restored, proc, n)
+
+    def _rehome(self, proc: Proc, cards: tuple[str, ...]) -> None:
+        """A parked process's cards change (it holds nothing on any card while parked)."""
+        if not proc.spec.free:
+            raise RuntimeError(f"restore {proc!r} on {cards}: its placement is fixed")
+        if any(proc.res.values()) or proc.lending:
+            raise RuntimeError(f"restore {proc!r} on {cards}: it still holds memory")
+        m = dict(zip(proc.spec.cards, cards, strict=True))
+        proc.spec = proc.spec.on(cards)
+        for name in ("res", "pool", "grow", "committed", "cap", "parked"):
+            setattr(proc, name, {m[p]: v for p, v in getattr(proc, name).items()})
+        self.stats.placed(proc.engine, cards)
 
     def _restored(self, proc: Proc, n: int) -> None:
         if proc.state != RESTORING:

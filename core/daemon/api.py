@@ -245,7 +245,8 @@ def _new_lease(broker: Broker, body: LeaseBody, adopted: ProcessId | None,
                  caps=Capabilities(park=ParkMechanism(body.park) if body.park else None,
                                    lend=body.lend, lend_max_bytes=body.lend_max,
                                    front=body.front, drain=body.drain, no_park=body.no_park,
-                                   pinned=body.pinned),
+                                   pinned=body.pinned,
+                                   restore_across=body.restore_across),
                  owner_pid=owner.pid if owner else None,
                  owner_start_time=owner.start_time if owner else None,
                  pid=adopted.pid if adopted else None,
@@ -353,7 +354,10 @@ async def instructions(request: web.Request) -> web.Response:
         "use": {p: s.used_bytes for p, s in lease.shares.items()} if lease else {},
         "ram_available_bytes": _ram_available(broker, lid),
         "ended": ended,
-        "states": {p: s.state.value for p, s in lease.shares.items()} if lease else {}})
+        "states": {p: s.state.value for p, s in lease.shares.items()} if lease else {},
+        # A wake may be placed on other cards (issue 35): the run maps them to UUIDs.
+        "cards": {p: {"name": c.name, "uuid": broker.uuids.get(p)}
+                  for p, c in broker.sched.ledger.cards.items()}})
 
 
 def _ram_available(broker: Broker, lease_id: str) -> int | None:

@@ -84,6 +84,8 @@ class LeaseBody(_Body):
     no_park: str | None = Field(None, max_length=300)
     # Why the engine's own command pins its card: Berth never moves it (issue 35).
     pinned: str | None = Field(None, max_length=300)
+    # Its checkpoint restores onto another card (cuda-checkpoint --device-map; issue 35).
+    restore_across: bool = False
     # Seconds the room is kept when the process exits on its own and its supervisor restarts
     # it (a host that restarts programs says so; issue 12 case 2).
     restart_grace: float = Field(0.0, ge=0.0, le=3600.0)

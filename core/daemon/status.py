@@ -84,7 +84,9 @@ def _lease_rows(broker: "Broker", now: float) -> list[dict]:
             "capabilities": le.caps.as_dict(),
             # Why Berth can free none of its memory (issue 24), or None.
             "cannot_free": le.cannot_free(),
-            "move": {"movable": move_block(le) is None, "why": move_block(le)},  # issue 35
+            "move": {"movable": move_block(le) is None, "why": move_block(le),  # issue 35
+                     # its checkpoint restores onto another card: a wake may go elsewhere
+                     "restore_across": le.caps.restore_across},
             # A declared size far from the measured peak (issue 37), or None.
             "size_note": _size_note(le),
             "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,

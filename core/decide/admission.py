@@ -285,7 +285,8 @@ def admission_pass(ledger: Ledger, queue: Queue, policy: Policy, now: float,
        issue 24) holds nothing.
 
     Before step 1, ``place`` may put a new lease's movable shares on other cards (issue 25:
-    placement at grant time, :func:`.placement.choose`): it is given the bytes the waiter may
+    placement at grant time, :func:`.placement.choose`; and a wake's, where the checkpoint
+    restores onto another card, issue 35): it is given the bytes the waiter may
     be granted per card in this pass (what earlier waiters granted or about to be granted on a
     read being taken left out) and the cards earlier waiters hold for other reasons.
 
@@ -331,7 +332,7 @@ class _Pass:
     def consider(self, w: Waiter) -> None:
         """Steps (1)-(5) of :func:`admission_pass` for one waiter."""
         led = self.ledger
-        if self.place is not None and w.kind is WaitKind.GRANT:
+        if self.place is not None and w.kind in (WaitKind.GRANT, WaitKind.RESUME):
             self.place(w, lambda p: (led.available(p, w.lease_id, self.later.get(p, 0))
                                      - self.promised.get(p, 0)), self.hard)
         need = waiter_need(led, w)

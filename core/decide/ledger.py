@@ -209,10 +209,15 @@ class Ledger:
         address now to its new one (a permutation among the lease's shares may swap two).
         Its ``need_bytes`` and ``movable`` follow. Only a lease whose every share waits may
         move (it counts nothing anywhere); raises ``ValueError`` otherwise, ``KeyError`` for an
-        unknown card. Issue 25: placement is decided at grant time."""
+        unknown card. Issue 25: placement is decided at grant time.
+
+        A parked lease that left nothing on its cards may move too (issue 35: a checkpoint
+        restored onto another card, :attr:`~.model.Capabilities.restore_across`): its shares
+        stay parked, counted on their new cards."""
         lease = self.leases[lease_id]
-        if not lease.is_waiting():
-            raise ValueError(f"lease {lease_id}: only a waiting lease may move")
+        if not (lease.is_waiting() or self.parked_away(lease)):
+            raise ValueError(f"lease {lease_id}: only a waiting lease, or a parked one that "
+                             f"left nothing on its cards, may move")
         moves = {a: b for a, b in moves.items() if a != b}
         if not moves:
             return
@@ -223,18 +228,30 @@ class Ledger:
         if len(set(new_keys)) != len(new_keys):
             raise ValueError(f"lease {lease_id}: two shares would go to one card")
         undrainable = not lease.caps.drain
-        for p in lease.shares:
+        for p, sh in lease.shares.items():
             self._on_card[p].pop(lease_id, None)
             self._undrainable[p] = self._undrainable.get(p, 0) - undrainable
+            self._counted[p] -= counted_bytes(sh)
+            self._parked[p] -= sh.state is S.PARKED
         shares = {}
         for p, sh in lease.shares.items():
             sh.card = moves.get(p, p)
             shares[sh.card] = sh
             self._on_card[sh.card][lease_id] = lease
             self._undrainable[sh.card] = self._undrainable.get(sh.card, 0) + undrainable
+            self._counted[sh.card] += counted_bytes(sh)
+            self._parked[sh.card] += sh.state is S.PARKED
         lease.shares = shares
         lease.need_bytes = {moves.get(p, p): b for p, b in lease.need_bytes.items()}
         lease.movable = frozenset(moves.get(p, p) for p in lease.movable)
+
+    @staticmethod
+    def parked_away(lease: Lease) -> bool:
+        """Every share of ``lease`` is parked and left nothing on its card (no residual, nothing
+        lent): a checkpoint, which a restore may bring back on another card (issue 35)."""
+        return bool(lease.shares) and all(
+            sh.state is S.PARKED and not sh.residual_bytes and not sh.lent_bytes
+            for sh in lease.shares.values())
 
     # -- earmarks -------------------------------------------------------------------------
     def earmark(self, lease_id: str, need: dict[str, int]) -> None:

@@ -210,6 +210,9 @@ class Capabilities:
       frees nothing"``), named to whoever waits for its card.
     - ``pinned``: why the engine's own command pins its card, in words (issue 35): Berth never
       moves it to another card.
+    - ``restore_across``: its park is a checkpoint and the tool restores onto another card of
+      the same kind (``cuda-checkpoint --device-map``, driver 580+; issue 35): a wake may be
+      placed on another card, as a grant is (:func:`.placement.choose`).
     """
 
     park: ParkMechanism | None = None
@@ -219,6 +222,7 @@ class Capabilities:
     drain: bool = True
     no_park: str | None = None
     pinned: str | None = None
+    restore_across: bool = False
 
     def can_park(self) -> bool:
         return self.park is not None and self.front is not None
@@ -229,7 +233,8 @@ class Capabilities:
     def as_dict(self) -> dict:
         return {"park": self.park.value if self.park else None, "lend": self.lend,
                 "lend_max_bytes": self.lend_max_bytes, "front": self.front,
-                "drain": self.drain, "no_park": self.no_park, "pinned": self.pinned}
+                "drain": self.drain, "no_park": self.no_park, "pinned": self.pinned,
+                "restore_across": self.restore_across}
 
 
 @dataclass

@@ -107,7 +107,8 @@ def plan_moves(ledger: Ledger, waiter: str, need: int, cards: list[str], now: fl
     (a hold, a higher priority). A moved holder never goes to a card of the waiter's set.
     ``now`` is the broker's clock (seconds; the search itself takes no time into account).
     ``restore_across``: the checkpoint tool restores onto another card (driver 580+), so a
-    checkpointing holder moves at its park plus restore cost instead of a restart."""
+    checkpointing holder moves at its park plus restore cost instead of a restart; a holder
+    whose run said so (:attr:`~.model.Capabilities.restore_across`) always does."""
     best: MovePlan | None = None
     for n, group in enumerate(itertools.combinations(cards, count)):
         if n >= MAX_SETS:
@@ -176,8 +177,8 @@ def _place_group(ledger: Ledger, x: str, group: tuple[Lease, ...], restore_acros
             return None
         dst = min(fits, key=lambda y: room[y] - takes)      # best fit: large holes stay whole
         mine[dst] = mine.get(dst, 0) + takes
-        restore = restore_across and le.caps.park is not None and le.caps.park.value == \
-            "checkpoint" and le.park_cost_s > 0
+        restore = le.caps.park is not None and le.caps.park.value == "checkpoint" and (
+            le.caps.restore_across or (restore_across and le.park_cost_s > 0))
         cost = le.park_cost_s + le.switch_cost_s if restore else le.switch_cost_s
         out.append(Move(le.id, le.engine, x, dst, counted_bytes(sh), takes, cost,
                         "restore" if restore else "restart"))

@@ -19,7 +19,9 @@ for a lease that asks for any N, is a candidate, scored by :class:`Score`: the l
 making room there (nothing when it fits; then a lend, a park, a drain, each by its measured
 cost; drains of engines that cannot park last), ties broken by best fit (least room left over),
 so that large holes stay whole. A parked lease wakes on the card its checkpoint came from
-(cuda-checkpoint restores onto the same device); a drained one asks anew and is placed anew.
+(cuda-checkpoint restores onto the same device), unless its tool restores onto another card
+(``--device-map``, driver 580+; issue 35): its wake is then placed as a grant is, and stays
+home on a tie; a drained one asks anew and is placed anew.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable
 
-from .admission import Policy, Waiter, reservation
+from .admission import Policy, Waiter, WaitKind, reservation
 from .ladder import Action, NoPlan, SwapLog, plan
 from .ledger import Ledger
-from .model import Lease, Share
+from .model import Lease, Share, ShareState
 from .units import format_size
 
 __all__ = ["Ask", "PlacementError", "place", "shares_for", "movable_of", "Score", "Choice",
@@ -192,7 +194,11 @@ def choose(ledger: Ledger, w: Waiter, policy: Policy, now: float, swaps: SwapLog
         scored.append((s, dict(zip(movable, cards, strict=True))))
     if not scored:
         return None
-    scored.sort(key=lambda x: x[0])
+    if w.kind is WaitKind.RESUME:
+        # A wake stays where it parked unless another card is strictly better (issue 35).
+        scored.sort(key=lambda x: (x[0], any(a != b for a, b in x[1].items())))
+    else:
+        scored.sort(key=lambda x: x[0])
     best, moves = scored[0]
     runner = scored[1][0] if len(scored) > 1 else None
     return Choice(moves, best, runner, _why(ledger, moves, best, runner))
@@ -202,6 +208,9 @@ def _need(ledger: Ledger, lease: Lease, key: str, card: str) -> int:
     """Bytes the share now keyed ``key`` would reserve on ``card`` (:func:`.admission.reservation`;
     a whole-card share takes the card's capacity)."""
     sh = lease.shares[key]
+    if sh.state is ShareState.PARKED:
+        # A wake brings back what its park took (:func:`.admission.waiter_need`).
+        return max(0, max(sh.reserved_bytes, sh.parked_bytes) - sh.residual_bytes)
     return ledger.capacity(card) if sh.whole_card else reservation(lease, key, sh.size_bytes)
 
 

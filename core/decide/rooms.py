@@ -12,7 +12,7 @@ from .admission import Waiter, WaitKind, admission_pass
 from .causes import jobs_words
 from .effects import Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected
 from .ladder import Action, NoPlan, Plan, Rung, Step, idle_for, idle_forecast, plan, turn_end
-from .model import Lease, Op, ShareState
+from .model import Lease, Op, ParkMechanism, ShareState
 from .moves import plan_moves
 from .placement import _cost_s, choose
 from .state import Room, State, awaited, card_name, drop
@@ -61,15 +61,28 @@ def admit(st: State, now: float) -> list[Effect]:
 
 def _place(st: State, w: Waiter, now: float, room_of, blocked: set[str]) -> None:
     """Put a waiter's movable shares on the best cards now (:func:`.placement.choose`;
-    issue 25), unless room is being made for it (its cards are fixed from then on)."""
+    issue 25), unless room is being made for it (its cards are fixed from then on). A wake
+    is placed so too when its checkpoint restores onto another card (issue 35:
+    :attr:`~.model.Capabilities.restore_across`, every share of free placement, nothing left
+    on its cards)."""
     lease = st.ledger.leases[w.lease_id]
-    if not lease.movable or w.lease_id in st.rooms or not lease.is_waiting():
+    if not lease.movable or w.lease_id in st.rooms:
+        return
+    if w.kind is WaitKind.RESUME:
+        if not (lease.caps.restore_across and lease.movable == set(lease.shares)
+                and st.ledger.parked_away(lease) and not lease.caps.pinned):
+            return
+    elif not lease.is_waiting():
         return
     busy = frozenset(p for r in st.rooms.values() if r.pending for p in r.cards)
     ch = choose(st.ledger, w, st.policy, now, st.swaps, busy, room_of, blocked)
-    if ch is not None:
-        st.ledger.rehome(w.lease_id, ch.moves)
+    if ch is None:
+        return
+    st.ledger.rehome(w.lease_id, ch.moves)
+    if w.kind is not WaitKind.RESUME:
         st.placed[w.lease_id] = ch.why
+    elif any(a != b for a, b in ch.moves.items()):
+        st.placed[w.lease_id] = ch.why.replace("placed on", "restored onto", 1)
 
 
 def _never(st: State, w: Waiter, reason: str, now: float) -> list[Effect]:
@@ -119,10 +132,13 @@ def _granted(st: State, w: Waiter, now: float) -> list[Effect]:
     if w.kind is WaitKind.RESUME:
         for pci in w.need:
             st.deadlines[(w.lease_id, pci, Op.WAKE)] = now + st.policy.wake_limit_s
+        placed = st.placed.pop(w.lease_id, None)
         return [Instruct(w.lease_id, Op.WAKE, tuple(w.need), st.next_seq(),
                          reason="room confirmed"),
-                Note(w.lease_id, "resume", f"{lease.engine} resuming ({rung})",
-                     {"rung": rung, "waited_s": now - w.since})] + lent_fx
+                Note(w.lease_id, "resume", f"{lease.engine} resuming ({rung})"
+                     + (f"; {placed}" if placed else ""),
+                     {"rung": rung, "waited_s": now - w.since,
+                      **({"placed": placed} if placed else {})})] + lent_fx
     if w.kind is WaitKind.RETURN:
         for pci in w.need:
             st.deadlines[(w.lease_id, pci, Op.RETURN)] = now + st.policy.wake_limit_s
@@ -280,12 +296,29 @@ def _begin_steps(st: State, p: Plan, lease: Lease, now: float) -> list[Effect]:
         elif step.action is Action.PARK:
             fx += begin_park(st, victim, now, reason, quiet)
         elif step.action is Action.MOVE:
-            # A move restarts the engine: its requests in flight finish first (max_job).
-            fx += stop(st, victim, now, f"{reason}; it moves {step.why}",
-                       st.policy.max_job_s if victim.in_flight else None, move_to=step.move_to)
+            fx += _move(st, victim, step, now, reason)
         else:
             fx += stop(st, victim, now, reason, step.quiet_s)
     return fx
+
+
+def _move(st: State, victim: Lease, step: Step, now: float, reason: str) -> list[Effect]:
+    """Begin a move (issue 35); its requests in flight finish first (max_job). A checkpoint
+    that restores onto another card moves by a park whose wake follows at once, placed where
+    the engine fits best (:func:`_place`): the same lease and process. Otherwise the engine
+    restarts: a drain whose run asks for a card again at once."""
+    quiet = st.policy.max_job_s if victim.in_flight else None
+    if not (victim.caps.restore_across and victim.caps.park is ParkMechanism.CHECKPOINT):
+        return stop(st, victim, now, f"{reason}; it moves {step.why}", quiet,
+                    move_to=step.move_to)
+    st.counters.moves += 1
+    st.wake_wanted.add(victim.id)
+    src = ", ".join(card_name(st, p) for p in victim.shares)
+    return begin_park(st, victim, now, f"{reason}; it moves {step.why} by checkpoint and "
+                      f"restore", quiet) + [
+        Note(victim.id, "move", f"{victim.engine} moves {src}→{card_name(st, step.move_to)} "
+             f"by checkpoint and restore ({reason})",
+             {"from": list(victim.shares), "to": step.move_to, "how": "restore"})]
 
 
 def cancel_room(st: State, lease_id: str, now: float) -> list[Effect]:

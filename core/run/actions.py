@@ -26,6 +26,7 @@ from berth.decide.instruction import Instruction
 from berth.decide.model import Op, ParkMechanism
 from berth.front import Front, FrontState
 from berth.process import tree_pids
+from berth.run import across
 from berth.run.engine import EngineProcess
 from berth.run.lease import LeaseClient
 
@@ -48,6 +49,11 @@ _RESTORING = frozenset({Op.WAKE, Op.RETURN})
 
 class Busy(RuntimeError):
     """The front could not go quiet in time: the park never began."""
+
+
+class RestoreRefused(RuntimeError):
+    """The tool refused to restore the checkpoint onto the cards berthd placed the wake on
+    (issue 35): the held requests stay held for the engine's restart after the fallback."""
 
 
 class CalledOff(RuntimeError):
@@ -77,8 +83,10 @@ class Actions:
         #: set while a park or lend waits for quiet: berthd's call-off ends that wait
         self._call_off: asyncio.Event | None = None
 
-    def context(self, op: Op, ins: Instruction) -> ActionContext:
-        """The hook's context for instruction ``ins``."""
+    def context(self, op: Op, ins: Instruction,
+                device_map: dict[str, str] | None = None) -> ActionContext:
+        """The hook's context for instruction ``ins``; ``device_map``: a wake restored onto
+        other cards (:func:`berth.run.across.device_map`)."""
         if op in (Op.PARK, Op.WAKE):
             mech = self.o.park
             if self.o.park == ParkMechanism.HOOK:
@@ -92,6 +100,8 @@ class Actions:
         opts = dict(self.o.options)
         if self.o.checkpoint_path:
             opts["checkpoint_path"] = self.o.checkpoint_path
+        if device_map:
+            opts["device_map"] = dict(device_map)
         timeout = self.lease.limit("release_grace_s") if op in _FREEING \
             else self.lease.limit("wake_limit_s")
         return ActionContext(engine=self.o.engine, mechanism=mech, engine_url=self.engine.url,
@@ -132,29 +142,60 @@ class Actions:
                         self.lent[pci] = self.lent.get(pci, 0) + n
             elif op is Op.RETURN and not ins.bytes:
                 log.info("return: nothing lent is left to grow back")
+            elif op is Op.WAKE:
+                await self._wake(ins)
+                if not await self.engine.until_healthy(self.lease.limit("wake_limit_s")):
+                    raise RuntimeError("the engine did not answer its health check after the wake")
+                if self.front is not None:
+                    self.front.open()
             else:
                 await run_action(self.pm, f"berth_{op}", self.context(op, ins))
                 if op is Op.RETURN:
                     for pci, n in ins.bytes.items():
                         self.lent[pci] -= n
-                if op is Op.WAKE:
-                    if not await self.engine.until_healthy(self.lease.limit("wake_limit_s")):
-                        raise RuntimeError("the engine did not answer its health check after the wake")
-                    if self.front is not None:
-                        self.front.open()
         except (Busy, CalledOff) as e:
             ok, detail = False, str(e)
         except Exception as e:                          # reported; berthd falls back (rule 4)
             ok, detail = False, f"{type(e).__name__}: {e}"
             log.error("%s failed: %s", op, detail)
             if self.front is not None:
-                if op is Op.WAKE:
+                if op is Op.WAKE and not isinstance(e, RestoreRefused):
+                    # (A refused restore keeps them: berthd's drain, then a restart, serves.)
                     self.front.fail_held(f"wake failed: {e}")
                     with contextlib.suppress(Exception):
                         self.front.sleep()
                 elif op in _FREEING and self.front.state is FrontState.CLOSING:
                     self.front.open()
         await self.lease.report(op, ok, detail)
+
+    async def _wake(self, ins: Instruction) -> None:
+        """The wake's mechanism; where berthd placed it on other cards (issue 35), the
+        checkpoint is restored there (``--device-map``). A refusal is said and raised: berthd
+        falls back to a drain, and the run starts its engine again on the card it is given."""
+        try:
+            mapping = across.device_map(self.lease.cards, ins.cards, self.lease.card_ids) \
+                if self.lease.cards else {}
+        except ValueError as e:
+            # Cards the run cannot map: the fallback's restart puts the engine where berthd says.
+            raise RestoreRefused(f"cannot restore onto {', '.join(ins.cards)}: {e}") from e
+        if not mapping:
+            await run_action(self.pm, f"berth_{Op.WAKE}", self.context(Op.WAKE, ins))
+            return
+        names = {p: (self.lease.card_ids.get(p) or {}).get("name", p) for p in ins.cards}
+        where = ", ".join(f"{c['name']}→{names[p]}"
+                          for c, p in zip(self.lease.cards, ins.cards, strict=True))
+        try:
+            await run_action(self.pm, f"berth_{Op.WAKE}", self.context(Op.WAKE, ins, mapping))
+        except Exception as e:
+            across.refused(str(e))
+            log.error("%s: the restore onto another card (%s) was refused: %s; berthd falls "
+                      "back to a drain, and the engine starts again on the card it is given",
+                      self.o.engine, where, e)
+            raise RestoreRefused(f"restore onto another card ({where}) refused: {e}") from e
+        self.lease.cards = [{**c, "pci": p, "name": names[p],
+                             "uuid": self.lease.card_ids[p]["uuid"]}
+                            for c, p in zip(self.lease.cards, ins.cards, strict=True)]
+        log.info("%s restored onto another card (%s)", self.o.engine, where)
 
     def call_off(self) -> None:
         """berthd calls off the park (or lend) in progress: if its front still waits for quiet,

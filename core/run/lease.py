@@ -38,6 +38,7 @@ from berth.decide.model import Op
 from berth.decide.units import format_size
 from berth.front import Front
 from berth.process import ProcessId
+from berth.run.across import detect
 from berth.run.engine import EngineProcess
 from berth.run.failopen import FailOpen, Room
 from berth.run.front_calls import FrontCallbacks
@@ -65,10 +66,13 @@ async def _cancel(task: asyncio.Task) -> None:
         await task
 
 
-def request_body(o: RunOptions) -> dict:
+def request_body(o: RunOptions, restore_across: bool = False) -> dict:
     """The ``POST /v1/leases`` body for a run line: what its flags give; berthd fills the rest
-    from the engine's ``[engines.<name>]`` entry."""
+    from the engine's ``[engines.<name>]`` entry. ``restore_across``: its checkpoint restores
+    onto another card (:func:`berth.run.across.detect`; issue 35)."""
     body: dict = {"engine": o.engine, "owner_pid": os.getpid(), "lend": o.lend}
+    if restore_across:
+        body["restore_across"] = True
     from berth.run.reaper import is_subreaper
     if is_subreaper():
         # Its descendants are the engine's, daemonized ones included: berthd counts them for
@@ -152,6 +156,8 @@ class LeaseClient(FrontCallbacks):
         self.pids: list[int] = []
         self.use: dict[str, int | None] = {}
         self.ram_available: int | None = None
+        #: every card berthd knows, ``{pci: {"name", "uuid"}}`` (a wake placed elsewhere)
+        self.card_ids: dict[str, dict] = {}
         self._touching = False
         self.waits = WaitWords(opts.engine)
         #: Set when the engine starts unleased (berthd down): it holds the fail-open lock
@@ -187,7 +193,8 @@ class LeaseClient(FrontCallbacks):
         fail_open = FailOpen(self.o)
         while True:
             try:
-                r = await self.client.request_lease(request_body(self.o))
+                across = await detect(self.o.park, self.o.checkpoint_path, self.o.options)
+                r = await self.client.request_lease(request_body(self.o, across))
                 break
             except BerthdUnavailable as e:
                 room = await fail_open.step(e)
@@ -377,6 +384,7 @@ class LeaseClient(FrontCallbacks):
         self.pids = r.get("pids") or []
         self.use = r.get("use") or {}
         self.ram_available = r.get("ram_available_bytes")
+        self.card_ids = r.get("cards") or self.card_ids
         return r
 
     async def _read(self, raw: object) -> list[Instruction]:

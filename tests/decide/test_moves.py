@@ -4,7 +4,7 @@ holder whose command pins its card."""
 
 from __future__ import annotations
 
-from berth.decide.model import Capabilities, Lease, ParkMechanism, Share
+from berth.decide.model import Capabilities, Lease, ParkMechanism, Share, ShareState
 from berth.decide.moves import move_block, plan_moves
 
 from tests.decide.world import GiB, World, pci_of
@@ -142,3 +142,88 @@ def test_a_waiter_over_two_cards_gets_the_cheapest_two_cards_emptied():
     p = plan_moves(w.s.ledger, "W", 20 * GiB, [G0, G1, g2], w.now, count=2)
     assert p is not None and set(p.cards) == {G0, g2}, p
     assert [(m.lease_id, m.dst) for m in p.moves] == [("D", G1)] and p.cost_s == 2.0
+
+
+def _parked_for_w(restore_across: bool) -> World:
+    """Two 24 GiB cards (1 GiB reserve): Y holds 14 GiB of gpu1 (by name), so X (10 GiB,
+    checkpoint, placed by Berth) goes on gpu0, and is parked there for W (20 GiB on gpu0 by
+    name: no move can make that room, X fits nowhere else). Then Y leaves."""
+    from berth.decide.placement import Ask
+
+    w = World([24 * GiB, 24 * GiB], reserve=GiB)
+    w.request("Y", "Y", {G1: 14 * GiB})
+    x = Lease("X", "X", {}, caps=Capabilities(park=ParkMechanism.CHECKPOINT,
+                                              front="127.0.0.1:1",
+                                              restore_across=restore_across))
+    w.s.place(x, [Ask(None, 10 * GiB)], {})
+    w.apply(w.s.request(x, w.now))
+    assert list(x.shares) == [G0]
+    w.request("W", "W", {G0: 20 * GiB})
+    w.do_all()
+    assert "W" in w.granted_order and x.states() == {ShareState.PARKED}, x.states()
+    w.exit("Y")
+    w.confirm_all()
+    return w
+
+
+def test_a_checkpoint_wakes_on_another_card_where_its_tool_restores_across_cards():
+    """Issue 35: a parked engine of free placement whose tool restores onto another card
+    (``--device-map``) wakes at once where it fits, the same lease, nothing else parked; with
+    a tool that cannot, its wake waits for its own card."""
+    from berth.decide.scheduler import Instruct, Note
+
+    w = _parked_for_w(True)
+    n = len(w.effects)
+    w.apply(w.s.wake("X", w.now))
+    [wake] = [e for e in w.effects[n:] if isinstance(e, Instruct) and e.op == "wake"]
+    assert wake.lease_id == "X" and wake.cards == (G1,), wake
+    [note] = [e for e in w.effects[n:] if isinstance(e, Note) and e.kind == "resume"]
+    assert "restored onto gpu1" in note.text, note.text
+    w.do_all()
+    x = w.s.ledger.leases["X"]
+    assert list(x.shares) == [G1] and x.states() == {ShareState.ACTIVE}
+    assert w.s.counters.checkpoints == 1 and w.s.counters.drains == 0   # X's one park
+    assert w.s.ledger.leases["W"].states() == {ShareState.ACTIVE}
+    w.check()
+
+    w = _parked_for_w(False)
+    n = len(w.effects)
+    w.apply(w.s.wake("X", w.now))
+    assert not [e for e in w.effects[n:] if isinstance(e, Instruct) and e.op == "wake"]
+    assert list(w.s.ledger.leases["X"].shares) == [G0]
+
+
+def test_a_holder_whose_checkpoint_restores_across_cards_moves_by_park_and_restore():
+    """The two-card shape with C parked by checkpoint and restored onto another card: the move
+    is a park whose wake follows at once on gpu0, the same lease (no drain, no restart), and W
+    is granted gpu1 by the move rung."""
+    from berth.decide.admission import Policy
+    from berth.decide.placement import Ask
+    from berth.decide.scheduler import Granted, Instruct, Note
+
+    w = World([24 * GiB, 24 * GiB], Policy(min_turn_s=60, juggle_window_s=0), reserve=GiB)
+    for lid, card, size, cost in (("B", G0, 12 * GiB, 6.0), ("C", G1, 10 * GiB, 4.0)):
+        lease = _hold(w, lid, card, size, cost_s=cost, park=ParkMechanism.CHECKPOINT,
+                      park_cost_s=1.0)
+        lease.caps = Capabilities(front="127.0.0.1:1", park=ParkMechanism.CHECKPOINT,
+                                  restore_across=lid == "C")
+        w.apply(w.s.ready(lid, w.now))
+        w.apply(w.s.jobs(lid, 1, w.now))
+    waiter = Lease("W", "W", {}, caps=Capabilities(front="127.0.0.1:2"))
+    w.s.place(waiter, [Ask(None, 20 * GiB)], {})
+    w.apply(w.s.request(waiter, w.now))
+    [park] = [e for e in w.effects if isinstance(e, Instruct) and e.lease_id == "C"]
+    assert park.op == "park" and "by checkpoint and restore" in park.reason, park
+    notes = [e.text for e in w.effects if isinstance(e, Note) and e.kind == "move"]
+    assert notes == ["C moves gpu1→gpu0 by checkpoint and restore (room for W)"], notes
+    w.apply(w.s.jobs("C", 0, w.now))
+    w.do_all()
+    [grant] = [e for e in w.effects if isinstance(e, Granted) and e.lease_id == "W"]
+    assert list(grant.cards) == [G1] and grant.rung == "move"
+    [wake] = [e for e in w.effects if isinstance(e, Instruct) and e.lease_id == "C"
+              and e.op == "wake"]
+    assert wake.cards == (G0,)
+    c = w.s.ledger.leases["C"]
+    assert list(c.shares) == [G0] and c.states() == {ShareState.ACTIVE}
+    assert (w.s.counters.moves, w.s.counters.drains) == (1, 0)
+    w.check()

@@ -156,10 +156,16 @@ class World:
             self.apply(self.s.report(p.lease_id, "lend", ok, self.now))
         elif p.op == "wake":
             if ok:
+                # A checkpoint restored onto other cards (issue 35) takes its bytes there.
+                away = [k for k in self.parked_use if k[0] == p.lease_id and k[1] not in p.cards]
                 for pci in p.cards:
                     key = (p.lease_id, pci)
                     if key in self.parked_use:
                         self.used[key] = self.parked_use.pop(key)
+                    elif away:
+                        old = away.pop(0)
+                        self.used.pop(old, None)
+                        self.used[key] = self.parked_use.pop(old)
             self.apply(self.s.report(p.lease_id, "wake", ok, self.now))
         elif p.op == "return":
             if ok:

@@ -70,10 +70,12 @@ SIZES = {"A": ("8GiB", "7GiB"), "B": ("12GiB", "11GiB"), "C": ("10GiB", "9GiB"),
          "W": ("20GiB", "19GiB")}
 
 
-def _shape(tmp_path, procs: dict, pins: tuple[str, ...] = ()) -> tuple[Berthd, dict, list]:
+def _shape(tmp_path, procs: dict, pins: tuple[str, ...] = (),
+           extra: tuple[str, ...] = ()) -> tuple[Berthd, dict, list]:
     """berthd on the two cards; A and B on one card, C on the other, A gone, B's and C's busy
     clients started. ``pins``: engines whose run line pins their card (``--option
-    device=N``). Returns berthd, the front ports and the clients."""
+    device=N``); ``extra``: more flags for every run line. Returns berthd, the front ports and
+    the clients."""
     (tmp_path / "berth.toml").write_text(CONFIG.format(tmp=tmp_path, read=READ_INTERVAL))
     d = Berthd(tmp_path, tmp_path / "berth.toml").start()
     procs["berthd"] = d.proc
@@ -81,7 +83,8 @@ def _shape(tmp_path, procs: dict, pins: tuple[str, ...] = ()) -> tuple[Berthd, d
     for n in "ABC":
         pin = ("--option", "device=0") if n in pins else ()
         procs[n] = berth_run(d, n, "--front", f"127.0.0.1:{ports[n]}", "--size", SIZES[n][0],
-                             *pin, weights=SIZES[n][1], extra_engine=("--tokens-per-s", "40"))
+                             *pin, *extra, weights=SIZES[n][1],
+                             extra_engine=("--tokens-per-s", "40"))
         wait_for(lambda n=n: _card(d, n), 60, f"{n} serving")
     cards = {n: _card(d, n) for n in "ABC"}
     assert cards["A"] == cards["B"] != cards["C"], cards     # best fit keeps holes whole
@@ -150,3 +153,35 @@ def test_engines_that_pin_their_card_are_never_moved_and_the_waiter_gets_the_usu
         assert not [e for e in d.timeline() if e["kind"] == "move"]
     finally:
         _end(clients, procs, tmp_path)
+
+
+def test_a_checkpointed_engine_moves_by_restore_onto_the_other_card(tmp_path):
+    """The same shape with B and C parked by checkpoint, whose stand-in tool restores onto
+    another card (``--device-map``): the move is a checkpoint and a restore of the same process
+    under the same lease, not a restart; W is granted with nothing drained."""
+    from tests.broker.conftest import CHECKPOINT
+
+    procs: dict = {}
+    clients: list[Client] = []
+    try:
+        d, ports, clients = _shape(tmp_path, procs,
+                                   extra=("--park", "checkpoint", "--checkpoint-path", CHECKPOINT))
+        ids = {n: d.lease_of(n)["id"] for n in "BC"}
+        procs["W"] = berth_run(d, "W", "--front", f"127.0.0.1:{ports['W']}", "--size",
+                               SIZES["W"][0], weights=SIZES["W"][1])
+        wait_for(lambda: _card(d, "W"), 120, "W granted and serving")
+        wait_for(lambda: _card(d, "B") and _card(d, "C"), 120, "B and C serving again")
+        assert _card(d, "B") == _card(d, "C") != _card(d, "W")
+        assert {n: d.lease_of(n)["id"] for n in "BC"} == ids          # same leases
+        counters = d.status()["counters"]
+        assert counters["moves"] >= 1 and counters["drains"] == 0, counters
+        moves = [e["text"] for e in d.timeline() if e["kind"] == "move"]
+        assert moves and all("by checkpoint and restore" in t for t in moves), moves
+        n0 = [len(c.answers) for c in clients]
+        wait_for(lambda: all(len(c.answers) > k for c, k in zip(clients, n0, strict=True)),
+                 60, "both clients answered after the move")
+    finally:
+        _end(clients, procs, tmp_path)
+    for c in clients:
+        assert c.answers and all(a == "200" for a in c.answers), (c.model, c.answers)
+    assert d.sim_oom() == 0

@@ -106,7 +106,7 @@ def test_an_engine_whose_command_pins_its_card_is_never_moved_and_status_says_wh
             start_new_session=True))
         wait_for(lambda: d.state_of("free") == "active" and d.state_of("pinned") == "active",
                  60, "both granted")
-        assert d.lease_of("free")["move"] == {"movable": True, "why": None}
+        assert d.lease_of("free")["move"] == {"movable": True, "why": None, "restore_across": False}
         move = d.lease_of("pinned")["move"]
         assert not move["movable"] and "CUDA_VISIBLE_DEVICES=0" in move["why"], move
         board = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,

@@ -142,6 +142,9 @@ class BerthPolicy(SimPolicy):
         # None: the workload's reserve per card; "slots": the front forwards at most the
         # engine's slots (``--max-in-flight N``); None: it forwards everything (the default).
         self.reserve_bytes, self.max_in_flight = reserve_bytes, max_in_flight
+        #: the checkpoint tool restores onto another card of the same kind (cuda-checkpoint
+        #: ``--device-map``, driver 580+; issue 35), as ``berth run`` detects it
+        self.restore_across = True
 
     def attach(self, world) -> None:
         super().attach(world)
@@ -244,8 +247,11 @@ class BerthPolicy(SimPolicy):
     def _new_lease(self, engine: str) -> None:
         spec = self.world.specs[engine]
         lid = f"{engine}#{next(self.ids)}"
+        # A checkpoint restores onto another card of the same kind (driver 580+, issue 35):
+        # every card of a workload is of one kind.
         caps = Capabilities(park=ParkMechanism(spec.park) if spec.park else None, lend=spec.lend,
-                            front=f"127.0.0.1:{self.ports[engine]}", drain=spec.drain)
+                            front=f"127.0.0.1:{self.ports[engine]}", drain=spec.drain,
+                            restore_across=self.restore_across and spec.park == "checkpoint")
         lease = Lease(id=lid, engine=engine,
                       shares={p: Share(card=p, size_bytes=b) for p, b in spec.size_bytes.items()},
                       priority=spec.priority, bound=self.bound,
@@ -266,8 +272,9 @@ class BerthPolicy(SimPolicy):
         self.lease_of[engine], self.engine_of[lid] = lid, engine
         self._apply(self.sched.request(lease, self.world.now))
 
-    def _cards(self, engine: str, g: Granted) -> tuple[str, ...] | None:
-        """Where the grant placed an engine of free placement (``None``: its own cards)."""
+    def _cards(self, engine: str, g: Granted | Instruct) -> tuple[str, ...] | None:
+        """Where the grant (or a wake) placed an engine of free placement (``None``: its own
+        cards)."""
         if not self.world.specs[engine].free:
             return None
         return tuple(g.cards)
@@ -350,7 +357,7 @@ class BerthPolicy(SimPolicy):
                 w.loop.soon(self._called_off, f.lease_id)
         elif f.op == Op.WAKE:
             if proc.state == PARKED:
-                w.restore(proc)
+                w.restore(proc, self._cards(proc.engine, f))
             else:
                 # "lease.unparked": the engine holds memory again; it must not go on to park.
                 if proc.after == "park":
