@@ -72,7 +72,8 @@ def _nothing_parked_for_nobody(world, d, c, chat) -> None:
     ("/queue", {"delete": ["held-1"]}, "deleted"),
     ("/api/interrupt", {"prompt_id": "held-1"}, "interrupted"),
     ("/interrupt", {}, "interrupted"),
-], ids=["deleted", "interrupted-by-id", "interrupted"])
+    ("/interrupt", None, "interrupted"),
+], ids=["deleted", "interrupted-by-id", "interrupted", "interrupted-no-body"])
 def test_a_held_prompt_taken_back_withdraws_its_wake(world, take_back):
     path, body, reason = take_back
     d, c, chat = _parked_comfyui_beside_a_busy_llm(world)
@@ -115,6 +116,40 @@ def test_the_stand_in_deletes_and_interrupts_as_comfyui_does(world):
     assert c.post("/queue", {"delete": ["waits"]})[0] == 200
     assert c.get("/queue")[1]["queue_pending"] == []
     assert http("POST", c.url + "/api/interrupt", {"prompt_id": "runs"})[0] == 200
+    wait_for(lambda: c.done("runs"), 20, "the running prompt interrupted")
+    assert c.done("runs")["status_str"] == "error", c.done("runs")
+
+
+def _raw(url: str, body: bytes | None) -> int:
+    """POST ``body`` as it is (``None``: no body at all); the answer's status."""
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(url, data=body, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_the_stand_in_reads_bodies_as_comfyui_does(world):
+    """server.py 0.3.64's handlers, body by body: ``/interrupt`` with no body or one that is not
+    JSON interrupts what runs; a JSON body that is not an object raises (500) and interrupts
+    nothing; ``/queue``'s ``delete`` compares prompt ids as given (``5`` is not ``"5"``), and a
+    ``delete`` of null raises (500)."""
+    world.no_berthd()
+    c = world.comfyui("--disable-dynamic-vram", step_s=0.5)
+    assert c.post("/prompt", {**prompt(steps=40), "prompt_id": "runs"})[0] == 200
+    assert c.post("/prompt", {**prompt(), "prompt_id": "5"})[0] == 200
+    wait_for(lambda: [x[1] for x in c.get("/queue")[1]["queue_running"]] == ["runs"], 10,
+             "the first prompt running")
+    assert _raw(c.url + "/interrupt", b"null") == 500
+    assert _raw(c.url + "/interrupt", b"[]") == 500
+    assert _raw(c.url + "/queue", b'{"delete": null}') == 500
+    assert c.post("/queue", {"delete": [5]})[0] == 200
+    assert [x[1] for x in c.get("/queue")[1]["queue_pending"]] == ["5"]
+    assert c.get("/queue")[1]["queue_running"] and c.done("runs") is None    # still running
+    assert _raw(c.url + "/interrupt", b"not json") == 200
     wait_for(lambda: c.done("runs"), 20, "the running prompt interrupted")
     assert c.done("runs")["status_str"] == "error", c.done("runs")
 
