@@ -9,15 +9,17 @@ measurement for a bare Python that binds and listens (``python -c "...listen()"`
 any Python program pays, and the time of ``berth --help`` and of ``python -c pass`` to exit.
 ``berth_run_engine_s`` goes on to the engine: from exec until the engine the run starts (a
 Python that connects back here) is running; with berthd absent the run loads its config, the
-plugins and aiohttp, fails to reach berthd and fails open, so this is the run's whole start
-but for the lease itself.
+plugins and aiohttp, fails to reach berthd, looks for a berthd that is starting (none), reads
+the simulated card and fails open (the engine's 1 GiB from berth.toml's ``[engines.bench]``
+fits), so this is the run's whole start but for the lease itself.
 Runs alternate between the cases, so the machine's other load falls on each alike.
 
     python bench/run_start.py [--runs N] [--json]
 
 Prints the medians in seconds; with ``--json`` the last line is one JSON object with keys
 ``berth_run_start_s_median``, ``berth_run_engine_s_median``, ``python_listen_s_median``, ``berth_help_s_median``,
-``python_s_median``, ``berth_run_over_python_listen`` (the ratio), ``runs``, ``cpus``, and
+``python_s_median``, ``berth_run_over_python_listen`` and ``berth_run_engine_over_python_listen``
+(the ratios), ``runs``, ``cpus``, and
 ``load1`` (the machine's one-minute load average when the runs began). Target (issue 30):
 ``berth_run_start_s_median`` ≤ 0.2 s.
 """
@@ -115,8 +117,12 @@ def _cases(tmp: str) -> dict:
                BERTH_CONFIG=os.path.join(tmp, "berth.toml"))
     Path(env["BERTH_CONFIG"]).write_text(          # a user's config: the run reads it
         '[driver]\nkind = "sim"\n[[driver.cards]]\npci = "0000:01:00.0"\nname = "gpu0"\n'
-        'total = "24GiB"\n')
+        'total = "24GiB"\n[engines.bench]\nsize = "1GiB"\n')
     berth = _berth()
+    # The card exists, as a machine's does with berthd down (berthd declares simulated cards
+    # at its start): a run fails open only where it reads the card and its engine's size fits.
+    subprocess.run([berth, "sim", "init", "--card", "gpu0=24GiB@0000:01:00.0", "--dir",
+                    os.path.join(tmp, "sim")], env=env, check=True, capture_output=True)
     engine = [sys.executable, "-c", "import time; time.sleep(600)", "{port}"]
 
     def run_start() -> float:
@@ -165,6 +171,8 @@ def main() -> int:
     out = {f"{name}_median": round(statistics.median(v), 4) for name, v in times.items()}
     out["berth_run_over_python_listen"] = round(
         out["berth_run_start_s_median"] / out["python_listen_s_median"], 2)
+    out["berth_run_engine_over_python_listen"] = round(
+        out["berth_run_engine_s_median"] / out["python_listen_s_median"], 2)
     out.update(runs=args.runs, cpus=os.cpu_count(), load1=round(load1, 2))
     for key, value in out.items():
         print(f"{key:32} {value}")

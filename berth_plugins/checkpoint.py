@@ -17,7 +17,10 @@ Park (the reference's steps 3–5; steps 1, 2 and 6 are the caller's):
 3. ``--action lock --timeout MS``, expecting ``locked``; on failure, a process left ``locked`` is
    unlocked again and the park aborted.
 4. ``--action checkpoint``, expecting ``checkpointed``; on failure a ``locked`` process is
-   unlocked again (the engine runs on) and the park aborted.
+   unlocked again (the engine runs on) and the park aborted. Before the engine's first
+   checkpoint, a park berthd has called off (``ctx.call_off`` set: the waiter it was for has
+   gone) unlocks what it locked and raises :class:`CalledOff` (issue 37); once a checkpoint has
+   begun it runs to its end.
 
 Wake (the unpark's steps 2–3): refused unless ``ctx.room_confirmed`` (the broker read room on the
 cards: a restore without room leaves the process stuck). Per PID: ``running`` is skipped;
@@ -59,7 +62,7 @@ from berth.driver.cuda import (
 )
 
 from ._http import deadline_of
-from .hookspecs import ActionContext, MechanismError, hookimpl
+from .hookspecs import ActionContext, CalledOff, MechanismError, hookimpl
 
 NAME = "checkpoint"
 RUNNING, LOCKED, CHECKPOINTED, FAILED = "running", "locked", "checkpointed", "failed"
@@ -216,7 +219,22 @@ async def _unlock_after(tool: _Tool, pid: int) -> str:
     return f"unlocking it again failed too ({describe_status(status)}: {err}; state {after})"
 
 
-async def _park_pid(tool: _Tool, pid: int, state: str) -> None:
+async def _called_off(tool: _Tool, locked: list[int]) -> None:
+    """Before a step that cannot be undone (a checkpoint): if berthd has called the park off
+    (``ctx.call_off``), unlock the processes this park locked and raise :class:`CalledOff`
+    (issue 37: a park begun for a waiter that has gone stops at the next step that can still
+    be undone)."""
+    if tool.ctx.call_off is None or not tool.ctx.call_off.is_set():
+        return
+    undone = [f"pid {pid}: {await _unlock_after(tool, pid)}" for pid in locked]
+    raise CalledOff("called off before its checkpoint began: the waiter it was for has gone"
+                    + (f" ({'; '.join(undone)})" if undone else ""))
+
+
+async def _park_pid(tool: _Tool, pid: int, state: str, locked: list[int] | None) -> None:
+    """Lock (from ``running``) and checkpoint ``pid``. ``locked``: the pids this park has
+    locked, while none of the engine's is checkpointed (a call-off unlocks them); ``None``
+    once one is: a call-off is then too late, the park runs to its end."""
     if state == FAILED:
         raise tool.dead(pid, "--get-state says failed")
     if state == RUNNING:
@@ -230,6 +248,10 @@ async def _park_pid(tool: _Tool, pid: int, state: str) -> None:
             undo = await _unlock_after(tool, pid) if after == LOCKED else f"state {after}"
             raise tool.fail(f"pid {pid}: lock failed with {describe_status(status)} ({err}); "
                             f"{undo}; park aborted", status)
+        if locked is not None:
+            locked.append(pid)
+    if locked is not None:
+        await _called_off(tool, locked)
     status, err, after = await tool.act("checkpoint", pid)
     if status == 0 and after == CHECKPOINTED:
         return
@@ -250,13 +272,15 @@ async def _park(ctx: ActionContext) -> None:
                                    "empty; one call per CUDA process of the engine's tree)")
     tool = _Tool(ctx)
     acted, skipped = [], {}
+    locked: list[int] | None = []           # None once a process is checkpointed
     for pid in ctx.pids:
         state, why = await tool.state(pid)
         if state is None:
             skipped[pid] = why
             continue
         if state != CHECKPOINTED:
-            await _park_pid(tool, pid, state)
+            await _park_pid(tool, pid, state, locked)
+        locked = None
         acted.append(pid)
     if not acted:
         raise MechanismError(NAME, f"engine {ctx.engine!r}: none of pids {ctx.pids} uses CUDA, "

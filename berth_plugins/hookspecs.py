@@ -24,6 +24,7 @@ The order of making room (fit, beside residual, lend, park, drain) is data in th
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Awaitable
 
@@ -33,7 +34,7 @@ PROJECT = "berth"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
-__all__ = ["PROJECT", "hookspec", "hookimpl", "ActionContext", "MechanismError"]
+__all__ = ["PROJECT", "hookspec", "hookimpl", "ActionContext", "MechanismError", "CalledOff"]
 
 
 class MechanismError(RuntimeError):
@@ -44,6 +45,13 @@ class MechanismError(RuntimeError):
         super().__init__(f"{mechanism}: {message}")
         self.mechanism = mechanism
         self.exit_code = exit_code
+
+
+class CalledOff(RuntimeError):
+    """berthd called the park (or lend) off before a step that cannot be undone: what the
+    mechanism had done is undone and the engine runs as before (issue 24; issue 37: the
+    waiter it was for has gone). The message starts with ``called off``, the word berthd reads
+    in the run's report."""
 
 
 @dataclass
@@ -67,6 +75,10 @@ class ActionContext:
     - ``timeout_s``: the bound the caller awaits the action under.
     - ``options``: mechanism settings from config (``checkpoint_path``, ``admin_key``,
       ``model`` for llama.cpp's router, ``supervisor_program`` ...).
+    - ``call_off``: for a park or lend, an ``asyncio.Event`` set when berthd calls the action
+      off (its waiter has gone). A mechanism with steps looks at it before each step it cannot
+      undo (a checkpoint), and, set, undoes what it did (an unlock) and raises
+      :class:`CalledOff`; one step already begun runs to its end. ``None``: nothing calls it off.
     """
 
     engine: str
@@ -82,6 +94,7 @@ class ActionContext:
     room_confirmed: bool = False
     timeout_s: float = 60.0
     options: dict = field(default_factory=dict)
+    call_off: asyncio.Event | None = None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ import pluggy
 
 from . import adapters as registry
 from . import builtin_front, hookspecs
-from .hookspecs import PROJECT, ActionContext, MechanismError
+from .hookspecs import PROJECT, ActionContext, CalledOff, MechanismError
 
 __all__ = ["BUILTINS", "ENTRY_POINT_GROUP", "ACTION_HOOKS", "DECISION_HOOKS", "PluginRefused",
            "make_plugin_manager", "mechanisms", "adapters", "run_action", "is_write"]
@@ -329,7 +329,7 @@ async def run_action(pm: pluggy.PluginManager, hook_name: str, ctx: ActionContex
     try:
         async with asyncio.timeout(ctx.timeout_s) as bound:
             return await awaitable
-    except MechanismError:
+    except (MechanismError, CalledOff):
         raise
     except TimeoutError as e:
         if bound.expired():

@@ -97,6 +97,16 @@ def _waiting_lines(waiting: list[dict]) -> list[str]:
     return lines
 
 
+def escapees_words(escapees: list[dict]) -> str:
+    """A lease's escapees (status ``escapees``) in words: which processes, where, how much, and
+    what the user can do (issue 36: processes that left the run's tree still count for it)."""
+    said = ", ".join(f"pid {e['pid']} ({format_size(e['bytes'] or 0)} on "
+                     f"{e.get('card_name') or e['card']})" for e in escapees)
+    return (f"{len(escapees)} process(es) left its run's process tree and still hold memory, "
+            f"counted for this lease: {said}; they are not stopped with the engine: stop them "
+            f"(Berth does not signal processes outside the run's tree)")
+
+
 def _problem_lines(st: dict) -> list[str]:
     """A line per lease with something to fix or know (``!``: a note, a size far from its
     peak; a pinned card that no move may change) and per host note (issue 37)."""
@@ -108,6 +118,8 @@ def _problem_lines(st: dict) -> list[str]:
             lines.append(f"  {le['engine']} ({le['id']}): {le['move']['why']}")
         if le.get("size_note"):
             lines.append(f"! {le['engine']} ({le['id']}) size: {le['size_note']}")
+        if le.get("escapees"):
+            lines.append(f"! {le['engine']} ({le['id']}): {escapees_words(le['escapees'])}")
     for n in st.get("host_notes") or []:
         lines.append(f"! {n['engine']} ({time.strftime('%H:%M:%S', time.localtime(n['at']))}): "
                      f"{n['text']}")

@@ -28,6 +28,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Mapping
 
 __all__ = ["state_dir", "socket_path", "sim_dir", "config_path", "find_config", "CONFIG_PLACES",
            "client_socket", "default_sockets", "find_socket",
@@ -193,29 +194,32 @@ def check_socket(path: Path) -> None:
                          f"to it (another user may have placed it)")
 
 
-def state_dir(cfg=None) -> Path:
-    """The state directory (see the module docstring); ``cfg`` is a loaded berth.toml."""
-    env = os.environ.get("BERTH_STATE_DIR")
-    if env:
-        return Path(env)
+def state_dir(cfg=None, env: Mapping[str, str] | None = None, uid: int | None = None) -> Path:
+    """The state directory (see the module docstring); ``cfg`` is a loaded berth.toml. ``env``
+    and ``uid`` (effective): another process's, to tell where its berthd is (default: this
+    process's)."""
+    env = os.environ if env is None else env
+    if env.get("BERTH_STATE_DIR"):
+        return Path(env["BERTH_STATE_DIR"])
     if cfg is not None and getattr(cfg, "state_dir", None):
         return Path(cfg.state_dir)
-    if os.geteuid() == 0:
+    if (os.geteuid() if uid is None else uid) == 0:
         return Path("/run/berth")
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    xdg = env.get("XDG_RUNTIME_DIR")
     if xdg:
         return Path(xdg) / "berth"
-    return Path(f"/tmp/berth-{os.getuid()}")
+    return _fallback(uid)
 
 
-def socket_path(cfg=None) -> Path:
-    """berthd's control socket (see the module docstring); ``cfg`` is a loaded berth.toml."""
-    env = os.environ.get("BERTH_SOCKET")
-    if env:
-        return Path(env)
+def socket_path(cfg=None, env: Mapping[str, str] | None = None, uid: int | None = None) -> Path:
+    """berthd's control socket (see the module docstring); ``cfg`` is a loaded berth.toml;
+    ``env`` and ``uid`` as for :func:`state_dir`."""
+    env = os.environ if env is None else env
+    if env.get("BERTH_SOCKET"):
+        return Path(env["BERTH_SOCKET"])
     if cfg is not None and getattr(getattr(cfg, "api", None), "socket", None):
         return Path(cfg.api.socket)
-    return state_dir(cfg) / "berthd.sock"
+    return state_dir(cfg, env, uid) / "berthd.sock"
 
 
 def _client_config():
@@ -282,15 +286,18 @@ def sim_dir(cfg=None) -> Path:
     return state_dir(cfg) / "sim"
 
 
-def config_path() -> Path:
+def config_path(env: Mapping[str, str] | None = None, uid: int | None = None) -> Path:
     """Where berth.toml is when no ``--config`` names it: ``$BERTH_CONFIG``, else the default
-    place (see the module docstring). It may not exist; :func:`find_config` says what to read."""
-    env = os.environ.get("BERTH_CONFIG")
-    if env:
-        return Path(env)
-    if os.geteuid() == 0:
+    place (see the module docstring). It may not exist; :func:`find_config` says what to read.
+    ``env`` and ``uid`` as for :func:`state_dir`."""
+    mine = env is None
+    env = os.environ if env is None else env
+    if env.get("BERTH_CONFIG"):
+        return Path(env["BERTH_CONFIG"])
+    if (os.geteuid() if uid is None else uid) == 0:
         return Path("/etc/berth/berth.toml")
-    xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    home = str(Path.home()) if mine else env.get("HOME", "/")
+    xdg = env.get("XDG_CONFIG_HOME") or str(Path(home) / ".config")
     return Path(xdg) / "berth" / "berth.toml"
 
 

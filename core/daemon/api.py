@@ -178,8 +178,6 @@ async def request_lease(request: web.Request) -> web.Response:
             return refusal
     lease = _new_lease(broker, body, adopted, _owner(body, peer, adopted))
     request.app[CALLERS][lease.id] = caller_of_request(request)
-    if body.reaper and lease.owner_pid is not None:
-        broker.reads.reapers.add(lease.id)      # its owner's descendants are its (issue 36)
     asks = [Ask(sb.card, sb.size, sb.need) for sb in body.shares]
     try:
         await broker.request(lease, asks)
@@ -249,6 +247,8 @@ def _new_lease(broker: Broker, body: LeaseBody, adopted: ProcessId | None,
                                    restore_across=body.restore_across),
                  owner_pid=owner.pid if owner else None,
                  owner_start_time=owner.start_time if owner else None,
+                 # Its owner's descendants are its engine's (issue 36).
+                 reaper=body.reaper and owner is not None,
                  pid=adopted.pid if adopted else None,
                  start_time=adopted.start_time if adopted else None,
                  restart_grace_s=body.restart_grace,

@@ -249,7 +249,6 @@ class Broker(ReadLoops):
                 if ch is not None:
                     ch.end(e.lease_id, e.reason)
                 self.reads.lease_pids.pop(e.lease_id, None)
-                self.reads.reapers.discard(e.lease_id)
                 self.reads.escapees.pop(e.lease_id, None)
 
     def _note(self, e: Note) -> None:

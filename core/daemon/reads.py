@@ -37,10 +37,6 @@ class Reads:
         self.lease_pids: dict[str, dict[str, set[int]]] = {}
         self.baseline_pids: dict[str, set[int]] = {}
         self._named: dict[int, tuple[str, str]] = {}
-        #: Leases whose owner is a child subreaper (``berth run``): every descendant of the
-        #: owner but itself is the engine's, from its first byte, before the engine attaches
-        #: and after it double-forks out of the engine's tree (issue 36).
-        self.reapers: set[str] = set()
         #: lease id -> pci -> {pid: bytes}: processes counted for a lease (seen in its tree
         #: before) that are outside its tree now, as the last read found them: its escapees.
         self.escapees: dict[str, dict[str, dict[int, int]]] = {}
@@ -83,7 +79,10 @@ class Reads:
             elif le.owner_pid is not None and le.owner_start_time is not None \
                     and not alive(ProcessId(le.owner_pid, le.owner_start_time)) and ending:
                 dead.append(le.id)
-            if le.id in self.reapers:
+            if le.reaper:
+                # Every descendant of the owner but itself is the engine's, from its first
+                # byte, before the engine attaches and after it double-forks out of the
+                # engine's tree (issue 36).
                 trees[le.id] = trees.get(le.id, set()) | self._reaped(le)
         reads: dict[str, CardRead] = {}
         for pci in led.cards:

@@ -219,9 +219,12 @@ def _orphans(broker: "Broker", lease: Lease) -> dict:
 
 def _escapees(broker: "Broker", lease: Lease) -> dict:
     """``escapees``: processes counted for ``lease`` (seen in its tree) that hold memory outside
-    its tree now, ``[{"pid", "card", "bytes"}]`` (issue 36: an engine's child that left the
-    run's reach, e.g. a run without a subreaper, or one killed); absent when none."""
-    found = [{"pid": pid, "card": pci, "bytes": b}
+    its tree now, ``[{"pid", "card", "card_name", "bytes"}]`` (issue 36: an engine's child that
+    left the run's reach, e.g. a run without a subreaper, or one killed); absent when none.
+    The board and ``berth status`` name them with the lease."""
+    cards = broker.sched.ledger.cards
+    found = [{"pid": pid, "card": pci, "card_name": cards[pci].name if pci in cards else pci,
+              "bytes": b}
              for pci, per in broker.reads.escapees.get(lease.id, {}).items()
              for pid, b in sorted(per.items())]
     return {"escapees": found} if found else {}

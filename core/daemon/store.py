@@ -90,6 +90,7 @@ def _lease_dict(le: Lease) -> dict:
         "keep_warm_s": le.keep_warm_s,
         "caps": _clean(le.caps.as_dict()), "pid": le.pid, "start_time": le.start_time,
         "owner_pid": le.owner_pid, "owner_start_time": le.owner_start_time,
+        "reaper": le.reaper or None,
         "requested_at": le.requested_at, "granted_at": le.granted_at, "ready_at": le.ready_at,
         "resumed_at": le.resumed_at,
         "last_used_at": le.last_used_at, "held": le.held,
@@ -154,7 +155,7 @@ def _lease_from(d: dict) -> Lease:
     _typed(d, "leases", id=str, engine=str, pid=int, owner_pid=int, start_time=(int, float),
            owner_start_time=(int, float), granted_at=(int, float), ready_at=(int, float),
            need_bytes=dict, served=int, switch_cost_s=(int, float), park_cost_s=(int, float),
-           last_job_at=(int, float))
+           last_job_at=(int, float), reaper=bool)
     if not isinstance(d["id"], str) or not isinstance(d["engine"], str):
         raise TypeError(f"leases: id and engine must be strings, got {d['id']!r:.40}, "
                         f"{d['engine']!r:.40}")
@@ -182,7 +183,8 @@ def _lease_from(d: dict) -> Lease:
                           pinned=caps.get("pinned"),
                           restore_across=bool(caps.get("restore_across"))),
         pid=d.get("pid"), start_time=d.get("start_time"), owner_pid=d.get("owner_pid"),
-        owner_start_time=d.get("owner_start_time"), requested_at=float(d.get("requested_at", 0)),
+        owner_start_time=d.get("owner_start_time"), reaper=d.get("reaper", False),
+        requested_at=float(d.get("requested_at", 0)),
         granted_at=d.get("granted_at"), ready_at=d.get("ready_at"),
         resumed_at=float(d.get("resumed_at", 0.0)),
         last_used_at=float(d.get("last_used_at", 0)),

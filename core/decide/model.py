@@ -339,6 +339,9 @@ class Lease:
     its start time in seconds since the epoch, as psutil reports it), ``None`` until attached.
     ``owner_pid``/``owner_start_time``: the process that asked for the lease (``berth run`` or
     a host plugin), so a lease still waiting can be re-attached or dropped after a restart.
+    ``reaper``: that owner is a child subreaper (``berth run``): every descendant of it but
+    itself is the engine's, from its first byte (issue 36); kept in the state file, so a
+    restarted berthd still counts a daemonized child's memory for the lease.
     ``growth_allowance_bytes`` is the allowance A of seed 000 for ``Bound.GROWTH``.
     ``need_bytes`` is the current need per card for ``current``/``growth`` (defaults to the size).
     ``held`` is an operator hold: a held lease is never displaced. ``ready_at`` is when the engine
@@ -390,6 +393,7 @@ class Lease:
     start_time: float | None = None
     owner_pid: int | None = None
     owner_start_time: float | None = None
+    reaper: bool = False
     requested_at: float = 0.0
     granted_at: float | None = None
     ready_at: float | None = None

@@ -31,7 +31,7 @@ from berth.run.engine import EngineProcess
 from berth.run.lease import LeaseClient
 
 from berth_plugins.adapters import PROTOCOL
-from berth_plugins.hookspecs import ActionContext
+from berth_plugins.hookspecs import ActionContext, CalledOff
 from berth_plugins.manager import run_action
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
@@ -56,11 +56,6 @@ class RestoreRefused(RuntimeError):
     (issue 35): the held requests stay held for the engine's restart after the fallback."""
 
 
-class CalledOff(RuntimeError):
-    """berthd called the park off while its front waited for quiet: the mechanism never began
-    (issue 24: the waiter it was for has gone)."""
-
-
 class Actions:
     """Carries out one run's instructions on its engine and front, and reports each outcome."""
 
@@ -80,7 +75,8 @@ class Actions:
         self.drain_quiet_s: float | None = None
         #: bytes this run's engine has lent and not yet grown back, by card
         self.lent: dict[str, int] = {}
-        #: set while a park or lend waits for quiet: berthd's call-off ends that wait
+        #: set while a park or lend runs (its quiet wait, then its mechanism): berthd's
+        #: call-off sets it; the wait ends, the mechanism stops before a step it cannot undo
         self._call_off: asyncio.Event | None = None
 
     def context(self, op: Op, ins: Instruction,
@@ -111,7 +107,7 @@ class Actions:
                              use_bytes=dict(self.lease.use),
                              ram_available_bytes=self.lease.ram_available,
                              room_confirmed=op in _RESTORING, timeout_s=timeout,
-                             options=opts)
+                             options=opts, call_off=self._call_off if op in _FREEING else None)
 
     async def carry_out(self, ins: Instruction) -> None:
         """Carry out one instruction and report its outcome to berthd. A drain only sets the
@@ -199,19 +195,20 @@ class Actions:
 
     def call_off(self) -> None:
         """berthd calls off the park (or lend) in progress: if its front still waits for quiet,
-        that wait ends and the mechanism never begins; once the mechanism has begun, nothing
-        (a checkpoint is not interrupted)."""
+        that wait ends and the mechanism never begins; if the mechanism has begun, it stops
+        before its next step that cannot be undone (a checkpoint's, undoing its lock: issue
+        37); a step already begun is not interrupted."""
         if self._call_off is not None:
             self._call_off.set()
         else:
-            log.info("call-off: no park waits for quiet; nothing to call off")
+            log.info("call-off: no park or lend is under way; nothing to call off")
 
     async def _quiet(self, op: Op, ins: Instruction) -> None:
         """Close the front and wait for its requests in flight, up to berthd's ``quiet_s`` (the
         engine's max_job, issue 12 case 4; an older berthd sends none: the release grace).
         Raises :class:`Busy` or :class:`CalledOff` with the front open again."""
         wait_s = ins.quiet_s
-        self._call_off = called = asyncio.Event()
+        called = self._call_off or asyncio.Event()
         drained = asyncio.ensure_future(self.front.close_and_drain(
             self.lease.limit("release_grace_s") if wait_s is None else wait_s,
             why=f"a {op} begins: the requests in flight finish first"))
@@ -219,7 +216,6 @@ class Actions:
         try:
             await asyncio.wait({drained, off}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            self._call_off = None
             off.cancel()
         if not drained.done():
             drained.cancel()
@@ -232,10 +228,20 @@ class Actions:
             raise Busy("busy: in-flight requests did not finish within the grace")
 
     async def _free(self, op: Op, ins: Instruction) -> None:
-        """Park or lend: quiet the front, run the mechanism, then sleep (park) or open (lend)."""
-        if self.front is not None:
-            await self._quiet(op, ins)
-        await run_action(self.pm, f"berth_{op}", self.context(op, ins))
+        """Park or lend: quiet the front, run the mechanism, then sleep (park) or open (lend).
+        Raises :class:`CalledOff` (the front open again) when berthd calls it off in time."""
+        self._call_off = asyncio.Event()
+        try:
+            if self.front is not None:
+                await self._quiet(op, ins)
+            await run_action(self.pm, f"berth_{op}", self.context(op, ins))
+        except CalledOff as e:
+            log.info("%s: %s", op, e)
+            if self.front is not None and self.front.state is FrontState.CLOSING:
+                self.front.open()
+            raise
+        finally:
+            self._call_off = None
         if self.front is not None:
             if op is Op.PARK:
                 self.front.sleep()

@@ -71,6 +71,8 @@ from berth.decide.units import format_size as fmt_bytes
 from berth.decide.units import parse_size
 from berth.driver.base import Driver, DriverError
 from berth.process import tree_pids
+from berth.run import starting
+from berth.run.starting import Starting
 
 if TYPE_CHECKING:                                   # the run spawns it
     from berth.run.engine import EngineProcess
@@ -299,8 +301,12 @@ class FailOpen:
     shows (:meth:`hold`, :meth:`answered`, :meth:`let_go`)."""
 
     def __init__(self, o, every_s: float = 5.0, remind_s: float = 15.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, socket: Path | None = None):
         self.o = o
+        #: berthd's socket as the run names it: a berthd process of it that is starting is
+        #: waited for before any measure (:mod:`berth.run.starting`); ``None``: not looked for.
+        self.socket = socket
+        self._starting: Starting | None = None
         self.every_s = every_s
         self.remind_s = remind_s
         self.clock = clock
@@ -323,7 +329,10 @@ class FailOpen:
         if self.o.require_berthd:
             self._require(error, now)
             return False
-        if self._measured_at is None or now - self._measured_at >= self.every_s:
+        due = self._measured_at is None or now - self._measured_at >= self.every_s
+        if due and await self._berthd_starting(now):
+            due = False
+        if due:
             self._measured_at = now
             room = await asyncio.to_thread(self._turn)
             if room.busy:
@@ -345,9 +354,40 @@ class FailOpen:
             return None
         if self._told_at is not None and now - self._told_at >= self.remind_s:
             self._told_at = now
+            if self._starting is not None:
+                log.warning("still waiting for berthd (pid %d) to answer at %s (%s%s)",
+                            self._starting.pid, self.socket, self._left(now), self._less())
+                return False
             log.warning("still waiting for berthd (%s%s): %s; %s does not start unleased: %s",
                         self._left(now), self._less(), str(error).rstrip("."), self.o.engine,
                         (self._said or "").split(". ")[0])
+        return False
+
+    async def _berthd_starting(self, now: float) -> bool:
+        """Whether a berthd process of this run's socket is starting (younger than
+        :data:`~berth.run.starting.STARTING_S`): then the run waits for it, said once per
+        berthd, and measures nothing (issue 37: under supervisord a run failed open while
+        berthd started beside it, and berthd then granted others over its engine). A berthd
+        that was waited for and is no longer starting is said too."""
+        if self.socket is None:
+            return False
+        up = await asyncio.to_thread(starting.find, self.socket)
+        if up is not None and up.age_s < starting.STARTING_S:
+            if self._starting is None or self._starting.pid != up.pid:
+                self._told_at = now
+                log.warning("berthd is not answering yet at %s: berthd (pid %d) started %.0fs "
+                            "ago and is still starting; %s waits for it before deciding whether "
+                            "to start unleased (until it answers, exits or is %.0fs old; %s)",
+                            self.socket, up.pid, up.age_s, self.o.engine, starting.STARTING_S,
+                            self._left(now))
+            self._starting = up
+            return True
+        if self._starting is not None:
+            was, self._starting = self._starting, None
+            how = ("exited without answering" if up is None or up.pid != was.pid else
+                   f"did not answer within {starting.STARTING_S:.0f}s of its start")
+            log.warning("berthd (pid %d) %s: %s decides whether to start unleased as with "
+                        "berthd down", was.pid, how, self.o.engine)
         return False
 
     def _turn(self) -> Room:

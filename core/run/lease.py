@@ -190,7 +190,7 @@ class LeaseClient(FrontCallbacks):
         """Request the lease and wait for the grant. ``None``: stopped, refused, or past
         ``--start-limit``. With berthd unreachable: ``{}`` where the engine fits unleased
         (:class:`~berth.run.failopen.FailOpen`: its cards kept as a grant's)."""
-        fail_open = FailOpen(self.o)
+        fail_open = FailOpen(self.o, socket=self.client.socket)
         while True:
             try:
                 across = await detect(self.o.park, self.o.checkpoint_path, self.o.options)

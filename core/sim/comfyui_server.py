@@ -14,6 +14,7 @@ Custom nodes reach it as ``import server``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import struct
 import sys
@@ -96,23 +97,28 @@ class PromptServer:
         @r.post("/queue")
         async def post_queue(request):
             # server.py 0.3.64: "clear" wipes the pending prompts; "delete" removes each named
-            # pending prompt (matched on the item's prompt id); 200 with no body either way.
+            # pending prompt (its prompt id, a string, compared as given: 5 is not "5"); 200
+            # with no body. A body that is not JSON, or a "delete" that is not a list (null),
+            # raises in the handler: aiohttp answers 500.
             data = await request.json()
-            if data.get("clear"):
+            if "clear" in data and data["clear"]:
                 self.prompt_queue.wipe_queue()
-            for id_to_delete in data.get("delete") or []:
-                self.prompt_queue.delete_queue_item(lambda a, i=id_to_delete: a[1] == i)
+            if "delete" in data:
+                for id_to_delete in data["delete"]:
+                    self.prompt_queue.delete_queue_item(lambda a, i=id_to_delete: a[1] == i)
             return web.Response(status=200)
 
         @r.post("/interrupt")
         async def post_interrupt(request):
-            # server.py 0.3.64: a body is optional; with a prompt_id, only that prompt is
-            # interrupted, and only if it runs now; without, whatever runs now.
+            # server.py 0.3.64: a body is optional (none, or one that is not JSON, reads as
+            # {}); with a prompt_id, only that prompt is interrupted, and only if it runs now
+            # (a pending one is left queued); without, whatever runs now. A JSON body that is
+            # not an object (null, a list) raises in the handler: aiohttp answers 500.
             try:
                 data = await request.json()
-            except ValueError:
+            except json.JSONDecodeError:
                 data = {}
-            prompt_id = data.get("prompt_id") if isinstance(data, dict) else None
+            prompt_id = data.get("prompt_id")
             running, _ = self.prompt_queue.get_current_queue()
             if not prompt_id:
                 log.info("Global interrupt (no prompt_id specified)")

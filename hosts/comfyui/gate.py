@@ -208,9 +208,9 @@ class Gate:
     @web.middleware
     async def middleware(self, request: web.Request, handler):
         if (request.method, request.path) in TAKE_BACK:
+            route = request.path.rsplit("/", 1)[1]
             with contextlib.suppress(Exception):     # ComfyUI answers a bad body itself
-                if self.back.take(request.path.rsplit("/", 1)[1], await request.json(),
-                                  self._state):
+                if self.back.take(route, await _take_back_body(request, route), self._state):
                     self._notify()
             return await handler(request)
         if (request.method, request.path) not in GATED:
@@ -417,21 +417,38 @@ class TakenBack:
         return bool(hits)
 
 
+async def _take_back_body(request: web.Request, route: str) -> Any:
+    """The body of a ``POST /queue`` or ``/interrupt`` as ComfyUI 0.3.64's handler reads it:
+    JSON; for ``/interrupt`` no body, or one that is not JSON, is ``{}`` (a global interrupt).
+    Raises where ComfyUI's handler does (its answer is then a 500, and nothing is taken back)."""
+    try:
+        return await request.json()             # aiohttp keeps the body for the handler
+    except json.JSONDecodeError:
+        if route == "interrupt":
+            return {}
+        raise
+
+
 def taken_back_by(route: str, body: Any, state: GateState):
     """``(match(prompt_id) -> bool, reason)`` for the held prompts a ``POST /queue`` or
     ``POST /interrupt`` body takes back (``route``: ``"queue"`` or ``"interrupt"``), or
-    ``None``. ComfyUI 0.3.64's own semantics: ``delete`` by prompt id, ``clear`` every pending
-    prompt, ``interrupt`` the named prompt, or with no id the one that runs: while ComfyUI
-    sleeps (``asleep``, ``waking``) that is the held one, nothing of ComfyUI's own running."""
-    body = body if isinstance(body, dict) else {}
+    ``None``. ComfyUI 0.3.64's own semantics (server.py): ``delete`` by prompt id, ``clear``
+    every pending prompt, ``interrupt`` the named prompt, or with no id the one that runs:
+    while ComfyUI sleeps (``asleep``, ``waking``) that is the held one, nothing of ComfyUI's own
+    running. Prompt ids are strings compared as given (a ``5`` names no prompt ``"5"``); a body
+    that is not a JSON object, or a ``delete`` of null, makes ComfyUI answer 500 and takes
+    nothing back (a ``clear`` before it still wipes)."""
+    if not isinstance(body, dict):
+        return None
     if route == "queue":
         if body.get("clear"):
             return (lambda pid: True), "cleared"
-        ids = {str(x) for x in body.get("delete") or [] if isinstance(x, (str, int))}
+        listed = body.get("delete")
+        ids = {x for x in listed if isinstance(x, str)} if isinstance(listed, list) else set()
         return (lambda pid: pid in ids), "deleted"
     named = body.get("prompt_id")
     if named:
-        return (lambda pid: pid == str(named)), "interrupted"
+        return (lambda pid: pid == named), "interrupted"
     if state in (G.ASLEEP, G.WAKING):
         return (lambda pid: True), "interrupted"
     return None

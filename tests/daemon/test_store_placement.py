@@ -50,3 +50,16 @@ def test_an_older_state_file_without_the_measurements_loads_with_none(tmp_path):
     snap = store.load(path)
     assert snap is not None and not snap.refused
     assert (snap.leases[0].served, snap.leases[0].switch_cost_s) == (0, 0.0)
+
+
+def test_a_reaper_owners_lease_stays_one_and_a_wrong_type_is_refused(tmp_path):
+    """A restarted berthd that forgot the owner is a subreaper counted a daemonized engine's
+    memory as a stowaway's (issue 36's escape, back after every restart)."""
+    lease = Lease("x-1", "X", {G0: Share(G0, 1 << 30)}, owner_pid=123,
+                  owner_start_time=1.5, reaper=True)
+    assert _roundtrip(tmp_path, lease).reaper is True
+    assert _roundtrip(tmp_path, Lease("y-1", "Y", {G0: Share(G0, 1 << 30)})).reaper is False
+    path = tmp_path / "state.toml"
+    path.write_text(path.read_text().replace('engine = "Y"', 'engine = "Y"\nreaper = "yes"'))
+    snap = store.load(path)
+    assert snap is not None and snap.leases == [] and "reaper" in snap.refused[0], snap.refused

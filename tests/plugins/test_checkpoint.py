@@ -125,3 +125,25 @@ def test_tool_not_found_is_clear(monkeypatch):
     monkeypatch.setenv("BERTH_CUDA_CHECKPOINT", "/opt/cc")
     assert checkpoint.tool_argv(ctx("checkpoint")) == ["/opt/cc"]
     assert checkpoint.describe_status(145) == "CUDA error 401 (illegal state; exit status 145)"
+
+
+
+def test_a_park_called_off_before_its_checkpoint_unlocks_and_the_engine_runs_on(kit, pm):
+    """Issue 37: a park berthd has called off (``ctx.call_off`` set, here before it starts)
+    takes its lock, then begins no checkpoint: the engine is unlocked and keeps its memory."""
+    from berth_plugins.hookspecs import CalledOff
+    eng = kit.start(weights="2GiB")
+    held = 2 * GiB + CONTEXT
+
+    async def park_called_off() -> None:
+        off = asyncio.Event()
+        off.set()
+        await run_action(pm, "berth_park", cp_ctx([eng.pid], held, call_off=off))
+
+    with pytest.raises(CalledOff) as e:
+        asyncio.run(park_called_off())
+    assert str(e.value) == (f"called off before its checkpoint began: the waiter it was for "
+                            f"has gone (pid {eng.pid}: unlocked it again; the engine runs on)")
+    assert kit.state(eng.pid) == "running"
+    assert kit.driver.read(PCI).processes == {eng.pid: held}
+    assert eng.healthy()

@@ -41,6 +41,14 @@ def test_a_double_forked_setsid_engine_counts_for_its_lease(world):
     used, stowaways = wait_for(counted, 30, "the daemon's memory counted for A")
     assert stowaways == 0, d.status()["cards"][0]
     assert "escapees" not in d.lease_of("A")
+    # A restarted berthd reads from its state file that the run is a subreaper: the daemon's
+    # memory is still A's, not a stowaway's.
+    before = d.lease_of("A")["id"]
+    d.kill9()
+    d.start()
+    assert d.lease_of("A")["id"] == before
+    used, stowaways = wait_for(counted, 30, "the daemon's memory counted for A after a restart")
+    assert stowaways == 0, d.status()["cards"][0]
     st = a.stop()
     assert st.exit_code in (0, -15, 143) and not st.killed, st
     wait_for(lambda: not psutil.pid_exists(server) or

@@ -67,8 +67,10 @@ class Stack:
     """supervisord + berthd + programs + the listener, configured in ``root``."""
 
     def __init__(self, root: Path, progs: list[Prog], listener_cmd: str | None = None,
-                 policy: dict | None = None):
+                 policy: dict | None = None, berthd_env: dict | None = None):
         self.root = root
+        #: Variables given to berthd's program alone (supervisord's ``environment=``).
+        self.berthd_env = berthd_env or {}
         self.sock = root / "s.sock"
         if len(str(self.sock)) > 100:                # AF_UNIX paths are short
             root = Path(tempfile.mkdtemp(prefix="bsv"))
@@ -121,6 +123,8 @@ class Stack:
             "priority=1", "startsecs=0", "stopwaitsecs=5", "redirect_stderr=true",
             f"stdout_logfile={self.logs / 'berthd.log'}",
         ]
+        if self.berthd_env:
+            sv.append("environment=" + ",".join(f'{k}="{v}"' for k, v in self.berthd_env.items()))
         for p in self.progs:
             sv += [f"[program:{p.name}]", f"command={p.command}", "priority=10",
                    f"autostart={'true' if p.autostart else 'false'}",
@@ -134,13 +138,15 @@ class Stack:
         self.conf.write_text("\n".join(sv) + "\n", encoding="utf-8")
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> "Stack":
+    def start(self, wait_up: bool = True) -> "Stack":
+        """Start supervisord; ``wait_up``: return once berthd answers too."""
         self.write()
         open_driver(load(self.toml)).close()     # declare the card before any engine starts
         self.proc = subprocess.Popen([SUPERVISORD, "-n", "-c", str(self.conf)], env=self.env,
                                      stdout=open(self.logs / "supervisord.out", "ab"),
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        wait_for(self._up, 40, "supervisord and berthd to answer")
+        if wait_up:
+            wait_for(self._up, 40, "supervisord and berthd to answer")
         return self
 
     def _up(self) -> bool:
@@ -228,8 +234,8 @@ class Stack:
 def stack_factory(tmp_path):
     stacks: list[Stack] = []
 
-    def make(progs: list[Prog], **kw) -> Stack:
-        s = Stack(tmp_path, progs, **kw).start()
+    def make(progs: list[Prog], wait_up: bool = True, **kw) -> Stack:
+        s = Stack(tmp_path, progs, **kw).start(wait_up)
         stacks.append(s)
         return s
     yield make

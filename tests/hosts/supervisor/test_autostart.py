@@ -4,16 +4,22 @@ once), against a real supervisord (issue 37 "supervisord starts every program at
 - Under ``berth run`` (the README's wrap): five programs of 6 GiB on a card that fits three are
   admitted in turn: three run, two wait with their reason on the board, and no load runs out of
   memory.
+- The same five while berthd is slow to answer (held at its interpreter's start, as a loaded
+  machine holds it for seconds): no run fails open while berthd starts beside it; each waits for
+  berthd, and berthd admits them in turn.
 - Observed programs that load at once: the one that dies for lack of memory is named with its
   reason in the listener's log and in ``berth status``."""
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 
 from tests.helpers import wait_for
 
-from .conftest import PY, Prog, engine_cmd, free_port
+from .conftest import PY, REPO, Prog, engine_cmd, free_port
 
 BERTH = f"{PY} -m berth.cli"
 
@@ -21,6 +27,17 @@ BERTH = f"{PY} -m berth.cli"
 def _run_cmd(engine: str) -> str:
     return (f"{BERTH} run --engine {engine} --size 6GiB -- {BERTH} sim engine --port {{port}} "
             f"--weights 5GiB --load-s 0.3")
+
+
+def _reasons_named(waiting: list[dict]) -> None:
+    """Each waiter's reason names what holds it: the card short and the leases that hold it,
+    or the waiter ahead of it for the same card (runs that ask together queue in turn)."""
+    names = {w["engine"] for w in waiting}
+    for w in waiting:
+        why = w["why"] or ""
+        ahead = why.removeprefix("queued behind ").removesuffix(" for the same card")
+        assert "holds" in why or "short" in why or (ahead != why and ahead in names - {
+            w["engine"]}), waiting
 
 
 def test_five_autostarting_berth_runs_on_a_card_that_fits_three(stack_factory):
@@ -31,8 +48,7 @@ def test_five_autostarting_berth_runs_on_a_card_that_fits_three(stack_factory):
     st = s.status()
     waiting = {w["engine"]: w for w in st["waiting"]}
     assert len(waiting) == 2, st["waiting"]
-    for w in waiting.values():
-        assert w["why"] and ("holds" in w["why"] or "short" in w["why"]), w
+    _reasons_named(st["waiting"])
     # supervisord runs all five (the two waiting are berth runs holding their start), and no
     # load ran out of memory on the card.
     wait_for(lambda: all(s.info(n).statename == "RUNNING" for n in names), 30,
@@ -48,6 +64,59 @@ def test_five_autostarting_berth_runs_on_a_card_that_fits_three(stack_factory):
     wait_for(lambda: len([n for n in names if s.active(n)]) == 3, 60,
              "a waiter admitted once room frees")
     assert len(s.status()["waiting"]) == 1
+    assert s.oom_events() == 0
+
+
+#: Run by berthd's interpreter at its start (``sitecustomize``): it waits until the test opens
+#: the FIFO for writing, as a loaded machine keeps berthd from answering for seconds.
+_HOLD = """import os
+if os.environ.get("BERTH_TEST_HOLD"):
+    with open(os.environ["BERTH_TEST_HOLD"]) as f:
+        f.read()
+"""
+
+
+def _let_go(fifo) -> bool:
+    """Open the FIFO for writing once berthd waits on it (``ENXIO``: not yet): berthd goes on."""
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            return False
+        raise
+    return True
+
+
+def test_five_autostarting_berth_runs_wait_for_a_berthd_still_starting(stack_factory, tmp_path):
+    """Issue 37 (Supervisor #122), the flaky host page: berthd starts beside the runs and does
+    not answer yet; before, the first runs failed open (engines unleased) and berthd, once up,
+    granted the others beside them."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(_HOLD)
+    fifo = tmp_path / "berthd-hold"
+    os.mkfifo(fifo)
+    names = [f"p{i}" for i in range(1, 6)]
+    pythonpath = os.pathsep.join([str(hold), str(REPO), os.environ.get("PYTHONPATH", "")])
+    s = stack_factory([Prog(n, _run_cmd(n), startsecs=1) for n in names], wait_up=False,
+                      berthd_env={"PYTHONPATH": pythonpath, "BERTH_TEST_HOLD": str(fifo)})
+    # Every run has met the silent berthd and said what it does about it.
+    wait_for(lambda: all("berthd is not" in s.log(f"{n}.log") for n in names), 120,
+             "every run to find berthd not answering")
+    said = {n: s.log(f"{n}.log") for n in names}
+    assert not [n for n, log in said.items() if "UNLEASED" in log], said
+    for n, log in said.items():
+        assert "is still starting" in log and "waits for it" in log, (n, log)
+    wait_for(lambda: _let_go(fifo), 60, "berthd to wait on its hold")
+    wait_for(lambda: s.berth("status", "--json", check=False).returncode == 0, 60,
+             "berthd to answer")
+    wait_for(lambda: len([n for n in names if s.active(n)]) == 3
+             and len(s.status()["waiting"]) == 2, 60, "three leases active, two waiting")
+    _reasons_named(s.status()["waiting"])
+    wait_for(lambda: all(s.info(n).statename == "RUNNING" for n in names), 30,
+             "all five RUNNING in supervisord")
+    for n in names:
+        assert "UNLEASED" not in s.log(f"{n}.log"), (n, s.log(f"{n}.log"))
     assert s.oom_events() == 0
 
 

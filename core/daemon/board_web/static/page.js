@@ -107,6 +107,13 @@
       const notes = [];
       if (stow.length) notes.push("stowaways: " + stow.map(s => "pid " + s.pid +
           (s.program ? " " + s.program + " (user " + s.user + ")" : "") + " " + size(s.bytes)).join(", "));
+      // Processes that left a run's tree and still hold memory here, counted for its lease
+      // (escapees): named with the lease, as berth status names them.
+      for (const le of st.leases) {
+        const out = (le.escapees || []).filter(e => e.card === c.pci);
+        if (out.length) notes.push("escapees of " + le.engine + ": " + out.map(e => "pid " +
+            e.pid + " " + size(e.bytes || 0)).join(", ") + " (left its run's tree; counted for it)");
+      }
       if (c.reserve_below_suggested) notes.push("reserve below the suggested " + size(c.suggested_reserve_bytes));
       if (notes.length) box.appendChild(el("div", "card-notes", notes.join(" · ")));
       root.appendChild(box);
