@@ -45,13 +45,16 @@ waiter's front saw (:class:`~.model.Demand`, on the broker's clock):
 its card against a waiter only for a request older than the waiter's. Idle, it has none; the
 one it expects (demand: its idle spell's start plus the median gap) is older only when it was
 due before the waiter asked (its client is late, not gone), and with no forecast nothing is
-expected at all. Otherwise the waiter's request is the oldest and it gets the card at once
-(``Forecast.older``): the order FIFO peers serve in (llama-swap v250 swaps as soon as the
-holder has nothing in flight). Keeping an idle card for a later request of the holder's own
-busy client had made the waiter wait out every short idle gap up to ``max_turn``, on every seed
-of ``bench/policy``'s ping-pong and busy-beside shapes (their longest wait 1.2-2x the peer's);
-yielding to the older request holds all of them. A busy holder's turn (its minimum turn, then
-its backlog) still batches what it serves.
+expected at all. Otherwise the waiter's request is the oldest (``Forecast.older``): once the holder's minimum
+turn (``max(min_turn, switch cost)``) is over it gets the card at once, the order FIFO peers
+serve in (llama-swap v250 swaps as soon as the holder has nothing in flight). Inside its
+minimum turn a holder that expects demand (a demand forecast, or none yet) still keeps its card
+for it (``Forecast.turn_keep_s``): the minimum turn protects a holder only while it has demand,
+and it is what batches two busy clients (live, a switch of two 14 GiB checkpoints takes about
+7 s; one switch per request answered 14 requests in 90 s where turns answer over 45). Keeping
+an idle card for a later request of the holder's own busy client up to ``max_turn`` had made
+the waiter wait out every short idle gap, on every seed of ``bench/policy``'s ping-pong and
+busy-beside shapes (their longest wait 1.2-2x the peer's).
 
 Pure: no I/O, no clock, no logging. Times are arguments.
 """
@@ -102,6 +105,7 @@ class Forecast:
     keep_s: float
     trust: float
     older: str = ""     # the waiter whose older request ends the keep at once (its engine)
+    turn_keep_s: float = 0.0    # the keep an older request leaves it inside its minimum turn
 
     def words(self, holder: str) -> str:
         """The holder's turn in words, for the board and a waiter's reason: ``"A yields at
@@ -170,7 +174,8 @@ def forecast(holder: Lease, waiter: Lease | None, policy: Policy, rent: float,
             keep = rent
         if keep > 0 and waiter is not None and idle_from is not None and since is not None \
                 and (outlook is not Outlook.DEMAND or idle_from + _median(d.gaps) > since):
-            return Forecast(outlook, why, rent, 0.0, lam, older=waiter.engine)
+            return Forecast(outlook, why, rent, 0.0, lam, older=waiter.engine,
+                            turn_keep_s=keep if outlook is not Outlook.NONE else 0.0)
         return Forecast(outlook, why, rent, keep, lam)
 
     own = _own_clients(d)

@@ -215,6 +215,8 @@ def turn_end(holder: Lease, policy: Policy, now: float,
                         start if said else 0.0)
         fc = idle_forecast(holder, waiter or holder, policy, waiter is not None, now, since)
         end = max(first, min(idle_from + fc.keep_s, start + longest))
+        if fc.turn_keep_s > 0:
+            end = max(end, min(idle_from + fc.turn_keep_s, start + _min_turn(holder, policy)))
     else:
         end = start + max(policy.min_turn_s, holder.switch_cost_s)
         if holder.jobs_reported:
@@ -268,6 +270,11 @@ def _starting_for_older(holder: Lease, now: float, start: float, since: float | 
     return now < start and (since is None or since >= holder.requested_at)
 
 
+def _min_turn(holder: Lease, policy: Policy) -> float:
+    """A turn is worth at least what the switch into it cost (issue 16: cost-aware turns)."""
+    return max(policy.min_turn_s, holder.switch_cost_s)
+
+
 _STARTING = "{} is starting: it has not said it serves yet (given up to {} after its grant)"
 
 
@@ -297,11 +304,16 @@ def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
         if holder.priority == waiter.priority and idle_s < fc.keep_s and now - start < longest:
             return f"{fc.words(holder.engine)}; its turn lasts at most " \
                    f"{format_duration(longest)}"
+        # Against an older request, demand keeps it only inside its minimum turn (issue 34).
+        if holder.priority == waiter.priority and idle_s < fc.turn_keep_s and \
+                now - start < _min_turn(holder, policy):
+            return (f"{holder.engine} is inside its minimum turn and expects a request within "
+                    f"a switch back ({format_duration(fc.rent_s)})")
         return None
     if now < start:        # no turn has begun: it has not said it serves (even at 0s)
         return _STARTING.format(holder.engine, format_duration(policy.wake_limit_s))
     # A turn is worth at least what the switch into it cost (issue 16: cost-aware turns).
-    if now - start < max(policy.min_turn_s, holder.switch_cost_s):
+    if now - start < _min_turn(holder, policy):
         return f"{holder.engine} is inside its minimum turn"
     # Older requests keep the card only while the oldest is younger than the holder's max_job
     # (a job that outlived it protects nothing, as in the park's wait for quiet).
