@@ -53,12 +53,31 @@ def expects(w: World, lid: str = "a", gap_s: float = 0.5) -> None:
     w.s.ledger.leases[lid].demand.gaps.extend([gap_s] * 3)
 
 
+def past_min_turn(w: World, lid: str = "a") -> None:
+    """``lid`` serves one more request just after its minimum turn (10 s) and is idle again."""
+    w.advance(10.1)
+    jobs(w, lid, 1)
+    jobs(w, lid, 0)
+
+
 class TestRentOrBuy:
     def test_an_idle_holder_yields_at_once_to_an_older_request(self):
-        """Issue 34: idle, the holder has no request older than the waiter's (FIFO peers serve
-        the waiter now). Before: it kept its card for the rent, its 4 s start."""
+        """Issue 34: past its minimum turn, idle, the holder has no request older than the
+        waiter's (FIFO peers serve the waiter now). Before: it kept its card for the rent, its
+        4 s start. Inside its minimum turn it keeps it for the demand it may have."""
         w = World([24 * GiB], turns())
         two(w, load_s=4.0)
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        assert state(w, "a") is S.ACTIVE
+        why, _ = w.s.wait_cause("b")
+        assert "inside its minimum turn and expects a request" in why, why
+        w.advance(4.1)                          # idle past the rent: it yields
+        assert state(w, "a") is S.PARKING
+
+    def test_past_its_minimum_turn_it_yields_at_once(self):
+        w = World([24 * GiB], turns())
+        two(w, load_s=4.0)
+        past_min_turn(w)
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
         assert state(w, "a") is S.PARKING
 
@@ -67,6 +86,7 @@ class TestRentOrBuy:
         the older one, and the holder keeps its card while idle less than a switch back."""
         w = World([24 * GiB], turns())
         two(w, load_s=4.0)                      # a switch back would cost its 4 s start
+        past_min_turn(w)
         expects(w, gap_s=0.5)
         w.advance(1.0)
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
@@ -81,6 +101,7 @@ class TestRentOrBuy:
     def test_an_expected_request_not_yet_due_is_younger_than_the_waiters(self):
         w = World([24 * GiB], turns())
         two(w, load_s=4.0)
+        past_min_turn(w)
         expects(w, gap_s=2.0)
         w.advance(1.0)                          # due in 1 s; the waiter asks now
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
@@ -92,6 +113,7 @@ class TestRentOrBuy:
         after the waiter asked, so the waiter's request is the older one."""
         w = World([24 * GiB], turns())
         two(w, load_s=4.0)
+        past_min_turn(w)
         expects(w, gap_s=0.5)
         w.advance(1.0)
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
@@ -164,6 +186,7 @@ class TestFirstRequest:
         one, so the holder yields then."""
         w = World([24 * GiB], turns())
         two(w, load_s=4.0)
+        past_min_turn(w)
         expects(w, gap_s=0.5)
         w.advance(1.0)
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
@@ -340,6 +363,7 @@ class TestStarting:
         w.advance(0.5)
         jobs(w, "a", 1)
         jobs(w, "a", 0)
+        w.advance(10.0)                         # its minimum turn, then idle past the rent
         assert state(w, "a") is S.PARKING
 
     def test_a_waiter_older_than_the_starting_engines_request_is_not_held_back(self):

@@ -47,6 +47,14 @@ def holder(w: World, load_s: float = 4.0, client: str | None = ME) -> None:
     w.apply(w.s.jobs("a", 0, w.now, answered_client=client, answered_at=w.now))
 
 
+def past_min_turn(w: World, client: str | None = ME) -> None:
+    """a serves one more request of ``client`` just after its minimum turn (10 s)."""
+    w.advance(10.1)
+    w.apply(w.s.jobs("a", 1, w.now, w.now, client=client))
+    w.advance(0.05)
+    w.apply(w.s.jobs("a", 0, w.now, answered_client=client, answered_at=w.now))
+
+
 def ask(w: World, client: str | None, asked_at: float | None = None) -> None:
     """b asks for the card for a request of ``client`` that arrived at ``asked_at``."""
     lease = Lease("b", "B", {G0: Share(G0, 14 * GiB)},
@@ -70,6 +78,7 @@ class TestCausality:
         before, the holder kept its card for the rent)."""
         w = World([24 * GiB], policy())
         holder(w)
+        past_min_turn(w)
         h = w.s.ledger.leases["a"]
         early = Lease("b", "B", {G0: Share(G0, GiB)})
         early.demand.asked_client, early.demand.asked_at = ME, w.now - 2.0
@@ -94,6 +103,7 @@ class TestCausality:
     def test_no_client_known_is_no_causality(self):
         w = World([24 * GiB], policy())
         holder(w, client=None)
+        past_min_turn(w, None)
         w.advance(0.01)
         h = w.s.ledger.leases["a"]
         waiter = Lease("b", "B", {G0: Share(G0, GiB)})
