@@ -199,8 +199,9 @@ def turn_end(holder: Lease, policy: Policy, now: float,
     with no causality known. ``since``: when the waiter's oldest request arrived (default:
     what its lease says, :func:`asked_since`). It follows :func:`_turn` case by case (a test
     holds the two together): a start for an older request, the first-request window, an idle
-    holder's forecast (:func:`idle_forecast`: λ·rent, the rent, rent/λ, or nothing against an
-    older request), the minimum turn, and a busy holder's turn up to ``max_turn`` while the
+    holder's forecast (:func:`idle_forecast`: λ·rent, the rent, rent/λ; against an older
+    request, the rent for expected demand inside its minimum turn, else nothing), the minimum
+    turn, and a busy holder's turn up to ``max_turn`` while the
     front reports its jobs. A request the holder serves that is older than the waiter's keeps
     the card longer (up to ``max_job``)."""
     start, said = turn_start(holder, policy)
