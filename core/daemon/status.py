@@ -74,7 +74,7 @@ def _lease_rows(broker: "Broker", now: float) -> list[dict]:
     for le in led.leases.values():
         rival = contender(broker.sched.state, le)
         extra = {**_orphans(broker, le), **_escapees(broker, le),
-                 **protection(le, policy, now, wall, rival), "demand": outlook(le, policy, rival)}
+                 **protection(le, policy, now, wall, rival), "demand": outlook(le, policy, rival, now)}
         leases.append({**extra,
             "id": le.id, "engine": le.engine, "pid": le.pid, "start_time": le.start_time,
             "priority": le.priority, "bound": le.bound.value, "held": le.held,
@@ -142,15 +142,18 @@ def _size_note(le: Lease) -> str | None:
     return None
 
 
-def outlook(lease: Lease, policy: Policy, waiter: Lease | None = None) -> dict | None:
+def outlook(lease: Lease, policy: Policy, waiter: Lease | None = None,
+            now: float | None = None) -> dict | None:
     """An idle active holder's forecast of its demand (issue 34, :mod:`berth.decide.demand`),
     against ``waiter`` when one waits for its card: ``{"outlook": "none" | "demand" |
     "unknown", "why": "A yields at once: its client is waiting on B", "keep_s", "rent_s",
-    "trust", "forecasts", "wrong"}`` (seconds; ``keep_s`` from the start of its idle spell);
-    ``None`` while it serves or holds no active share."""
+    "trust", "forecasts", "wrong"}`` (seconds; ``keep_s`` from the start of its idle spell;
+    with ``now``, the broker's clock, a waiter whose request is older than any the holder
+    expects ends the keep at once: "A yields at once: B's request is older than the request it
+    expects"); ``None`` while it serves or holds no active share."""
     if not lease.idle() or not any(sh.state is S.ACTIVE for sh in lease.shares.values()):
         return None
-    fc = idle_forecast(lease, waiter or lease, policy, waiter is not None)
+    fc = idle_forecast(lease, waiter or lease, policy, waiter is not None, now)
     d = lease.demand
     return {"outlook": fc.outlook.value, "why": fc.words(lease.engine),
             "keep_s": round(fc.keep_s, 3), "rent_s": round(fc.rent_s, 3),

@@ -70,7 +70,9 @@ class Policy:
       demand (:mod:`berth.decide.demand`, issue 34): forecast to see none, it yields after
       λ × the rent; forecast to see some, it keeps its card up to the rent / λ (its
       ``max_turn`` caps it); 1 is the plain rent. Each holder's wrong forecasts raise its own λ
-      towards 1.
+      towards 1. Since issue 34's yardstick a waiter whose request is older than any the holder
+      expects ends that keep at once (inside the holder's minimum turn, demand still keeps it
+      up to the rent), so λ acts only where the waiter's request time is not known.
     """
 
     queue: QueuePolicy = QueuePolicy.SCAN

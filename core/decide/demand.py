@@ -41,6 +41,21 @@ waiter's front saw (:class:`~.model.Demand`, on the broker's clock):
    request's arrival) under the rent is **demand**, over it **no demand**.
 4. nothing known: no forecast, the plain rent.
 
+**The older request first** (issue 34's yardstick): whatever the forecast, an idle holder keeps
+its card against a waiter only for a request older than the waiter's. Idle, it has none; the
+one it expects (demand: its idle spell's start plus the median gap) is older only when it was
+due before the waiter asked (its client is late, not gone), and with no forecast nothing is
+expected at all. Otherwise the waiter's request is the oldest (``Forecast.older``): once the holder's minimum
+turn (``max(min_turn, switch cost)``) is over it gets the card at once, the order FIFO peers
+serve in (llama-swap v250 swaps as soon as the holder has nothing in flight). Inside its
+minimum turn a holder that expects demand (a demand forecast, or none yet) still keeps its card
+for it (``Forecast.turn_keep_s``): the minimum turn protects a holder only while it has demand,
+and it is what batches two busy clients (live, a switch of two 14 GiB checkpoints takes about
+7 s; one switch per request answered 14 requests in 90 s where turns answer over 45). Keeping
+an idle card for a later request of the holder's own busy client up to ``max_turn`` had made
+the waiter wait out every short idle gap, on every seed of ``bench/policy``'s ping-pong and
+busy-beside shapes (their longest wait 1.2-2x the peer's).
+
 Pure: no I/O, no clock, no logging. Times are arguments.
 """
 
@@ -89,11 +104,17 @@ class Forecast:
     rent_s: float
     keep_s: float
     trust: float
+    older: str = ""     # the waiter whose older request ends the keep at once (its engine)
+    turn_keep_s: float = 0.0    # the keep an older request leaves it inside its minimum turn
 
     def words(self, holder: str) -> str:
         """The holder's turn in words, for the board and a waiter's reason: ``"A yields at
         once: its client is waiting on B"``. Stable while the evidence is (a changed reason
         wakes every poll)."""
+        if self.older:
+            expects = "the request it expects" if self.outlook is Outlook.DEMAND else \
+                "any request it may get"
+            return f"{holder} yields at once: {self.older}'s request is older than {expects}"
         if self.outlook is Outlook.NONE:
             when = "at once" if self.keep_s < 0.05 else \
                 f"after {format_duration(self.keep_s)} idle"
@@ -131,10 +152,14 @@ def _own_clients(d: Demand) -> bool:
 
 
 def forecast(holder: Lease, waiter: Lease | None, policy: Policy, rent: float,
-             longest_s: float) -> Forecast:
+             longest_s: float, idle_from: float | None = None,
+             since: float | None = None) -> Forecast:
     """The idle ``holder``'s forecast against ``waiter`` (``None``: a waiter not known yet,
     so no causality), numbered as in the module docstring. ``rent``: what a switch back would
-    cost (seconds); ``longest_s``: its turn's cap (``max_turn``)."""
+    cost (seconds); ``longest_s``: its turn's cap (``max_turn``). ``idle_from``: when its idle
+    spell began and ``since``: when the waiter's oldest request arrived (broker's clock): with
+    both, a waiter whose request is older than any the holder expects gets the card at once
+    (the older request first, see the module docstring)."""
     lam = trust(holder, policy)
     d = holder.demand
 
@@ -147,6 +172,10 @@ def forecast(holder: Lease, waiter: Lease | None, policy: Policy, rent: float,
             keep = min(rent / max(lam, 1.0), max(rent, longest_s))
         else:
             keep = rent
+        if keep > 0 and waiter is not None and idle_from is not None and since is not None \
+                and (outlook is not Outlook.DEMAND or idle_from + _median(d.gaps) > since):
+            return Forecast(outlook, why, rent, 0.0, lam, older=waiter.engine,
+                            turn_keep_s=keep if outlook is not Outlook.NONE else 0.0)
         return Forecast(outlook, why, rent, keep, lam)
 
     own = _own_clients(d)

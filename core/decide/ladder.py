@@ -38,7 +38,7 @@ from .units import format_duration, format_size
 
 __all__ = ["Rung", "RUNGS", "Action", "Step", "Plan", "NoPlan", "plan", "displaceable",
            "expected_residual", "SwapLog", "turn_start", "rent_s", "turn_end", "idle_forecast",
-           "idle_for"]
+           "idle_for", "asked_since"]
 
 S = ShareState
 
@@ -142,12 +142,14 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     request (equal priority may be, as llama-swap swaps models; an idle high-priority engine can
     be parked for anyone once that runs out); (4) against a waiter of equal or lower priority
     only (a turn never holds back a higher priority), the holder's turn (:func:`_turn`): it is
-    starting, inside its minimum turn, serving requests older than the waiter's, waiting for
-    its first request, or inside its ``max_turn`` with demand (busy, or, against an equal
-    priority, idle for less than a switch back would cost: rent or buy, issue 24; a higher
-    priority's rent is its ``keep_warm``); (5) the juggle guard: two busy engines swap
-    a card at most ``juggle_max_swaps`` times inside ``juggle_window_s``. ``since``: when the
-    waiter's oldest request arrived.
+    starting (idle or not, when the waiter asked after the request it loads for: issue 34),
+    inside its minimum turn, serving requests older than the waiter's, waiting for its first
+    request, or inside its ``max_turn`` with demand (busy, or, against an equal priority, idle
+    for less than its forecast keeps it: rent or buy, issue 24, with issue 34's forecast; never
+    against a waiter whose request is older than any it expects; a higher priority's rent is
+    its ``keep_warm``); (5) the juggle guard: two busy engines swap a card at most
+    ``juggle_max_swaps`` times inside ``juggle_window_s``. ``since``: when the waiter's oldest
+    request arrived (default: what its lease says, :func:`asked_since`).
     """
     if holder.id == waiter.id:                                               # (1)
         return "itself"
@@ -188,26 +190,34 @@ def rent_s(holder: Lease, waiter: Lease, policy: Policy) -> float:
 
 
 def turn_end(holder: Lease, policy: Policy, now: float,
-             waiter: Lease | None = None) -> float | None:
+             waiter: Lease | None = None, since: float | None = None) -> float | None:
     """When step (4) of :func:`displaceable` stops keeping the card for ``holder`` against an
     equal-priority waiter that asks at ``now`` with no park cost measured yet (the board's and
     ``berth status``'s "until", issue 29), on the broker's clock in seconds; ``None`` when the
     turn keeps it for nothing from ``now``. ``waiter``: that waiter when one is known (its
     client decides whether the holder's client waits on it, issue 34); ``None``: any waiter,
-    with no causality known. It follows :func:`_turn` case by case (a test holds the two
-    together): the first-request window, an idle holder's forecast (:func:`idle_forecast`:
-    λ·rent, the rent, or rent/λ), the minimum turn, and a busy holder's turn up to
-    ``max_turn`` while the front reports its jobs. A request the holder serves that is older
-    than the waiter's keeps the card longer (up to ``max_job``)."""
+    with no causality known. ``since``: when the waiter's oldest request arrived (default:
+    what its lease says, :func:`asked_since`). It follows :func:`_turn` case by case (a test
+    holds the two together): a start for an older request, the first-request window, an idle
+    holder's forecast (:func:`idle_forecast`: λ·rent, the rent, rent/λ; against an older
+    request, the rent for expected demand inside its minimum turn, else nothing), the minimum
+    turn, and a busy holder's turn up to ``max_turn`` while the
+    front reports its jobs. A request the holder serves that is older than the waiter's keeps
+    the card longer (up to ``max_job``)."""
     start, said = turn_start(holder, policy)
     longest = max(policy.max_turn_s, policy.min_turn_s, holder.switch_cost_s)
+    since = asked_since(waiter, since) if waiter is not None else None
     if holder.idle():
         first = start + policy.first_request_s if said and (
             holder.last_job_at is None or holder.last_job_at < start) else 0.0
+        if _starting_for_older(holder, now, start, since):
+            first = start
         idle_from = max(holder.idle_since if holder.idle_since is not None else now,
                         start if said else 0.0)
-        fc = idle_forecast(holder, waiter or holder, policy, waiter is not None)
+        fc = idle_forecast(holder, waiter or holder, policy, waiter is not None, now, since)
         end = max(first, min(idle_from + fc.keep_s, start + longest))
+        if fc.turn_keep_s > 0:
+            end = max(end, min(idle_from + fc.turn_keep_s, start + _min_turn(holder, policy)))
     else:
         end = start + max(policy.min_turn_s, holder.switch_cost_s)
         if holder.jobs_reported:
@@ -226,14 +236,47 @@ def idle_for(holder: Lease, policy: Policy, now: float) -> float:
 
 
 def idle_forecast(holder: Lease, waiter: Lease, policy: Policy,
-                  known: bool = True) -> Forecast:
+                  known: bool = True, now: float | None = None,
+                  since: float | None = None) -> Forecast:
     """An idle holder's forecast against ``waiter`` (:func:`.demand.forecast`): how long from
     the start of its idle spell it keeps the card (``keep_s``), with the rent (what a switch
     back would cost, :func:`rent_s`) and the evidence. ``known``: the waiter's client is known
-    (else no causality is looked for)."""
+    (else no causality is looked for). With ``now``, the waiter's request age counts too
+    (``since``, default :func:`asked_since`): against a request older than any the holder
+    expects, it keeps nothing (issue 34: the older request first)."""
     longest = max(policy.max_turn_s, policy.min_turn_s, holder.switch_cost_s)
+    idle_from = None if now is None else now - idle_for(holder, policy, now)
+    if known and now is not None:
+        since = asked_since(waiter, since)
     return forecast(holder, waiter if known else None, policy, rent_s(holder, waiter, policy),
-                    longest)
+                    longest, idle_from, since if known else None)
+
+
+def asked_since(waiter: Lease, since: float | None = None) -> float | None:
+    """When the waiter's oldest request arrived (broker's clock): ``since`` when the caller
+    knows it (the ladder's: its queue entry, or its front's oldest request if older), else its
+    front's oldest request, else the request that asked for its grant or wake; ``None`` when
+    none is known."""
+    if since is not None:
+        return since
+    return waiter.oldest_job_at if waiter.oldest_job_at is not None else waiter.demand.asked_at
+
+
+def _starting_for_older(holder: Lease, now: float, start: float, since: float | None) -> bool:
+    """Issue 34: a holder still starting (granted, not yet said it serves) loads for the
+    request that asked for it; a waiter that asked after that request does not take its card
+    before it has served it (a manager such as llama-swap holds that request until its health
+    poll, so the front has none to report, and a park planned then took effect before it and
+    cost it a whole switch back: 57 s on ``bench/policy``'s n and o shapes)."""
+    return now < start and (since is None or since >= holder.requested_at)
+
+
+def _min_turn(holder: Lease, policy: Policy) -> float:
+    """A turn is worth at least what the switch into it cost (issue 16: cost-aware turns)."""
+    return max(policy.min_turn_s, holder.switch_cost_s)
+
+
+_STARTING = "{} is starting: it has not said it serves yet (given up to {} after its grant)"
 
 
 def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
@@ -241,9 +284,13 @@ def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
     """Step (4) of :func:`displaceable`: why the holder's turn keeps its card, or ``None``."""
     start, said = turn_start(holder, policy)
     longest = max(policy.max_turn_s, policy.min_turn_s, holder.switch_cost_s)
+    since = asked_since(waiter, since)
+    if _starting_for_older(holder, now, start, since):
+        return _STARTING.format(holder.engine, format_duration(policy.wake_limit_s))
     if holder.idle():
         # An idle holder yields once its idle spell outlasts a switch back (rent or buy:
-        # never worse than twice the best choice in hindsight), or its turn is over.
+        # never worse than twice the best choice in hindsight), or its turn is over, or at
+        # once to a request older than any it expects (issue 34).
         # The words stay the same while the reason does: a changed wait wakes every poll.
         if said and now - start < policy.first_request_s and (
                 holder.last_job_at is None or holder.last_job_at < start):
@@ -254,16 +301,20 @@ def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
         # How long it keeps the card idle is what its forecast says (issue 34: λ·rent with no
         # demand expected, rent/λ with some, the rent with no forecast).
         # A higher priority's rent is its keep_warm, which (3) has counted already.
-        fc = idle_forecast(holder, waiter, policy)
+        fc = idle_forecast(holder, waiter, policy, now=now, since=since)
         if holder.priority == waiter.priority and idle_s < fc.keep_s and now - start < longest:
             return f"{fc.words(holder.engine)}; its turn lasts at most " \
                    f"{format_duration(longest)}"
+        # Against an older request, demand keeps it only inside its minimum turn (issue 34).
+        if holder.priority == waiter.priority and idle_s < fc.turn_keep_s and \
+                now - start < _min_turn(holder, policy):
+            return (f"{holder.engine} is inside its minimum turn and expects a request within "
+                    f"a switch back ({format_duration(fc.rent_s)})")
         return None
     if now < start:        # no turn has begun: it has not said it serves (even at 0s)
-        return (f"{holder.engine} is starting: it has not said it serves yet (given up to "
-                f"{format_duration(policy.wake_limit_s)} after its grant)")
+        return _STARTING.format(holder.engine, format_duration(policy.wake_limit_s))
     # A turn is worth at least what the switch into it cost (issue 16: cost-aware turns).
-    if now - start < max(policy.min_turn_s, holder.switch_cost_s):
+    if now - start < _min_turn(holder, policy):
         return f"{holder.engine} is inside its minimum turn"
     # Older requests keep the card only while the oldest is younger than the holder's max_job
     # (a job that outlived it protects nothing, as in the park's wait for quiet).

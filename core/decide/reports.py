@@ -254,7 +254,7 @@ def _arrival(st: State, lease: Lease, client: str | None, at: float) -> None:
     if lease.idle() and holds:
         waiter = contender(st, lease)
         if waiter is not None:
-            kept = idle_forecast(lease, waiter, st.policy)
+            kept = idle_forecast(lease, waiter, st.policy, now=at)
     moved = demand.moved_from(st.ledger.leases.values(), lease, client, at) if holds else None
     demand.arrived(lease, client, at, kept, moved, holds)
 

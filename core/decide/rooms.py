@@ -261,13 +261,22 @@ def _turns_end(st: State, waiter: Lease, now: float) -> float | None:
     active holder of equal or higher priority on its cards), so the next pass comes then and
     not at the next driver read; ``None``: none ends."""
     ends = []
+    w = st.queue.get(waiter.id)
     for pci in waiter.shares:
         for holder, _sh in st.ledger.active_on(pci):
             if holder.id != waiter.id and holder.priority >= waiter.priority:
-                end = turn_end(holder, st.policy, now, waiter)
+                end = turn_end(holder, st.policy, now, waiter, _since(waiter, w))
                 if end is not None:
                     ends.append(end)
     return min(ends, default=None)
+
+
+def _since(waiter: Lease, w) -> float | None:
+    """When the waiter's oldest request arrived, as the ladder counts it (its queue entry, or
+    its front's oldest request if older)."""
+    if w is None:
+        return None
+    return w.since if waiter.oldest_job_at is None else min(w.since, waiter.oldest_job_at)
 
 
 def _begin_steps(st: State, p: Plan, lease: Lease, now: float) -> list[Effect]:
@@ -282,7 +291,7 @@ def _begin_steps(st: State, p: Plan, lease: Lease, now: float) -> list[Effect]:
         victim = st.ledger.leases[step.lease_id]
         if victim.idle() and victim.priority == lease.priority:
             # The forecast its turn yielded under is settled later (issue 34).
-            demand.yielded(victim, idle_forecast(victim, lease, st.policy),
+            demand.yielded(victim, idle_forecast(victim, lease, st.policy, now=now),
                            idle_for(victim, st.policy, now))
         reason = f"room for {lease.engine}"
         if step.jobs:

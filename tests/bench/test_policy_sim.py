@@ -78,35 +78,31 @@ class TestHandComputedWaits:
         # the 1e9 reserve leaves, and the broker's last driver read decides each grant.
         # a: granted at the read at 0, ready at 14.25 (berth run is llama-swap's cmd, whose
         # health polls come at 0.25 s and then every second).
-        # b at 30: a has been idle since its request ended at 19.25, and an idle holder keeps
-        # its card while it has been idle less than a switch back would cost (rent or buy,
-        # issue 24): a's cold start, 14 s (the run reports it ready as the load ends, before
-        # llama-swap's poll), plus a park never measured yet, 0 s: to 33.25 (the requests
-        # carry no client, so no forecast: the plain rent). The turn's end brings the pass
-        # (issue 34), which plans the park: the checkpoint takes 12e9 / 70 GB/s = 0.1714 s,
-        # the confirmation helper's first poll shows the memory gone, and that read grants b
-        # at once: b loads 14 s, and the health poll 14.25 s after the grant sees it: a wait
-        # of 17.6714. a at 50: b serves its request from 47.6714 to 52.6714, then is idle;
-        # its rent is its 14 s cold start plus a's measured park, 0.1714 s: to 66.8428
-        # (inside its 30 s max_turn). Then b's park (0.1714 s), its confirming read grants
-        # a's wake, and the restore takes 12e9 / 8 GB/s = 1.5 s.
+        # b at 30: a has been idle since its request ended at 19.25, and its minimum turn
+        # (its 14 s cold start, from 14.25) is over at 28.25: b's request is older than any a
+        # may get, so a yields at once (issue 34's yardstick: the older request first). The
+        # checkpoint takes 12e9 / 70 GB/s = 0.1714 s, the confirmation helper's first poll shows
+        # the memory gone, and that read grants b at once: b loads 14 s, and the health poll
+        # 14.25 s after the grant sees it: a wait of 14.4214. a at 50: b serves its request from
+        # 44.4214 to 49.4214, then is idle inside its minimum turn (14 s from 44.1714, when the
+        # run reported it ready): with no forecast it keeps its card for the demand it may have,
+        # up to the rent (14.1714 s), until that turn ends at 58.1714. Then b's park (0.1714 s),
+        # its confirming read grants a's wake, and the restore takes 12e9 / 8 GB/s = 1.5 s.
         got = waits(policy, tiny(TRACE, base=12 * 10**9))
         park = 12e9 / 70e9
-        b_idle = 33.25 + park + 14.25 + 5.0
-        assert got == pytest.approx([14.25, 33.25 + park + 14.25 - 30,
-                                     b_idle + 14 + park + park + 1.5 - 50])
+        b_ready = 30 + park + 14
+        assert got == pytest.approx([14.25, park + 14.25, b_ready + 14 + park + 1.5 - 50])
 
     @pytest.mark.parametrize("policy", ["berth-scan-declared", "berth-strict-declared"])
     def test_busy_holder_keeps_its_turn(self, policy):
-        # As above, but b's request at 30 runs 20 s, from 47.6714 to 67.6714: b serves a
-        # request older than a's (50), so it keeps its card; then it is idle, and its rent
-        # (14.1714 s) would run to 81.8428, but its turn is bounded by max_turn, 30 s from
-        # when it said it serves (47.4214): that end brings the pass, which plans the park,
-        # then 0.1714 s to park and 1.5 s to restore.
+        # As above, but b's request at 30 runs 20 s, from 44.4214 to 64.4214: b serves a
+        # request older than a's (50), so it keeps its card; then it is idle past its minimum
+        # turn (58.1714), and a's request is the older one: the park at once (0.1714 s), then
+        # 1.5 s to restore.
         trace = [(0.0, "a", 5.0, 0, 0.0), (30.0, "b", 20.0, 0, 0.0), (50.0, "a", 5.0, 0, 0.0)]
         got = waits(policy, tiny(trace, base=12 * 10**9))
         park = 12e9 / 70e9
-        assert got[2] == pytest.approx(33.25 + park + 14 + 30 + park + 1.5 - 50)
+        assert got[2] == pytest.approx(30 + park + 14.25 + 20 + park + 1.5 - 50)
 
 
 class TestConservation:

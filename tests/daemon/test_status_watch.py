@@ -195,9 +195,16 @@ def test_an_idle_holder_whose_client_waits_on_the_waiter_says_it_yields_at_once(
     assert displaceable(h, w, policy, 120.0) is None
     line = _until({"demand": out, **protection(h, policy, 120.0, 0.0, w)})
     assert "holder yields at once: its client is waiting on waiter" in line, line
-    # Another client's request: the plain rent, said as such, and its end.
+    # Another client's request, older than any the holder may get, its minimum turn over:
+    # it yields at once, and says why.
     w.demand.asked_client = "k2"
-    out = outlook(h, policy, w)
+    out = outlook(h, policy, w, 120.0)
+    assert out["outlook"] == "unknown" and out["why"] == \
+        "holder yields at once: waiter's request is older than any request it may get", out
+    assert protection(h, policy, 120.0, 0.0, w)["turn_until"] is None
+    # With no time known for the waiter's request: the plain rent, said as such, and its end.
+    w.demand.asked_at = None
+    out = outlook(h, policy, w, 120.0)
     assert out["outlook"] == "unknown" and "less than a switch back" in out["why"], out
     assert protection(h, policy, 120.0, 0.0, w)["turn_left_s"] == pytest.approx(2.0)
     assert outlook(_holder(in_flight=1), policy, w) is None      # serving: no forecast

@@ -1,8 +1,8 @@
 """Issue 24, pure: decisions that hold under live contention. Virtual time, no I/O.
 
 Rent or buy (an idle holder keeps its card while it has been idle less than a switch back would
-cost, within ``max_turn``; a holder that has just become ready waits ``first_request_s`` for its
-first request), room re-decided at grant (the best waiter then, not the one it was made for), a
+cost, within ``max_turn``, and since issue 34 only for a request due before the waiter asked; a
+holder that has just become ready waits ``first_request_s`` for its first request), room re-decided at grant (the best waiter then, not the one it was made for), a
 park called off when its waiter leaves before the mechanism began, memory a gone process left
 behind counted as a release under way, and a holder that Berth can neither drain nor park
 named at once. Each failed before the change (the idle holder yielded at once, the room went
@@ -47,39 +47,81 @@ def two(w: World, load_s: float = 4.0) -> None:
     jobs(w, "a", 0)
 
 
+def expects(w: World, lid: str = "a", gap_s: float = 0.5) -> None:
+    """``lid``'s clients came back ``gap_s`` after each of its last three answers: a demand
+    forecast, its next request due ``gap_s`` after it went idle (issue 34)."""
+    w.s.ledger.leases[lid].demand.gaps.extend([gap_s] * 3)
+
+
+def past_min_turn(w: World, lid: str = "a") -> None:
+    """``lid`` serves one more request just after its minimum turn (10 s) and is idle again."""
+    w.advance(10.1)
+    jobs(w, lid, 1)
+    jobs(w, lid, 0)
+
+
 class TestRentOrBuy:
-    def test_an_idle_holder_keeps_its_card_while_idle_less_than_a_switch_back(self):
+    def test_an_idle_holder_yields_at_once_to_an_older_request(self):
+        """Issue 34: past its minimum turn, idle, the holder has no request older than the
+        waiter's (FIFO peers serve the waiter now). Before: it kept its card for the rent, its
+        4 s start. Inside its minimum turn it keeps it for the demand it may have."""
+        w = World([24 * GiB], turns())
+        two(w, load_s=4.0)
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        assert state(w, "a") is S.ACTIVE
+        why, _ = w.s.wait_cause("b")
+        assert "inside its minimum turn and expects a request" in why, why
+        w.advance(4.1)                          # idle past the rent: it yields
+        assert state(w, "a") is S.PARKING
+
+    def test_past_its_minimum_turn_it_yields_at_once(self):
+        w = World([24 * GiB], turns())
+        two(w, load_s=4.0)
+        past_min_turn(w)
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        assert state(w, "a") is S.PARKING
+
+    def test_a_late_expected_request_keeps_the_card_for_the_rent(self):
+        """Its request was due before the waiter asked (its client is late, not gone): it is
+        the older one, and the holder keeps its card while idle less than a switch back."""
         w = World([24 * GiB], turns())
         two(w, load_s=4.0)                      # a switch back would cost its 4 s start
+        past_min_turn(w)
+        expects(w, gap_s=0.5)
+        w.advance(1.0)
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
         assert state(w, "a") is S.ACTIVE
         why, lasting = w.s.wait_cause("b")
-        assert "less than a switch back would cost" in why and not lasting, why
-        w.advance(3.9)
+        assert "request expected within a switch back" in why and not lasting, why
+        w.advance(2.9)
         assert state(w, "a") is S.ACTIVE
         w.advance(0.2)                          # idle 4.1 s > 4 s: it yields
         assert state(w, "a") is S.PARKING
 
-    def test_a_request_inside_the_rent_window_keeps_the_turn_going(self):
+    def test_an_expected_request_not_yet_due_is_younger_than_the_waiters(self):
         w = World([24 * GiB], turns())
         two(w, load_s=4.0)
+        past_min_turn(w)
+        expects(w, gap_s=2.0)
+        w.advance(1.0)                          # due in 1 s; the waiter asks now
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
-        for _ in range(5):                      # its client comes back every 2 s
-            w.advance(2.0)
-            jobs(w, "a", 1)
-            jobs(w, "a", 0)
-        assert state(w, "a") is S.ACTIVE
+        assert state(w, "a") is S.PARKING
 
-    def test_the_turn_is_bounded_by_max_turn(self):
-        w = World([24 * GiB], turns(max_turn_s=12))
+    def test_its_own_clients_next_request_does_not_renew_the_keep(self):
+        """A busy client that comes back within the rent kept the card against an older waiter
+        up to ``max_turn`` (30 s) before issue 34's yardstick; now its next idle spell starts
+        after the waiter asked, so the waiter's request is the older one."""
+        w = World([24 * GiB], turns())
         two(w, load_s=4.0)
+        past_min_turn(w)
+        expects(w, gap_s=0.5)
+        w.advance(1.0)
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
-        for _ in range(5):                      # 10 s of short requests: inside the turn
-            w.advance(2.0)
-            jobs(w, "a", 1)
-            jobs(w, "a", 0)
         assert state(w, "a") is S.ACTIVE
-        w.advance(2.0)                          # 12 s since it became ready: the turn is over
+        w.advance(1.0)
+        jobs(w, "a", 1)                         # its client came back: served first
+        assert state(w, "a") is S.ACTIVE
+        jobs(w, "a", 0)
         assert state(w, "a") is S.PARKING
 
     def test_a_busy_holder_serves_its_turn_then_yields(self):
@@ -138,18 +180,19 @@ class TestFirstRequest:
         assert state(w, "a") is S.DRAINING        # its rent (a 0 s start) is over at once
         assert [e.kind for e in w.effects if isinstance(e, Note)].count("first_request") == 1
 
-    def test_a_served_request_restarts_the_rent(self):
-        """The rent counts idleness from the end of the last request served, not from the last
-        in-flight sample that saw one."""
+    def test_a_request_served_unseen_ends_the_keep_against_an_older_waiter(self):
+        """A request served between two in-flight samples (the front's served count moved) is
+        the end of an idle spell like any other: the waiter's request is older than the next
+        one, so the holder yields then."""
         w = World([24 * GiB], turns())
-        two(w, load_s=4.0)                      # a switch back would cost its 4 s start
+        two(w, load_s=4.0)
+        past_min_turn(w)
+        expects(w, gap_s=0.5)
+        w.advance(1.0)
         w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
-        w.advance(3.0)
+        assert state(w, "a") is S.ACTIVE        # its late request is older than b's
+        w.advance(1.0)
         w.apply(w.s.jobs("a", 0, w.now, served=1))   # served unseen by the samples
-        w.advance(3.0)                          # 6 s after the last sample, 3 s after it
-        assert state(w, "a") is S.ACTIVE
-        w.apply(w.s.jobs("a", 0, w.now, served=1))   # the same count again: nothing new
-        w.advance(1.1)
         assert state(w, "a") is S.PARKING
 
     def test_a_negative_served_count_is_refused(self):
@@ -296,3 +339,43 @@ class TestUnfreeable:
         w.apply(w.s.exited("c", w.now, final=True))
         texts = [e.text for e in w.effects if isinstance(e, Note) and e.kind == "exit"]
         assert texts and not any(t.endswith("exited") for t in texts), texts
+
+
+class TestStarting:
+    def test_a_starting_engine_keeps_its_card_against_a_waiter_that_asked_later(self):
+        """Issue 34 (bench/policy's n and o shapes): an engine still loading for its request
+        (held in llama-swap until its health poll, so its front reports none) is not parked
+        for a waiter that asked after that request; it serves it first. Before: the park was
+        planned at once and took effect before its first request, which waited 57 s."""
+        w = World([24 * GiB], turns())
+        w.s.request(Lease("a", "A", {G0: Share(G0, 14 * GiB)}, caps=Capabilities(
+            park=CKPT, front="127.0.0.1:1")), w.now)
+        w.read()
+        jobs(w, "a", 0)                         # its front has nothing yet
+        w.advance(5.0)
+        w.request("b", "B", {G0: 14 * GiB}, park=CKPT)
+        assert state(w, "a") is S.ACTIVE
+        why, lasting = w.s.wait_cause("b")
+        assert "A is starting" in why and not lasting, why
+        w.advance(4.0)
+        w.apply(w.s.ready("a", w.now))          # it serves: its first request comes next
+        assert state(w, "a") is S.ACTIVE
+        w.advance(0.5)
+        jobs(w, "a", 1)
+        jobs(w, "a", 0)
+        w.advance(10.0)                         # its minimum turn, then idle past the rent
+        assert state(w, "a") is S.PARKING
+
+    def test_a_waiter_older_than_the_starting_engines_request_is_not_held_back(self):
+        w = World([24 * GiB], turns())
+        w.request("b", "B", {G0: 20 * GiB}, park=CKPT)   # b waits from now (no room yet)
+        lease = Lease("a", "A", {G0: Share(G0, 14 * GiB)}, caps=Capabilities(
+            park=CKPT, front="127.0.0.1:1"))
+        lease.requested_at = w.now + 1.0
+        from berth.decide.ladder import displaceable
+        lease.granted_at, lease.jobs_reported = w.now + 1.0, True
+        since = w.now
+        assert displaceable(lease, w.s.ledger.leases["b"], turns(), w.now + 2.0,
+                            since=since) is None
+        assert "is starting" in displaceable(lease, w.s.ledger.leases["b"], turns(),
+                                             w.now + 2.0, since=since + 1.5)

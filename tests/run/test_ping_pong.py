@@ -7,8 +7,9 @@ policy (only the reads made faster, as in ``berth demo``), with the parameters o
 client per engine sends a chat, waits for its answer, pauses 1 s, and sends again, for 90 s.
 Before the issue every pause made the holder "idle", it yielded at once, and every request paid
 a full park and restore: 10 to 13 answered in 90 s (10 on this machine, at a load average of
-about 12). Rent or buy keeps an idle holder's card while its client comes back within what a
-switch back costs, and ``max_turn`` bounds the turn. The simulator's replay of the same file
+about 12). An idle holder that expects demand keeps its card while its client comes back
+within what a switch back costs, inside its minimum turn (issue 34: past it, the other side's
+older request goes first). The simulator's replay of the same file
 agrees on who is served first and on the number of switches.
 """
 
