@@ -39,7 +39,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.fixtures import berthd, runs  # noqa: F401  (the suite's fixtures, for every folder)
-from tests.helpers import RUN_ENV, sweep_run
+from tests.helpers import RUN_ENV, slowness, sweep_run
 
 settings.register_profile("ci", max_examples=150, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -177,6 +177,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if long_:
         config.hook.pytest_deselected(items=long_)
         items[:] = [it for it in items if not it.get_closest_marker(LONG_MARK)]
+
+
+def _timeout_s(item: pytest.Item) -> float:
+    """The pytest-timeout ceiling set for ``item`` (its marker, else the ini's), 0 for none."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+    else:
+        value = item.config.getini("timeout")
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """pytest-timeout's ceiling bounds a hung test, it does not measure speed: scaled by the
+    machine's measured slowness when the test starts (issue 38: a random-sequence property
+    test passed pytest-timeout's 300 s with eight busy processes beside the suite)."""
+    base = _timeout_s(item)
+    if base > 0:
+        item.add_marker(pytest.mark.timeout(round(base * slowness(), 1)), append=False)
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)

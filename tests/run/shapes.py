@@ -18,7 +18,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.policy.policies import make
@@ -34,8 +34,24 @@ TOKENS_PER_S = 50.0
 RESIDUAL_BYTES = 256 << 20
 
 
-def workload(name: str) -> Workload:
-    return Workload.load(WORKLOADS / f"{name}.json")
+def workload(name: str, run_s: float | None = None) -> Workload:
+    """The workload file ``name``; with ``run_s``, its first ``run_s`` seconds
+    (:func:`shortened`)."""
+    wl = Workload.load(WORKLOADS / f"{name}.json")
+    return wl if run_s is None else shortened(wl, run_s)
+
+
+def shortened(wl: Workload, run_s: float) -> Workload:
+    """``wl`` cut at ``run_s`` seconds: the requests that arrive before it, the clients that
+    start before it, each sending until ``run_s`` at the latest (their draws, from their seeds,
+    unchanged: the same first requests, engines, services and think times). The live run and
+    the simulator replay the same cut workload (issue 38: the suite's length was the length
+    of these replays)."""
+    cut = wl.truncated(run_s)
+    clients = tuple(replace(c, until_s=min(c.until_s, run_s)) for c in cut.clients
+                    if c.start_s < run_s)
+    return replace(cut, clients=clients,
+                   generator={**cut.generator, "shortened_to_s": run_s}).validate()
 
 
 @dataclass
