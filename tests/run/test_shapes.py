@@ -59,7 +59,7 @@ def _report(lv: Live, sim) -> str:
     return f"live {lv.outcome()}, sim {sim}; requests {rows}"
 
 
-@pytest.mark.early
+@pytest.mark.early(115)
 @pytest.mark.timeout(400)
 def test_priority_is_kept_at_grant(live):
     """L (0) serves a long job; M (5) asks; H (10) asks 5 s later while L's park waits for the
@@ -76,7 +76,7 @@ def test_priority_is_kept_at_grant(live):
     assert agree(lv.outcome(), sim), _report(lv, sim)
 
 
-@pytest.mark.early
+@pytest.mark.early(85)
 @pytest.mark.timeout(400)
 def test_a_fresh_engine_keeps_its_card_until_its_managers_poll(live):
     """Two models asked together under llama-swap (its health poll every 1 s), no park. Before:
@@ -98,7 +98,7 @@ def test_a_fresh_engine_keeps_its_card_until_its_managers_poll(live):
     assert agree(lv.outcome(), sim), _report(lv, sim)
 
 
-@pytest.mark.early
+@pytest.mark.early(140)
 @pytest.mark.timeout(400)
 def test_a_park_for_a_waiter_that_left_is_called_off(live):
     """A serves a job past its turn; B's client asks for B (parked) and leaves while A's park
@@ -146,9 +146,9 @@ RUN_S = {"j-alternate-two": 60, "k-alternate-three": 75, "l-think-times": 120,
          "m-busy-beside": 60, "n-comfy-chats": 90, "o-bursty-ping-pong": 60}
 
 
-@pytest.mark.early
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", list(RUN_S))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.early(s + 15))
+                                  for n, s in RUN_S.items()])
 def test_clients_that_move_between_engines(live, name):
     """Issue 34's shapes under the default policy: a client that moves between engines (and, in
     m and n, another client beside it) sends each request after the last answer. Every request

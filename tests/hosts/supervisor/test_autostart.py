@@ -23,6 +23,7 @@ def _run_cmd(engine: str) -> str:
             f"--weights 5GiB --load-s 0.3")
 
 
+@pytest.mark.early(55)
 def test_five_autostarting_berth_runs_on_a_card_that_fits_three(stack_factory):
     names = [f"p{i}" for i in range(1, 6)]
     s = stack_factory([Prog(n, _run_cmd(n), startsecs=1) for n in names])
@@ -31,8 +32,13 @@ def test_five_autostarting_berth_runs_on_a_card_that_fits_three(stack_factory):
     st = s.status()
     waiting = {w["engine"]: w for w in st["waiting"]}
     assert len(waiting) == 2, st["waiting"]
-    for w in waiting.values():
-        assert w["why"] and ("holds" in w["why"] or "short" in w["why"]), w
+    # The first in the queue waits for the holders; the one behind it may name it instead (on a
+    # loaded machine: "queued behind p5 for the same card", issue 38).
+    for e, w in waiting.items():
+        ahead = [o for o in waiting if o != e]
+        assert w["why"] and ("holds" in w["why"] or "short" in w["why"] or any(
+            f"queued behind {o}" in w["why"] for o in ahead)), w
+    assert any("holds" in w["why"] or "short" in w["why"] for w in waiting.values()), waiting
     # supervisord runs all five (the two waiting are berth runs holding their start), and no
     # load ran out of memory on the card.
     wait_for(lambda: all(s.info(n).statename == "RUNNING" for n in names), 30,
