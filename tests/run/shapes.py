@@ -34,11 +34,8 @@ TOKENS_PER_S = 50.0
 RESIDUAL_BYTES = 256 << 20
 
 
-def workload(name: str, run_s: float | None = None) -> Workload:
-    """The workload file ``name``; with ``run_s``, its first ``run_s`` seconds
-    (:func:`shortened`)."""
-    wl = Workload.load(WORKLOADS / f"{name}.json")
-    return wl if run_s is None else shortened(wl, run_s)
+def workload(name: str) -> Workload:
+    return Workload.load(WORKLOADS / f"{name}.json")
 
 
 def shortened(wl: Workload, run_s: float) -> Workload:
@@ -81,6 +78,17 @@ def simulate(wl: Workload) -> Outcome:
     served = sorted((j.start_s, j.engine) for j in world.jobs if j.done_s is not None)
     k = rec.summary["switches_by_kind"]
     return Outcome(_distinct(e for _, e in served), k["park"], k["drain"], len(served))
+
+
+def asked_by_s(wl: Workload) -> float:
+    """Seconds into the simulator's replay of ``wl`` (``berth-default``) by which every engine
+    of the workload has been asked for (the last engine's first request)."""
+    world = SimWorld(wl, make("berth-default"))
+    world.run()
+    first: dict[str, float] = {}
+    for j in world.jobs:
+        first[j.engine] = min(first.get(j.engine, j.arrival_s), j.arrival_s)
+    return max(first.values(), default=0.0)
 
 
 def agree(live: Outcome, sim: Outcome) -> bool:
@@ -147,6 +155,9 @@ class Live:
         self.lock = threading.Lock()
         self.rows: list[Row] = []
         self.t0 = 0.0
+        #: Where :meth:`run` cut the workload (seconds from its start), ``None`` if it did not.
+        self.cut_s: float | None = None
+        self._cut_rule: tuple[float, frozenset[str]] | None = None
 
     def start(self) -> Live:
         self.d.start()
@@ -253,24 +264,42 @@ class Live:
         if delay > 0:
             time.sleep(delay)          # the workload's arrival time, not synchronisation
 
+    def _cut(self) -> bool:
+        """Whether the run is cut: from the first moment past :meth:`run`'s ``cut_after_s`` at
+        which every engine of its ``engines`` has been asked for; nothing is sent after it."""
+        with self.lock:
+            if self.cut_s is None and self._cut_rule is not None:
+                after_s, engines = self._cut_rule
+                now_s = time.monotonic() - self.t0
+                if now_s >= after_s and engines <= {r.engine for r in self.rows}:
+                    self.cut_s = now_s
+            return self.cut_s is not None
+
     def _open_loop(self, r) -> None:
         self._at(r.t_s)
-        self.request(r.engine, r.service_s, r.leave_s)
+        if not self._cut():
+            self.request(r.engine, r.service_s, r.leave_s)
 
     def _closed_loop(self, c) -> None:
         """A closed-loop client: its engine, service and think time for each request are the
         simulator's (``ClientSpec.steps``), so both replay the same client."""
         self._at(c.start_s)
         for engine, service_s, think_s in c.steps():
-            if time.monotonic() >= self.t0 + c.until_s:
+            if time.monotonic() >= self.t0 + c.until_s or self._cut():
                 break
             self.request(engine, service_s)
             time.sleep(think_s)        # the client's own think time: the workload
 
-    def run(self, limit_s: float) -> list[Row]:
+    def run(self, limit_s: float, cut_after_s: float | None = None,
+            engines: frozenset[str] = frozenset()) -> list[Row]:
         """Every request of the workload at its time; waits up to ``limit_s`` past the
-        workload's duration for the last answers."""
+        workload's duration for the last answers. With ``cut_after_s``, the run is cut (no
+        request sent from then on) at the first moment past it at which every engine of
+        ``engines`` has been asked for, and :attr:`cut_s` says when: the run is then the
+        workload cut there (:func:`shortened`), however fast this machine answers (issue 38: a
+        cut at a fixed time left an engine never asked on a loaded machine)."""
         self.t0 = time.monotonic()
+        self._cut_rule = None if cut_after_s is None else (cut_after_s, frozenset(engines))
         threads = [threading.Thread(target=self._open_loop, args=(r,), daemon=True)
                    for r in self.wl.requests]
         threads += [threading.Thread(target=self._closed_loop, args=(c,), daemon=True)
