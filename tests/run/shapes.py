@@ -158,6 +158,7 @@ class Live:
         #: Where :meth:`run` cut the workload (seconds from its start), ``None`` if it did not.
         self.cut_s: float | None = None
         self._cut_rule: tuple[float, frozenset[str]] | None = None
+        self._stopped = threading.Event()      # set at the cut: arrivals and thinking end
 
     def start(self) -> Live:
         self.d.start()
@@ -207,6 +208,7 @@ class Live:
         row = Row(name, time.monotonic())
         with self.lock:
             self.rows.append(row)
+        self._cut()                 # a request for the last engine not yet asked may cut the run
         for _ in range(3):
             self.ensure(name)
             self._send(row, service_s, leave_s)
@@ -262,7 +264,7 @@ class Live:
     def _at(self, t_s: float) -> None:
         delay = self.t0 + t_s - time.monotonic()
         if delay > 0:
-            time.sleep(delay)          # the workload's arrival time, not synchronisation
+            self._stopped.wait(delay)  # the workload's arrival time (or the cut), not a sync
 
     def _cut(self) -> bool:
         """Whether the run is cut: from the first moment past :meth:`run`'s ``cut_after_s`` at
@@ -273,6 +275,7 @@ class Live:
                 now_s = time.monotonic() - self.t0
                 if now_s >= after_s and engines <= {r.engine for r in self.rows}:
                     self.cut_s = now_s
+                    self._stopped.set()
             return self.cut_s is not None
 
     def _open_loop(self, r) -> None:
@@ -288,7 +291,7 @@ class Live:
             if time.monotonic() >= self.t0 + c.until_s or self._cut():
                 break
             self.request(engine, service_s)
-            time.sleep(think_s)        # the client's own think time: the workload
+            self._stopped.wait(think_s)    # the client's own think time (or the cut)
 
     def run(self, limit_s: float, cut_after_s: float | None = None,
             engines: frozenset[str] = frozenset()) -> list[Row]:
@@ -300,6 +303,11 @@ class Live:
         cut at a fixed time left an engine never asked on a loaded machine)."""
         self.t0 = time.monotonic()
         self._cut_rule = None if cut_after_s is None else (cut_after_s, frozenset(engines))
+        # The cut falls due then, or at a request after it.
+        timer = threading.Timer(cut_after_s or 0.0, self._cut)
+        timer.daemon = True
+        if cut_after_s is not None:
+            timer.start()
         threads = [threading.Thread(target=self._open_loop, args=(r,), daemon=True)
                    for r in self.wl.requests]
         threads += [threading.Thread(target=self._closed_loop, args=(c,), daemon=True)
@@ -309,6 +317,7 @@ class Live:
         end = self.t0 + self.wl.duration_s + limit_s
         for t in threads:
             t.join(max(0.0, end - time.monotonic()))
+        timer.cancel()
         assert not any(t.is_alive() for t in threads), "requests still open at the limit"
         return self.rows
 

@@ -154,8 +154,8 @@ def _served(lv: Live) -> dict[str, int]:
 #: of the suite's time (issue 38).
 RUN_S = {"j-alternate-two": 60, "k-alternate-three": 75, "l-think-times": 60,
          "m-busy-beside": 60, "n-comfy-chats": 60, "o-bursty-ping-pong": 60}
-EARLY_S = {"j-alternate-two": 75, "k-alternate-three": 90, "l-think-times": 120,
-           "m-busy-beside": 75, "n-comfy-chats": 100, "o-bursty-ping-pong": 75}
+EARLY_S = {"j-alternate-two": 75, "k-alternate-three": 90, "l-think-times": 130,
+           "m-busy-beside": 75, "n-comfy-chats": 90, "o-bursty-ping-pong": 75}
 
 
 @pytest.mark.timeout(600)
