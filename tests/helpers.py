@@ -21,7 +21,8 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["wait_for", "slowness", "ceiling", "ours", "sweep", "stop_group", "stop_all", "sweep_run", "run_marks", "RUN_ENV"]
+__all__ = ["wait_for", "slowness", "ceiling", "ours", "sweep", "stop_group", "stop_all",
+           "sweep_run", "run_marks", "RUN_ENV"]
 
 #: The environment variable naming one pytest run (its value: a random token).
 RUN_ENV = "BERTH_TEST_RUN"
