@@ -39,7 +39,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.fixtures import berthd, runs  # noqa: F401  (the suite's fixtures, for every folder)
-from tests.helpers import RUN_ENV, sweep_run
+from tests.helpers import RUN_ENV, slowness, sweep_run
 
 settings.register_profile("ci", max_examples=150, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -135,9 +135,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{LONG_MARK}: a long form (minutes), run only with {LONG_ENV}=long; the "
                    f"default suite leaves it out (deselected, not skipped)")
     config.addinivalue_line(
-        "markers", f"{EARLY_MARK}: the test runs for thirty seconds or more of real time (a "
-                   f"workload replayed at its own pace); it is started before the others, so the "
-                   f"suite's wall time is not a tail of such tests started last")
+        "markers", f"{EARLY_MARK}(seconds): the test runs for thirty seconds or more of real "
+                   f"time (a workload replayed at its own pace, an install); those marked start "
+                   f"before the others, the longest (``seconds``: its length on a quiet two-core "
+                   f"machine with the suite beside it) first, so the suite's wall time is not a "
+                   f"tail of such tests started last")
     config.addinivalue_line(
         "markers", f"{EXPECT_OOM}: the test makes a simulated card run out of memory on purpose; "
                    f"without it, any simulated OOM counted while the test runs fails it")
@@ -166,17 +168,50 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         sweep_run(os.environ[RUN_ENV])
 
 
+def _early_s(item: pytest.Item) -> float:
+    """The seconds an ``early`` mark gives (60 for a mark without them); -1 for no mark."""
+    mark = item.get_closest_marker(EARLY_MARK)
+    if mark is None:
+        return -1.0
+    return float(mark.args[0]) if mark.args else 60.0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long forms are chosen, never skipped: without ``BERTH_RELIABILITY=long`` they are
     deselected, so a default run reports what it ran and skips nothing. Tests marked ``early``
-    go first (a stable sort: every xdist worker collects the same order)."""
-    items.sort(key=lambda it: it.get_closest_marker(EARLY_MARK) is None)
+    go first, the longest first (a stable sort: every xdist worker collects the same order, and
+    ``--no-loadscope-reorder`` keeps it, where xdist would put the largest groups first)."""
+    items.sort(key=_early_s, reverse=True)
     if os.environ.get(LONG_ENV) == "long":
         return
     long_ = [it for it in items if it.get_closest_marker(LONG_MARK)]
     if long_:
         config.hook.pytest_deselected(items=long_)
         items[:] = [it for it in items if not it.get_closest_marker(LONG_MARK)]
+
+
+def _timeout_s(item: pytest.Item) -> float:
+    """The pytest-timeout ceiling set for ``item`` (its marker, else the ini's), 0 for none."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
+    else:
+        value = item.config.getini("timeout")
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """pytest-timeout's ceiling bounds a hung test, it does not measure speed: scaled by the
+    machine's measured slowness when the test starts (issue 38: a random-sequence property
+    test passed pytest-timeout's 300 s with eight busy processes beside the suite)."""
+    base = _timeout_s(item)
+    if base > 0:
+        item.add_marker(pytest.mark.timeout(round(base * slowness(), 1)), append=False)
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -21,26 +21,66 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["wait_for", "ours", "sweep", "stop_group", "stop_all", "sweep_run", "run_marks", "RUN_ENV"]
+__all__ = ["wait_for", "slowness", "ceiling", "ours", "sweep", "stop_group", "stop_all",
+           "sweep_run", "run_marks", "RUN_ENV"]
 
 #: The environment variable naming one pytest run (its value: a random token).
 RUN_ENV = "BERTH_TEST_RUN"
 
 
+#: The most :func:`slowness` reports: past it a machine is not slow but stuck, and a ceiling
+#: ten times its quiet value is already generous.
+SLOWNESS_MAX = 10.0
+#: CPU seconds :func:`slowness` burns to measure (longer than a scheduler's time slice, so a
+#: busy machine shows in it), and how long one measure stands in a process.
+_PROBE_CPU_S, _PROBE_EVERY_S = 0.03, 10.0
+_probe = {"at": -_PROBE_EVERY_S, "factor": 1.0}
+
+
+def slowness() -> float:
+    """How many times slower than a quiet machine CPU work runs here now: the wall seconds a
+    fixed burn of :data:`_PROBE_CPU_S` CPU seconds takes, over that CPU time (issue 38: deadlines
+    scale by the machine's measured slowness). 1.0 on a quiet machine, about 3 to 6 with eight
+    busy processes beside the suite on two cores; at least 1, at most :data:`SLOWNESS_MAX`.
+    Measured at most once per :data:`_PROBE_EVERY_S` seconds in a process (a measure costs
+    ``_PROBE_CPU_S`` times the slowness in wall time)."""
+    now = time.monotonic()
+    if now - _probe["at"] < _PROBE_EVERY_S:
+        return _probe["factor"]
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    while time.thread_time() - cpu0 < _PROBE_CPU_S:
+        pass
+    ratio = (time.perf_counter() - wall0) / max(1e-9, time.thread_time() - cpu0)
+    _probe.update(at=time.monotonic(), factor=min(SLOWNESS_MAX, max(1.0, ratio)))
+    return _probe["factor"]
+
+
+def ceiling(seconds: float) -> float:
+    """``seconds`` (a deadline that bounds a failure on a quiet machine) scaled by
+    :func:`slowness`."""
+    return seconds * slowness()
+
+
 def wait_for(check, timeout_s: float = 60.0, what: str = "condition", every_s: float = 0.05):
     """Call ``check()`` every ``every_s`` seconds until it returns something truthy, and return
-    that. Raises ``AssertionError`` after ``timeout_s`` seconds, naming ``what`` and the last
-    value. The default deadline is long: it bounds a failure on a loaded machine, and a passing
-    wait returns as soon as its condition holds. Most checks ask berthd for its whole board, so
-    the poll is not faster than 20 a second: the suite runs several tests at once."""
-    deadline = time.monotonic() + timeout_s
+    that. Raises ``AssertionError`` once ``timeout_s`` seconds scaled by the machine's
+    :func:`slowness` (measured when ``timeout_s`` has passed) have passed, naming ``what`` and
+    the last value. The deadline bounds a failure, it does not measure speed: a passing wait
+    returns as soon as its condition holds. Most checks ask berthd for its whole board, so the
+    poll is not faster than 20 a second: the suite runs several tests at once."""
+    start = time.monotonic()
+    limit = timeout_s
     while True:
         last = check()
         if last:
             return last
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what} "
-                                 f"(last: {last!r})")
+        waited = time.monotonic() - start
+        if waited > limit:
+            limit = max(limit, ceiling(timeout_s))
+            if waited > limit:
+                raise AssertionError(f"timed out after {waited:.1f}s ({timeout_s:g}s scaled "
+                                     f"by the machine's slowness) waiting for {what} "
+                                     f"(last: {last!r})")
         time.sleep(every_s)
 
 

@@ -24,7 +24,7 @@ LONG_TOKENS = 400          # 20 s: B's start (seconds on a loaded machine) comes
 BACKLOG = 5
 
 
-@pytest.mark.early
+@pytest.mark.early(40)
 def test_a_park_waits_for_the_running_request_and_the_backlog_stays_held(berthd, runs):
     d = berthd(policy={"release_grace": "10s", "ram_budget": "64GiB"},
                extra="[engines.B]\npriority = 5\n")

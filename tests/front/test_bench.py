@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import ceiling
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "front.py"
 
 
@@ -17,7 +19,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "front.py"
 def bench_run() -> subprocess.CompletedProcess:
     """One tiny-scale run of the benchmark, shared by the tests below (each run takes seconds)."""
     return subprocess.run([sys.executable, str(BENCH), "--json", "--scale", "0.02"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=ceiling(60))
 
 
 def test_bench_front_prints_its_figures_as_json():

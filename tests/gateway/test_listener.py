@@ -27,6 +27,7 @@ from tests.berthd import BERTH, wait_for
 from tests.front.clients import slow_heads
 from tests.gateway.world import KEY, free_port, http
 from tests.gateway.world import serve as _serve
+from tests.helpers import ceiling
 
 
 def _run(coro, limit_s: float):
@@ -115,13 +116,16 @@ def test_two_thousand_slow_clients_do_not_stop_the_gateway_answering(tmp_path):
                                                     give_up_s=25.0))
             answered = 0
             loop = asyncio.get_running_loop()
+            # 5 s an answer, scaled by the machine's slowness (issue 38: 9.6 s on a loaded
+            # machine); a gateway stalled by the slow heads takes their 25 s.
+            bound = ceiling(5.0)
             end = time.monotonic() + 15
             while time.monotonic() < end:         # normal requests while they pile up
                 t0 = time.monotonic()
                 code, doc, _ = await loop.run_in_executor(None, lambda: http(
-                    gw_port, "POST", "/v1/chat/completions", {"model": "m"}, timeout=10))
+                    gw_port, "POST", "/v1/chat/completions", {"model": "m"}, timeout=2 * bound))
                 assert code == 200 and doc["size"] > 0, (code, doc)
-                assert time.monotonic() - t0 < 5
+                assert time.monotonic() - t0 < bound
                 answered += 1
             code, st, _ = await loop.run_in_executor(None, lambda: http(
                 gw_port, "GET", "/berth/v1/gateway"))

@@ -10,6 +10,7 @@ from berth.gateway.signing import sign
 
 from tests.berthd import wait_for
 from tests.gateway.world import KEY, chat, free_port, http
+from tests.helpers import ceiling
 
 
 def _sse(port: int, model: str) -> tuple[int, list[str], dict]:
@@ -94,10 +95,10 @@ def test_three_gateways(machine):
     took = time.monotonic() - t0
     assert code == 503 and doc["src"] == "peer" and doc["reason"] == "peer_down", doc
     assert doc["error"]["code"] == 503 and "C" in doc["error"]["message"]
-    assert took < 1.0, took
+    assert took < ceiling(1.0), took
     t0 = time.monotonic()
     code, doc, _ = chat(a.port, "c-only")          # C is now skipped without a try
-    assert code == 503 and time.monotonic() - t0 < 1.0
+    assert code == 503 and time.monotonic() - t0 < ceiling(1.0)
     code, doc, h = chat(a.port, "a-model")
     assert code == 200 and h["X-Berth-Machine"] == "A"
     # The shared model now goes to B, which holds it parked: B wakes it and answers.

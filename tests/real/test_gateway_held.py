@@ -13,7 +13,7 @@ import pytest
 
 from bench.realswap import post_chat, wait_until
 from tests.berthd import Berthd, sim_config, stop_proc
-from tests.helpers import sweep
+from tests.helpers import ceiling, sweep
 
 pytestmark = pytest.mark.real
 
@@ -66,7 +66,9 @@ def test_keep_alive_bytes_reach_a_client_of_the_gateway(real_tools, tmp_path):
         assert ans.status == 200 and released.is_set(), ans
         ticks = [t for t, _ in ans.comments]
         gaps = [y - x for x, y in zip([0.0, *ticks], ticks, strict=False)]
-        assert max(gaps) <= 5.0, gaps
+        # Issue 30's 5 s between keep-alive bytes, scaled by the machine's slowness (issue 38: a
+        # loaded event loop in front, gateway and client stretched one gap to 7.8 s).
+        assert max(gaps) <= ceiling(5.0), gaps
         assert ans.events[-1][1] == "[DONE]" and len(ans.events) > 2
         wait_until(lambda: d.state_of("tiny-b") == "active", 30, "tiny-b active")
     finally:

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.policy.policies import make
@@ -36,6 +36,19 @@ RESIDUAL_BYTES = 256 << 20
 
 def workload(name: str) -> Workload:
     return Workload.load(WORKLOADS / f"{name}.json")
+
+
+def shortened(wl: Workload, run_s: float) -> Workload:
+    """``wl`` cut at ``run_s`` seconds: the requests that arrive before it, the clients that
+    start before it, each sending until ``run_s`` at the latest (their draws, from their seeds,
+    unchanged: the same first requests, engines, services and think times). The live run and
+    the simulator replay the same cut workload (issue 38: the suite's length was the length
+    of these replays)."""
+    cut = wl.truncated(run_s)
+    clients = tuple(replace(c, until_s=min(c.until_s, run_s)) for c in cut.clients
+                    if c.start_s < run_s)
+    return replace(cut, clients=clients,
+                   generator={**cut.generator, "shortened_to_s": run_s}).validate()
 
 
 @dataclass
@@ -65,6 +78,17 @@ def simulate(wl: Workload) -> Outcome:
     served = sorted((j.start_s, j.engine) for j in world.jobs if j.done_s is not None)
     k = rec.summary["switches_by_kind"]
     return Outcome(_distinct(e for _, e in served), k["park"], k["drain"], len(served))
+
+
+def asked_by_s(wl: Workload) -> float:
+    """Seconds into the simulator's replay of ``wl`` (``berth-default``) by which every engine
+    of the workload has been asked for (the last engine's first request)."""
+    world = SimWorld(wl, make("berth-default"))
+    world.run()
+    first: dict[str, float] = {}
+    for j in world.jobs:
+        first[j.engine] = min(first.get(j.engine, j.arrival_s), j.arrival_s)
+    return max(first.values(), default=0.0)
 
 
 def agree(live: Outcome, sim: Outcome) -> bool:
@@ -131,6 +155,10 @@ class Live:
         self.lock = threading.Lock()
         self.rows: list[Row] = []
         self.t0 = 0.0
+        #: Where :meth:`run` cut the workload (seconds from its start), ``None`` if it did not.
+        self.cut_s: float | None = None
+        self._cut_rule: tuple[float, frozenset[str]] | None = None
+        self._stopped = threading.Event()      # set at the cut: arrivals and thinking end
 
     def start(self) -> Live:
         self.d.start()
@@ -180,6 +208,7 @@ class Live:
         row = Row(name, time.monotonic())
         with self.lock:
             self.rows.append(row)
+        self._cut()                 # a request for the last engine not yet asked may cut the run
         for _ in range(3):
             self.ensure(name)
             self._send(row, service_s, leave_s)
@@ -235,26 +264,50 @@ class Live:
     def _at(self, t_s: float) -> None:
         delay = self.t0 + t_s - time.monotonic()
         if delay > 0:
-            time.sleep(delay)          # the workload's arrival time, not synchronisation
+            self._stopped.wait(delay)  # the workload's arrival time (or the cut), not a sync
+
+    def _cut(self) -> bool:
+        """Whether the run is cut: from the first moment past :meth:`run`'s ``cut_after_s`` at
+        which every engine of its ``engines`` has been asked for; nothing is sent after it."""
+        with self.lock:
+            if self.cut_s is None and self._cut_rule is not None:
+                after_s, engines = self._cut_rule
+                now_s = time.monotonic() - self.t0
+                if now_s >= after_s and engines <= {r.engine for r in self.rows}:
+                    self.cut_s = now_s
+                    self._stopped.set()
+            return self.cut_s is not None
 
     def _open_loop(self, r) -> None:
         self._at(r.t_s)
-        self.request(r.engine, r.service_s, r.leave_s)
+        if not self._cut():
+            self.request(r.engine, r.service_s, r.leave_s)
 
     def _closed_loop(self, c) -> None:
         """A closed-loop client: its engine, service and think time for each request are the
         simulator's (``ClientSpec.steps``), so both replay the same client."""
         self._at(c.start_s)
         for engine, service_s, think_s in c.steps():
-            if time.monotonic() >= self.t0 + c.until_s:
+            if time.monotonic() >= self.t0 + c.until_s or self._cut():
                 break
             self.request(engine, service_s)
-            time.sleep(think_s)        # the client's own think time: the workload
+            self._stopped.wait(think_s)    # the client's own think time (or the cut)
 
-    def run(self, limit_s: float) -> list[Row]:
+    def run(self, limit_s: float, cut_after_s: float | None = None,
+            engines: frozenset[str] = frozenset()) -> list[Row]:
         """Every request of the workload at its time; waits up to ``limit_s`` past the
-        workload's duration for the last answers."""
+        workload's duration for the last answers. With ``cut_after_s``, the run is cut (no
+        request sent from then on) at the first moment past it at which every engine of
+        ``engines`` has been asked for, and :attr:`cut_s` says when: the run is then the
+        workload cut there (:func:`shortened`), however fast this machine answers (issue 38: a
+        cut at a fixed time left an engine never asked on a loaded machine)."""
         self.t0 = time.monotonic()
+        self._cut_rule = None if cut_after_s is None else (cut_after_s, frozenset(engines))
+        # The cut falls due then, or at a request after it.
+        timer = threading.Timer(cut_after_s or 0.0, self._cut)
+        timer.daemon = True
+        if cut_after_s is not None:
+            timer.start()
         threads = [threading.Thread(target=self._open_loop, args=(r,), daemon=True)
                    for r in self.wl.requests]
         threads += [threading.Thread(target=self._closed_loop, args=(c,), daemon=True)
@@ -264,6 +317,7 @@ class Live:
         end = self.t0 + self.wl.duration_s + limit_s
         for t in threads:
             t.join(max(0.0, end - time.monotonic()))
+        timer.cancel()
         assert not any(t.is_alive() for t in threads), "requests still open at the limit"
         return self.rows
 

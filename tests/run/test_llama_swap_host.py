@@ -12,6 +12,7 @@ import sys
 import threading
 
 import psutil
+import pytest
 
 from tests.helpers import ours, wait_for
 from tests.run.llamaswap import UNLOAD_TIMEOUT_S
@@ -34,6 +35,7 @@ def _first(entries: list[dict], engine: str, kind: str, text: str = "") -> dict:
     return found[0]
 
 
+@pytest.mark.early(50)
 def test_two_models_alternate_on_one_card_every_chat_answered_idle_one_parked(world):
     d = world.start_berthd()
     a = world.model("A", run_cmd("A"))

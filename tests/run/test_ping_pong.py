@@ -23,7 +23,7 @@ from tests.helpers import sweep
 from tests.run.shapes import Live, agree, simulate, workload
 
 
-@pytest.mark.early
+@pytest.mark.early(140)
 @pytest.mark.timeout(500)
 def test_two_busy_clients_are_served_in_turns_not_one_switch_per_request(tmp_path):
     wl = workload("e-ping-pong")

@@ -13,6 +13,7 @@ from berth.run.actions import Actions
 from berth.run.cli import RunOptions
 
 from berth_plugins.manager import make_plugin_manager
+from tests.helpers import ceiling
 from tests.sim.conftest import PCI, GiB, kit  # noqa: F401  (the fixture)
 
 
@@ -24,9 +25,9 @@ class _Lease:
         self.reports: list[tuple[str, bool, str]] = []
 
     def limit(self, name: str) -> float:
-        # A bound on a hung action, not a speed: at a load of 15 the stand-in cuda-checkpoint's
-        # lock, checkpoint and state calls took over 10 s together.
-        return 120.0
+        # A bound on a failure: the checkpoint tool's calls, a process each, took over 1.6 s on a
+        # loaded machine (issue 38), so the machine's slowness scales it.
+        return ceiling(10.0)
 
     async def report(self, op, ok, detail):
         self.reports.append((str(op), ok, detail))

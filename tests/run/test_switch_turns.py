@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 from tests.berthd import BERTH, Berthd, wait_for
-from tests.helpers import free_port, sweep
+from tests.helpers import ceiling, free_port, sweep
 
 TOOL = str(Path(sys.executable).parent / "berth-sim-cuda-checkpoint")
 SHIM = """\
@@ -123,7 +123,7 @@ def _tool_s(log: Path, t0: float, t1: float) -> tuple[float, set[str]]:
     return total, what
 
 
-@pytest.mark.early
+@pytest.mark.early(55)
 @pytest.mark.xdist_group("timing")
 @pytest.mark.timeout(LONG_RUN_S + 150)   # two minutes of switches at most, the start, the end
 @pytest.mark.parametrize("run_s", [pytest.param(None, id="six-switches"),
@@ -213,7 +213,7 @@ def _tool_wall_s(log: Path, t0: float, t1: float) -> tuple[float, int]:
     return total, restores
 
 
-@pytest.mark.early
+@pytest.mark.early(60)
 @pytest.mark.xdist_group("timing")
 @pytest.mark.timeout(400)
 def test_one_client_alternating_two_engines_pays_only_the_mechanism(tmp_path):
@@ -263,7 +263,8 @@ def test_one_client_alternating_two_engines_pays_only_the_mechanism(tmp_path):
         print("target, sent, first byte:", *[(t, round(a - t_start, 2), round(b - a, 2))
                                              for t, a, b in firsts], sep="\n  ")
         assert restores == switches, (restores, switches)      # every request but one switched
-        assert total <= tool + LOADED_PER_SWITCH_S * switches, (total, tool, switches)
+        # The bound scales by the machine's slowness (issue 38: 1.3 s a switch at a load of 17).
+        assert total <= tool + ceiling(LOADED_PER_SWITCH_S) * switches, (total, tool, switches)
         assert d.status()["counters"]["drains"] == 0
     finally:
         for p in runs:

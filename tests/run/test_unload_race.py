@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.berthd import BERTH
 from tests.helpers import wait_for
 from tests.run.world import chat, run_cmd
@@ -30,6 +32,7 @@ def _slow_free(world) -> None:
     cfg.write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.early(70)
 def test_a_run_stopped_by_sigterm_frees_only_when_the_driver_shows_it(world):
     _slow_free(world)
     d = world.start_berthd()

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.berthd import BERTH
 
 
@@ -24,6 +26,7 @@ def _install(*args: str) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
+@pytest.mark.early(120)
 def test_install_into_a_comfyui_with_its_own_venv(tmp_path):
     root = _layout(tmp_path)
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=120)

@@ -15,6 +15,7 @@ import pytest
 from berth.sim.cards import SimCards
 
 from tests.berthd import BERTH, berth_run, wait_for
+from tests.helpers import ceiling
 
 from .conftest import http, prompt
 from .test_requests_for_room import FLUX, _busy_llm_beside_comfyui
@@ -47,7 +48,8 @@ def _gone_within(d, limit_s: float) -> float:
     t0 = time.monotonic()
     wait_for(lambda: d.status()["waiting"] == [], 10, "the wake withdrawn")
     took = time.monotonic() - t0
-    assert took < limit_s, f"the wake was withdrawn after {took:.2f}s"
+    # limit_s scaled by the machine's slowness (issue 38: 1.04 s against 1 s on a loaded one)
+    assert took < ceiling(limit_s), f"the wake was withdrawn after {took:.2f}s"
     return took
 
 

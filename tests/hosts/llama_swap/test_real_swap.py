@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.realswap import Model, wait_until
+from tests.helpers import ceiling
 
 pytestmark = pytest.mark.real
 
@@ -221,7 +222,8 @@ def test_a_streaming_chat_held_for_a_cold_start_gets_keep_alive_bytes(real_swap)
     assert [r.returncode for r in releases] == [0], releases
     ticks = [t for t, _ in b.comments]
     gaps = [y - x for x, y in zip([0.0, *ticks], ticks, strict=False)]
-    assert max(gaps) <= 5.0, gaps                   # a byte at least every 5 s while held
+    # a byte at least every 5 s while held, scaled by the machine's slowness (issue 38)
+    assert max(gaps) <= ceiling(5.0), gaps
     assert b.events[-1][1] == "[DONE]"
     assert "Berth: tiny-b" in b.text() and "ready after" in b.text()
     assert swap.leases() == {"tiny-b": "active"}

@@ -154,9 +154,8 @@ class Stack:
             raise AssertionError(f"supervisord exited with {self.proc.returncode}:\n"
                                  f"{(self.logs / 'supervisord.out').read_text()}")
         try:
-            return self.rpc.info("berthd").statename == "RUNNING" and self.berth(
-                "status", "--json", check=False).returncode == 0
-        except (OSError, SupervisorError, ConnectionError):
+            return self.rpc.info("berthd").statename == "RUNNING" and bool(self.status())
+        except (OSError, SupervisorError, ConnectionError, AssertionError, ValueError):
             return False
 
     def stop(self) -> None:
@@ -185,7 +184,19 @@ class Stack:
                               capture_output=True, text=True, timeout=30).stdout
 
     def status(self) -> dict:
-        return json.loads(self.berth("status", "--json").stdout)
+        """berthd's board (``GET /v1/status``, what ``berth status --json`` prints): asked on
+        the socket, as waits poll it many times a second (a ``berth status`` process for each
+        poll had made the autostart test the suite's most CPU-hungry, issue 38)."""
+        conn = _UnixHTTP(str(self.bsock))
+        try:
+            conn.request("GET", "/v1/status")
+            r = conn.getresponse()
+            body = r.read()
+            if r.status != 200:
+                raise AssertionError(f"GET /v1/status answered {r.status}: {body[:300]!r}")
+            return json.loads(body)
+        finally:
+            conn.close()
 
     def leases(self, engine: str) -> list[dict]:
         return [le for le in self.status()["leases"] if le["engine"] == engine]
