@@ -263,7 +263,15 @@ def _go(args) -> int:
             e = estimate(target, args.ctx, slots=args.slots, ubatch=args.ubatch,
                          cache_type=args.cache_type,
                          cuda_context_bytes=args.cuda_context)
-        except (ValueError, OSError) as exc:
+        except FileNotFoundError:
+            print(f"berth size: {target}: no such file", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            # strerror, not str(exc): "[Errno 21] ..." is Python's wording, not a user's.
+            print(f"berth size: {target}: cannot read it ({exc.strerror or exc})",
+                  file=sys.stderr)
+            return 2
+        except ValueError as exc:
             print(f"berth size: {exc}", file=sys.stderr)
             return 2
         print(render_estimate(e))
