@@ -285,7 +285,8 @@ def _bytes(text: str) -> int:
     try:
         return int(parse_size(text, field="--cuda-context") or 0)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        # argparse names the argument itself ("argument --cuda-context: ...").
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--cuda-context: ")) from None
 
 
 def arguments(p) -> None:

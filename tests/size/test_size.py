@@ -121,3 +121,10 @@ def test_a_missing_or_unreadable_file_is_one_line_naming_it(tmp_path):
     r = _size(str(tmp_path / "dir.gguf"), "--ctx", "512")
     assert r.returncode == 2 and "Errno" not in r.stderr
     assert r.stderr.startswith(f"berth size: {tmp_path / 'dir.gguf'}: ")
+
+
+def test_a_bad_cuda_context_names_the_field_once():
+    r = _size("model.gguf", "--ctx", "512", "--cuda-context", "abc")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.count("--cuda-context") == 1 and "got 'abc'" in last, last
