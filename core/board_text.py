@@ -61,7 +61,7 @@ def render(st: dict) -> str:
             lines.append(f"    {sh['engine']:<20} {sh['state']:<10} {format_size(sh['counted_bytes'])}"
                          f" counted, {_size_words(sh)}"
                          f"  ({sh['lease']}){marks}{until.get(sh['lease'], '')}")
-    lines += _waiting_lines(st["waiting"])
+    lines += _waiting_lines(st["waiting"], st["leases"])
     lines += _drained_lines(st.get("drained") or [])
     lines += _problem_lines(st)
     ram = st.get("host_ram") or {}
@@ -80,8 +80,9 @@ def render(st: dict) -> str:
     return "\n".join(lines)
 
 
-def _waiting_lines(waiting: list[dict]) -> list[str]:
-    """``waiting:`` and each waiter with what it needs, how long it waited and why."""
+def _waiting_lines(waiting: list[dict], leases: list[dict] = ()) -> list[str]:
+    """``waiting:`` and each waiter with what it needs, how long it waited and why; behind a
+    holder of higher priority, until when that priority keeps the card and what to do."""
     if not waiting:
         return ["waiting: none"]
     lines = ["waiting:"]
@@ -92,9 +93,34 @@ def _waiting_lines(waiting: list[dict]) -> list[str]:
                      f"{w['waited_s']:.1f}s ({w['id']})")
         if w.get("why"):
             lines.append(f"        {w['why']}")
+            lines += _outranked_lines(w, leases)
         if w.get("note"):
             lines.append(f"        ! {w['note']}")
     return lines
+
+
+def _outranked_lines(w: dict, leases: list[dict]) -> list[str]:
+    """For a waiter named in ``w["why"]``'s holder of higher priority: until when its priority
+    keeps the card (its ``keep_warm`` after its last request) and the two ways past it; the
+    decision's reason names the holder, not what a user can do (fresh-user check, 2026-12-03)."""
+    mine = next((le for le in leases if le["id"] == w["id"]), None)
+    if mine is None:
+        return []
+    cards = {x["card"] for x in w["need"]}
+    out = []
+    for le in leases:
+        if le["priority"] <= mine["priority"] or f"lease {le['id']}" not in w["why"]:
+            continue
+        names = ", ".join(sh.get("card_name") or sh["card"] for sh in le["shares"]
+                          if sh["card"] in cards) or "its card"
+        at, left = le.get("keep_warm_until"), le.get("keep_warm_left_s")
+        until = (f"until its keep_warm ends at {time.strftime('%H:%M:%S', time.localtime(at))}"
+                 f" ({format_duration(left)}; sooner if it stops)" if at and left is not None
+                 else "while it serves and for its keep_warm after its last request")
+        out.append(f"        {le['engine']}'s priority {le['priority']} keeps {names} {until}; "
+                   f"to go first: `berth drain {le['engine']}` (an operator), or run "
+                   f"{w['engine']} with --priority {le['priority']} or more")
+    return out
 
 
 def escapees_words(escapees: list[dict]) -> str:

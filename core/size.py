@@ -263,7 +263,15 @@ def _go(args) -> int:
             e = estimate(target, args.ctx, slots=args.slots, ubatch=args.ubatch,
                          cache_type=args.cache_type,
                          cuda_context_bytes=args.cuda_context)
-        except (ValueError, OSError) as exc:
+        except FileNotFoundError:
+            print(f"berth size: {target}: no such file", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            # strerror, not str(exc): "[Errno 21] ..." is Python's wording, not a user's.
+            print(f"berth size: {target}: cannot read it ({exc.strerror or exc})",
+                  file=sys.stderr)
+            return 2
+        except ValueError as exc:
             print(f"berth size: {exc}", file=sys.stderr)
             return 2
         print(render_estimate(e))
@@ -277,7 +285,8 @@ def _bytes(text: str) -> int:
     try:
         return int(parse_size(text, field="--cuda-context") or 0)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        # argparse names the argument itself ("argument --cuda-context: ...").
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--cuda-context: ")) from None
 
 
 def arguments(p) -> None:

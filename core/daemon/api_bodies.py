@@ -223,6 +223,9 @@ async def errors(request: web.Request, handler):
     except web.HTTPException as e:
         if e.status < 400:
             raise
+        if isinstance(e, web.HTTPRequestEntityTooLarge):
+            # Its text says the limit; its reason phrase does not.
+            return error(413, f"body: {e.text}")
         return error(e.status, e.reason or e.text or "error")
     except KeyError as e:
         return error(404, str(e.args[0]) if e.args else "not found", "not_found")

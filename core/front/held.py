@@ -72,7 +72,7 @@ def wants_stream(req: "Request") -> bool:
         return False
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):    # RecursionError: nested too deep to parse
         return False
     return isinstance(doc, dict) and doc.get("stream") is True
 

@@ -21,6 +21,9 @@ from berth.decide.units import parse_duration, parse_size
 
 __all__ = ["arguments", "RunOptions", "parse_sizes", "USAGE"]
 
+#: The names berthd's API takes for an engine (core/daemon/api_bodies.py LeaseBody.engine).
+_ENGINE_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
+
 USAGE = """\
     berth run [--engine NAME] [--front HOST:PORT] [--size SIZE[@CARD]]… [--priority N]
               [--park checkpoint|hook] [--adapter NAME] [--lend [--lend-max SIZE]] -- CMD…"""
@@ -158,6 +161,11 @@ def _options(args, cmd: list[str]) -> RunOptions:
     sizes = parse_sizes(args.size or [])
     if args.lend_max:
         parse_size(args.lend_max, field="--lend-max")
+    engine = args.engine or os.path.basename(cmd[0])
+    if not _ENGINE_NAME.match(engine):
+        # berthd's API refuses it (as its pattern, not in words); say so before asking.
+        raise ValueError(f"--engine: {engine!r}: an engine's name has no spaces or control "
+                         f"characters (1 to 200 of them)")
     if args.max_in_flight is not None and args.max_in_flight < 1:
         raise ValueError(f"--slots: must be at least 1, got {args.max_in_flight}")
     if args.front and not args.upstream and not any("{port}" in a for a in cmd):
@@ -166,7 +174,7 @@ def _options(args, cmd: list[str]) -> RunOptions:
     if args.park and not args.front:
         raise ValueError("--park needs --front (rule 3: an engine sleeps only behind a front)")
     return RunOptions(
-        cmd=cmd, engine=args.engine or os.path.basename(cmd[0]), sizes=sizes,
+        cmd=cmd, engine=engine, sizes=sizes,
         front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,
         adapter=args.adapter, lend=args.lend, lend_max=args.lend_max, bound=args.bound,
         health=args.health, front_health=args.front_health,

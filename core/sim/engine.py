@@ -295,6 +295,9 @@ async def _body(request: web.Request, required: bool) -> dict:
         body = json.loads(raw)
     except ValueError as e:
         raise _Reject(400, f"body: not valid JSON ({e})") from None
+    except RecursionError:
+        # json.loads gives up on deep nesting with RecursionError, not ValueError.
+        raise _Reject(400, "body: JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise _Reject(400, f"body: expected a JSON object, got {type(body).__name__}")
     return body

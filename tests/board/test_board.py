@@ -386,3 +386,11 @@ def test_on_a_phone_the_board_is_one_column_with_no_overlap(world, browser, tmp_
         shutil.copy(shot, OUT / "board-390.png")
     finally:
         ctx.close()
+
+
+def test_an_operator_action_on_no_such_target_names_it_whole(world):
+    """A fresh user's check (2026-12-03): the 404's message lost the quote closing the name
+    (``no lease or engine named 'nosuch``): the board stripped quotes off the KeyError's text."""
+    code, _, out = world.http("POST", "operator/park", {"target": "nosuch"},
+                              headers={"Authorization": f"Bearer {KEY}"})
+    assert code == 404 and out == {"error": "no lease or engine named 'nosuch'"}, out

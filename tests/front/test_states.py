@@ -335,3 +335,22 @@ async def test_expect_100_continue_body_is_sent_once_the_front_forwards():
         async with await post as r:
             assert r.status == 200 and await r.read() == b"x" * 5000
         assert "Expect" not in up.seen[0][2]
+
+
+@run
+async def test_a_held_write_nested_too_deep_to_parse_is_still_held_and_forwarded():
+    # `"stream"` in a body makes the front parse it (does the client want an event stream?);
+    # json.loads raises RecursionError past ~1,000 levels, which cut the connection with no
+    # answer and a traceback in the run's log. The engine is the one to judge the body.
+    async def on_wake() -> None:
+        front.open()
+
+    deep = b'{"stream": true, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    async with Upstream() as up, front_for(up, state="asleep", on_wake=on_wake) as front, \
+            aiohttp.ClientSession() as s:
+        up.route("POST", "/v1/chat/completions", json_handler({"error": "nested"}, status=400))
+        async with s.post(front.url + "/v1/chat/completions", data=deep,
+                          headers={"Content-Type": "application/json",
+                                   "X-Berth-Loading-State": "true"}) as r:
+            assert r.status == 400 and await r.json() == {"error": "nested"}
+        assert front.wakes == 1 and up.seen[0][3] == deep

@@ -319,3 +319,15 @@ def test_parallel_slots_queue_the_rest_and_props_says_how_many(kit):
     for t in threads:
         t.join(30)
     assert ends == ["long", "short"], ends
+
+
+def test_a_deeply_nested_body_is_a_400_naming_the_body_not_a_500(kit):
+    # A fuzzer's favourite: json.loads raises RecursionError (not a ValueError) past ~1,000
+    # levels, which reached aiohttp as a 500 and a traceback in the engine's log.
+    eng = kit.start(weights="1GiB")
+    deep = b"[" * 100_000 + b"]" * 100_000
+    code, body = http("POST", eng.url + "/v1/chat/completions", deep)
+    assert code == 400 and body["error"]["message"].startswith("body: ")
+    assert "Traceback" not in eng.stderr()
+    code, _ = http("GET", eng.url + "/health")
+    assert code == 200

@@ -110,3 +110,21 @@ def test_a_ceiling_is_not_flagged_for_a_peak_under_it():
     assert far_from_peak(20 * GiB, 1 * GiB, ceiling=True) is None
     assert "under half" in far_from_peak(20 * GiB, 1 * GiB)
     assert "above its declared size" in far_from_peak(2 * GiB, 3 * GiB, ceiling=True)
+
+
+def test_a_missing_or_unreadable_file_is_one_line_naming_it(tmp_path):
+    missing = tmp_path / "gone.gguf"
+    r = _size(str(missing), "--ctx", "512")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr == f"berth size: {missing}: no such file\n"
+    (tmp_path / "dir.gguf").mkdir()
+    r = _size(str(tmp_path / "dir.gguf"), "--ctx", "512")
+    assert r.returncode == 2 and "Errno" not in r.stderr
+    assert r.stderr.startswith(f"berth size: {tmp_path / 'dir.gguf'}: ")
+
+
+def test_a_bad_cuda_context_names_the_field_once():
+    r = _size("model.gguf", "--ctx", "512", "--cuda-context", "abc")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.count("--cuda-context") == 1 and "got 'abc'" in last, last

@@ -243,7 +243,8 @@ async def operator(request: web.Request) -> web.Response:
     try:
         answer = await hub.source.operator(op, target)
     except KeyError as e:
-        return _err(404, str(e).strip("'\""))
+        # e.args[0], not str(e): str() of a KeyError is its repr, quotes around the text.
+        return _err(404, str(e.args[0]) if e.args else "not found")
     except ValueError as e:
         return _err(409, str(e))
     said = "; ".join(answer.get("notes") or []) or "done"
