@@ -12,10 +12,9 @@ once), against a real supervisord (issue 37 "supervisord starts every program at
 
 from __future__ import annotations
 
-import re
-
 import errno
 import os
+import re
 
 import pytest
 
