@@ -194,4 +194,9 @@ def test_clients_that_move_between_engines(live, name):
 #: first-served order agrees too (comfy, chat-14, chat-8), but on a loaded machine its live run
 #: answered 9 requests with 6 parks against the simulator's 18 with 7 (load average 13): the
 #: image jobs' parks do not shrink with the chat client's slower loop.
-DISAGREE = frozenset({"n-comfy-chats"})
+#: m disagrees since the older-request rule and the moves merged (quiet machine, cut at 60 s):
+#: live 2 parks in 13 answered, the simulator's replay 4 in 17. Live, the busy client's request
+#: sent right after the alternating client's B was served (23.9 s) waited about 16 s, which
+#: the replay does not show: B keeps its card live for longer than the simulator says. Open
+#: (issue 34's note): until it is found, the figures of m in bench/policy are optimistic.
+DISAGREE = frozenset({"n-comfy-chats", "m-busy-beside"})
