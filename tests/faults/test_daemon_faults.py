@@ -115,6 +115,12 @@ def test_sigkill_of_berthd_while_a_share_is_lending_settles(tmp_path, runs, lend
         b, bport = start_run(d, "B", size="8GiB", weights="7GiB", park=False)
         runs.append(b)
         wait_for(lambda: d.state_of("H") == "lending", 60, "H lending")
+        # berthd says "lending" when it issues the lend; the run takes it on its next poll. Killed
+        # before that (once in CI, at a load of 6), the lend never reaches the engine and the
+        # test's premise (a lend held inside the stopped engine) does not hold.
+        log = d.tmp / "run-H.log"
+        wait_for(lambda: "instruction lend" in log.read_text(errors="replace"), 60,
+                 "H's run carrying out the lend")
         d.kill9()
         if lend_lands == "before_the_restart":
             os.kill(hpid, signal.SIGCONT)
