@@ -10,7 +10,7 @@ a full park and restore: 10 to 13 answered in 90 s (10 on this machine, at a loa
 about 12). An idle holder that expects demand keeps its card while its client comes back
 within what a switch back costs, inside its minimum turn (issue 34: past it, the other side's
 older request goes first). The simulator's replay of the same file
-agrees on who is served first and on the number of switches.
+agrees on who is served first and on the switches per request answered.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import pytest
 
 from tests.helpers import sweep
-from tests.run.shapes import Live, agree, simulate, workload
+from tests.run.shapes import Live, agree_per_request, simulate, workload
 
 
 @pytest.mark.early(140)
@@ -48,7 +48,9 @@ def test_two_busy_clients_are_served_in_turns_not_one_switch_per_request(tmp_pat
         assert lv.d.sim_oom() == 0
         total = len(answered["A"]) + len(answered["B"])
         assert total >= 45 and min(len(a) for a in answered.values()) >= 10, answered
-        assert agree(lv.outcome(), sim), (lv.outcome(), sim)
+        # Closed-loop clients send as fast as the machine answers, so the switches are compared
+        # per request answered (a quiet CI run: live 6 parks in 54, the replay 8 in 66).
+        assert agree_per_request(lv.outcome(), sim), (lv.outcome(), sim)
     finally:
         lv.close()
         sweep(tmp_path)
