@@ -228,14 +228,40 @@ def _client_config():
     return load_config()[0]
 
 
+def _sim_places(found: Path):
+    """``state_dir`` and ``[driver] sim_dir`` read straight from the TOML in ``found``, as the
+    schema would give them (both plain strings there), or ``None`` when the file does not read
+    or either is not a string: the caller then loads the whole config for its error."""
+    import tomllib
+    from types import SimpleNamespace
+    try:
+        data = tomllib.loads(found.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    driver = data.get("driver", {})
+    if not isinstance(driver, dict):
+        return None
+    state, sim = data.get("state_dir"), driver.get("sim_dir")
+    if not all(v is None or isinstance(v, str) for v in (state, sim)):
+        return None
+    return SimpleNamespace(state_dir=state, driver=SimpleNamespace(sim_dir=sim))
+
+
 def client_sim_dir() -> Path:
     """The simulated cards' directory for a process other than berthd (the stub engine, the
-    stand-in cuda-checkpoint, ``berth sim cards``): as berthd resolves it. Raises
-    :class:`berth.config.ConfigError` when ``$BERTH_SIM_DIR`` is unset and the config does not
-    load."""
+    stand-in cuda-checkpoint, ``berth sim cards``): as berthd resolves it. These tools read
+    only the two keys that name it (``state_dir``, ``[driver] sim_dir``): the schema's
+    validation is berthd's and the clients', and it cost each of these short processes more
+    CPU than all its own work (the stand-in cuda-checkpoint runs once per park and wake).
+    Raises :class:`berth.config.ConfigError` when ``$BERTH_SIM_DIR`` is unset and the config
+    file is missing, does not read, or gives either key a value that is not a string."""
     if os.environ.get("BERTH_SIM_DIR"):
         return Path(os.environ["BERTH_SIM_DIR"])
-    return sim_dir(_client_config())
+    found = find_config()
+    if found is None:
+        return sim_dir(None)        # the defaults name no place of their own
+    places = _sim_places(found)
+    return sim_dir(places if places is not None else _client_config())
 
 
 def client_socket() -> Path:

@@ -30,6 +30,7 @@ import json
 import os
 import secrets
 import signal
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -40,6 +41,14 @@ from hypothesis import HealthCheck, settings
 
 from tests.fixtures import berthd, runs  # noqa: F401  (the suite's fixtures, for every folder)
 from tests.helpers import RUN_ENV, slowness, sweep_run
+
+# CI's image sets PYTHONDONTWRITEBYTECODE, so each of the thousands of Python processes the
+# suite starts (berthd, berth run, its watchdog, the simulated engines, each a fresh
+# interpreter) compiled Berth's modules again from source: about 0.1-0.15 s of CPU per start,
+# a sixth of the suite's CPU on two cores. Children inherit this environment; the first writes
+# the bytecode beside the checkout (git-ignored), the rest read it.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 settings.register_profile("ci", max_examples=150, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
