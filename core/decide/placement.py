@@ -30,8 +30,8 @@ room can be made *now* (it waits for the cards of holders in less demand), and s
 are ranked by the demand they displace before their measured cost. It lasts while the waiter
 has waited less than :data:`DEFER_LIMIT_S`, so no multi-card waiter waits on demand for ever.
 Measured on ``bench/policy``'s four-card workload (a 60 GiB engine over three of four cards
-beside seven one-card engines; bench/policy/README.md, issue 35): the busy chat engines wait
-less on 15 of 20 seeds, the p95 on the committed trace falls from 1.05x swap-matrix's to
+beside seven one-card engines; bench/policy/README.md, issue 35): the two busy chat engines
+wait less (their p95s summed) on 15 of 20 seeds, the p95 on the committed trace falls from 1.05x swap-matrix's to
 0.56x, and rises on seed 9 from 0.87x to 1.15x.
 """
 
