@@ -62,6 +62,7 @@ def render(st: dict) -> str:
                          f" counted, {_size_words(sh)}"
                          f"  ({sh['lease']}){marks}{until.get(sh['lease'], '')}")
     lines += _waiting_lines(st["waiting"], st["leases"])
+    lines += _moving_lines(st["leases"])
     lines += _drained_lines(st.get("drained") or [])
     lines += _problem_lines(st)
     ram = st.get("host_ram") or {}
@@ -150,6 +151,18 @@ def _problem_lines(st: dict) -> list[str]:
         lines.append(f"! {n['engine']} ({time.strftime('%H:%M:%S', time.localtime(n['at']))}): "
                      f"{n['text']}")
     return lines
+
+
+def _moving_lines(leases: list[dict]) -> list[str]:
+    """A line per engine moving by checkpoint and restore (issue 35): ``moving gpu0 -> gpu1``,
+    for how long, and why."""
+    lines = []
+    for le in leases:
+        m = le.get("moving")
+        if m:
+            lines.append(f"    {le['engine']:<20} moving {'+'.join(m['from'])} -> {m['to']} "
+                         f"for {format_duration(m['elapsed_s'])}: {m['why']}")
+    return ["moving (checkpoint, then restore on the other card):"] + lines if lines else []
 
 
 def _drained_lines(drained: list[dict]) -> list[str]:

@@ -87,6 +87,7 @@ def _lease_rows(broker: "Broker", now: float) -> list[dict]:
             "move": {"movable": move_block(le) is None, "why": move_block(le),  # issue 35
                      # its checkpoint restores onto another card: a wake may go elsewhere
                      "restore_across": le.caps.restore_across},
+            "moving": _moving(broker, le, now),
             # A declared size far from the measured peak (issue 37), or None.
             "size_note": _size_note(le),
             "shares": [{"card": sh.card, "card_name": led.cards[sh.card].name,
@@ -98,6 +99,18 @@ def _lease_rows(broker: "Broker", now: float) -> list[dict]:
                         "in_ram_bytes": _in_ram(sh)}
                        for sh in le.shares.values()]})
     return leases
+
+
+def _moving(broker: "Broker", lease: Lease, now: float) -> dict | None:
+    """A move by checkpoint and restore under way (issue 35), or ``None``: ``from`` and ``to``
+    (card names), ``why`` (the waiter it makes room for), ``elapsed_s`` since it began."""
+    m = broker.sched.state.moving.get(lease.id)
+    if m is None:
+        return None
+    cards = broker.sched.ledger.cards
+    name = (lambda p: cards[p].name if p in cards else p)
+    return {"from": [name(p) for p in m.src], "to": name(m.dst), "why": m.why,
+            "elapsed_s": round(max(0.0, now - m.since), 3)}
 
 
 def _waiting_rows(broker: "Broker", now: float) -> list[dict]:

@@ -69,7 +69,8 @@ from .admission import Policy
 from .model import Demand, Lease
 from .units import format_duration
 
-__all__ = ["Outlook", "Forecast", "forecast", "trust", "follows", "CAUSAL_SLACK_S",
+__all__ = ["Outlook", "Forecast", "forecast", "trust", "follows", "CAUSAL_SLACK_S", "recent",
+           "RECENT_WINDOW_S",
            "arrived", "answered", "yielded", "moved_from", "settle", "ERROR_WEIGHT", "MIN_SAMPLES"]
 
 #: Seconds a waiter's request may seem to precede the holder's answer and still count as sent
@@ -191,6 +192,19 @@ def forecast(holder: Lease, waiter: Lease | None, policy: Policy, rent: float,
     return out(Outlook.UNKNOWN, "")                                                 # (4)
 
 
+#: The window :func:`recent` counts a lease's arrivals over (seconds): a quarter of an hour,
+#: several sessions of an engine asked for every few minutes (issue 35).
+RECENT_WINDOW_S = 900.0
+
+
+def recent(lease: Lease, now: float, window_s: float = RECENT_WINDOW_S) -> int:
+    """How much ``lease`` is asked for lately (issue 35): the requests that came to its front
+    when it had none (:func:`arrived`) in the last ``window_s`` seconds before ``now`` (the
+    broker's clock), plus one while it serves. Each is a request that waits for a switch back
+    if the lease is parked or drained between two of them."""
+    return sum(1 for t in lease.demand.arrivals if now - t <= window_s) + (not lease.idle())
+
+
 def _median(xs: Iterable[float]) -> float:
     s = sorted(xs)
     mid = len(s) // 2
@@ -221,6 +235,7 @@ def arrived(lease: Lease, client: str | None, at: float,
         d.asked_client = client if client is not None else d.asked_client
         return
     d.asked_client, d.asked_at = client, at
+    d.arrivals.append(at)
     if d.answered_at is not None and at >= d.answered_at:
         d.gaps.append(at - d.answered_at)
     if kept is not None and kept.outlook is not Outlook.UNKNOWN:

@@ -289,6 +289,8 @@ def move(share: Share, dst: ShareState, now: float) -> tuple[ShareState, ShareSt
 
 #: How many idle gaps and arrivals a lease's :class:`Demand` keeps (the newest).
 DEMAND_KEEP = 8
+#: How many arrival times a lease's :class:`Demand` keeps (issue 35).
+ARRIVALS_KEEP = 64
 
 
 @dataclass
@@ -306,6 +308,8 @@ class Demand:
     - ``moved``: for its last requests that arrived while another engine held its card, whether
       each came from the client that engine had just answered (``True``: a client that moves
       between engines) or not (``False``: a client of its own);
+    - ``arrivals``: when its last requests came to a front that had none (at most
+      :data:`ARRIVALS_KEEP`; issue 35: how much a park or drain of it would cost its clients);
     - ``error``: its recent rate of wrong forecasts, in [0, 1] (an exponential average);
       ``forecasts`` / ``wrong``: how many were settled, and how many of them were wrong;
     - ``pending``: ``(idle_from, rent_s)`` of a **no demand** forecast it yielded under, settled
@@ -319,6 +323,7 @@ class Demand:
     asked_at: float | None = None
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=DEMAND_KEEP))
     moved: deque[bool] = field(default_factory=lambda: deque(maxlen=DEMAND_KEEP))
+    arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVALS_KEEP))
     error: float = 0.0
     forecasts: int = 0
     wrong: int = 0

@@ -154,6 +154,7 @@ def _restored(st: State, lease: Lease, op: str, ok: bool, now: float,
             st.ledger.move(lease.id, pci, S.ACTIVE, now, lent_bytes=0)
     if not was:
         return []
+    moved = st.moving.pop(lease.id, None) if op == Op.WAKE else None
     if not ok:                                                                   # (2)
         return fallback(st, lease, now, f"{op} failed: {detail or 'no reason given'}")
     lease.last_used_at = now                                                     # (1)
@@ -163,7 +164,11 @@ def _restored(st: State, lease: Lease, op: str, ok: bool, now: float,
             lease.last_job_at = now     # the requests it woke for are served now
     else:
         st.counters.returns += 1
-    return [Note(lease.id, op, f"{lease.engine} {'woke' if op == Op.WAKE else 'grew back'}")]
+    where = "" if moved is None else " on " + ", ".join(card_name(st, p) for p in lease.shares) + \
+        f", its move from {', '.join(card_name(st, p) for p in moved.src)} done in " \
+        f"{format_duration(now - moved.since)}"
+    return [Note(lease.id, op, f"{lease.engine} {'woke' if op == Op.WAKE else 'grew back'}"
+                               f"{where}")]
 
 
 def _released(st: State, lease: Lease, op: str, ok: bool, now: float,
@@ -179,9 +184,11 @@ def _released(st: State, lease: Lease, op: str, ok: bool, now: float,
                 st.deadlines.pop((lease.id, pci, Op.PARK), None)
         lease.parking_since = None
         st.wake_wanted.discard(lease.id)
+        st.moving.pop(lease.id, None)
         return [Note(lease.id, "park.off", f"{lease.engine}: park called off, nothing "
                                            f"waits for the room ({detail})")]
     if not ok:                                                                   # (4)
+        st.moving.pop(lease.id, None)
         return fallback(st, lease, now, f"{op} failed: {detail or 'no reason given'}") \
             if was else []
     fx: list[Effect] = []                                                        # (5)

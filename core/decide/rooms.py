@@ -15,7 +15,7 @@ from .ladder import Action, NoPlan, Plan, Rung, Step, idle_for, idle_forecast, p
 from .model import Lease, Op, ParkMechanism, ShareState
 from .moves import plan_moves
 from .placement import _cost_s, choose
-from .state import Room, State, awaited, card_name, drop
+from .state import Moving, Room, State, awaited, card_name, drop
 from .units import format_size
 
 S = ShareState
@@ -322,6 +322,7 @@ def _move(st: State, victim: Lease, step: Step, now: float, reason: str) -> list
                     move_to=step.move_to)
     st.counters.moves += 1
     st.wake_wanted.add(victim.id)
+    st.moving[victim.id] = Moving(tuple(victim.shares), step.move_to, reason, now)
     src = ", ".join(card_name(st, p) for p in victim.shares)
     return begin_park(st, victim, now, f"{reason}; it moves {step.why} by checkpoint and "
                       f"restore", quiet) + [

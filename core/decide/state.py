@@ -21,7 +21,7 @@ from .measures import Counters, GrowthMeter
 from .model import Lease
 from .units import format_duration, format_size
 
-__all__ = ["State", "Room", "awaited", "step_done", "residual_limit", "drop", "card_name",
+__all__ = ["State", "Room", "Moving", "awaited", "step_done", "residual_limit", "drop", "card_name",
            "bytes_on", "wait_cause", "find"]
 
 
@@ -38,6 +38,19 @@ class Room:
     since: float
     contested: frozenset[str] = frozenset()
     fell_back: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Moving:
+    """A move by checkpoint and restore under way (issue 35: the board shows it while it
+    happens): the lease's cards ``src`` (PCI addresses) before it, the card ``dst`` its plan
+    moves it to, ``why`` in words, and ``since`` when it began (seconds, broker's clock). Its
+    wake is placed as a grant is, so the card it lands on is said when it wakes."""
+
+    src: tuple[str, ...]
+    dst: str
+    why: str
+    since: float
 
 
 class State:
@@ -68,6 +81,8 @@ class State:
         #: when a turn that keeps a waiter's room from it ends, by waiter (issue 34: an idle
         #: holder yields λ·rent after its last answer, not at the next driver read)
         self.recheck: dict[str, float] = {}
+        #: moves by checkpoint and restore under way, by lease id, until its wake ends
+        self.moving: dict[str, Moving] = {}
         #: Grant only on a driver read taken in the same step (rule 1); the broker reads the
         #: cards a ReadCards effect names and observes them at once.
         self.read_before_grant = True
@@ -107,6 +122,7 @@ def drop(st: State, lease_id: str) -> None:
     st.noplan_said.pop(lease_id, None)
     st.placed.pop(lease_id, None)
     st.recheck.pop(lease_id, None)
+    st.moving.pop(lease_id, None)
     for key in [k for k in st.deadlines if k[0] == lease_id]:
         del st.deadlines[key]
 

@@ -227,3 +227,76 @@ class TestAnyTwoOfFour:
 def test_scores_order_by_tier_then_cost_then_fit():
     assert Score(0, 0.0, 0, 5) < Score(0, 0.0, 0, 7) < Score(1, 0.0, 0, 0) \
         < Score(2, 1.0, 0, 0) < Score(2, 6.0, 0, 0) < Score(4, 0.0, 0, 0)
+
+
+class TestDemandOverSeveralCards:
+    """Issue 35: a lease over several cards does not park holders asked for more than itself
+    while it can wait for the cards of holders asked for less (``placement._rank``)."""
+
+    def _four(self, busy_cards: tuple[str, ...] = ()) -> World:
+        """Four 24 GiB cards (1 GiB reserve). gpu0: H, 16 GiB, the cheapest park (1 s), asked
+        for five times in the last minutes; gpu1: S, a slow park (6 s); gpu2: F, a fast park
+        (1 s); gpu3 empty. All idle for a minute, unless on ``busy_cards``: those serve a
+        request older than any later waiter's (their turn keeps the card)."""
+        w = World([24 * GiB] * 4, reserve=GiB)
+        for lid, card, cost in (("H", "gpu0", 1.0), ("S", "gpu1", 6.0), ("F", "gpu2", 1.0)):
+            _ask(w, lid, [Ask(card, 16 * GiB)], park=ParkMechanism.CHECKPOINT)
+            le = w.s.ledger.leases[lid]
+            le.park_cost_s = le.switch_cost_s = cost
+        for _ in range(5):
+            w.apply(w.s.jobs("H", 1, w.now, oldest_at=w.now))
+            w.advance(5.0)
+            w.apply(w.s.jobs("H", 0, w.now))
+            w.advance(20.0)
+        for lid in "SF":
+            card = _cards_of(w, lid)[0]
+            w.apply(w.s.jobs(lid, 1 if card in busy_cards else 0, w.now, oldest_at=w.now))
+        w.advance(60.0)         # idle for longer than a switch back would cost (issue 24)
+        return w
+
+    def test_it_parks_holders_in_less_demand_before_a_cheaper_park_of_a_busier_one(self):
+        w = self._four()
+        _ask(w, "T", [Ask(None, 12 * GiB)] * 3)
+        # By cost alone gpu0+gpu2+gpu3 (H and F, 2 s); H was asked for five times.
+        assert _cards_of(w, "T") == ["gpu1", "gpu2", "gpu3"]
+        assert sorted(e.lease_id for e in w.pending if e.op == "park") == ["F", "S"]
+
+    def test_it_waits_for_holders_in_less_demand_rather_than_park_a_busier_one(self):
+        w = self._four(busy_cards=("gpu1", "gpu2"))
+        _ask(w, "T", [Ask(None, 12 * GiB)] * 2)
+        assert "T" not in w.granted_order
+        assert "gpu0" not in _cards_of(w, "T")
+        assert not [e for e in w.pending if e.lease_id == "H"]
+
+    def test_after_the_defer_limit_the_plain_ranking_comes_back(self):
+        from berth.decide.placement import DEFER_LIMIT_S
+        w = self._four(busy_cards=("gpu1", "gpu2"))
+        _ask(w, "T", [Ask(None, 12 * GiB)] * 2)
+        assert not [e for e in w.pending if e.lease_id == "H"]
+        w.advance(DEFER_LIMIT_S)
+        assert _cards_of(w, "T") == ["gpu0", "gpu3"]
+        assert [(e.op, e.lease_id) for e in w.pending] == [("park", "H")]
+
+    def test_a_one_card_waiter_keeps_the_plain_ranking(self):
+        w = self._four()
+        _ask(w, "X", [Ask("gpu3", 20 * GiB)])        # gpu3 is taken: no card fits now
+        assert "X" in w.granted_order
+        f = w.s.ledger.leases["F"]
+        f.park_cost_s = f.switch_cost_s = 3.0
+        _ask(w, "T", [Ask(None, 12 * GiB)])
+        # The cheapest park, H's, though H is asked for more than T (demand only breaks a tie).
+        assert _cards_of(w, "T") == ["gpu0"]
+        assert [(e.op, e.lease_id) for e in w.pending] == [("park", "H")]
+
+
+def test_recent_counts_arrivals_in_the_window_and_one_while_it_serves():
+    from berth.decide import demand
+    le = Lease("x", "x", {})
+    le.jobs_reported = True                 # its front said it serves nothing now
+    for t in (10.0, 500.0, 950.0):
+        demand.arrived(le, None, t)
+        le.demand.asked_at = None           # each one a request at a front that had none
+    assert demand.recent(le, 1000.0) == 2
+    assert demand.recent(le, 1000.0, window_s=2000.0) == 3
+    le.in_flight = 1
+    assert demand.recent(le, 1000.0) == 3

@@ -10,9 +10,10 @@ nothing parked or drained, and every request of B's and C's clients is answered 
 
 from __future__ import annotations
 
+import subprocess
 import threading
 
-from tests.berthd import READ_INTERVAL, Berthd, berth_run, stop_proc
+from tests.berthd import BERTH, READ_INTERVAL, Berthd, berth_run, stop_proc
 from tests.helpers import free_port, stop_all, wait_for
 from tests.run.world import chat
 
@@ -71,13 +72,15 @@ SIZES = {"A": ("8GiB", "7GiB"), "B": ("12GiB", "11GiB"), "C": ("10GiB", "9GiB"),
 
 
 def _shape(tmp_path, procs: dict, pins: tuple[str, ...] = (),
-           extra: tuple[str, ...] = ()) -> tuple[Berthd, dict, list]:
+           extra: tuple[str, ...] = (), env: dict | None = None) -> tuple[Berthd, dict, list]:
     """berthd on the two cards; A and B on one card, C on the other, A gone, B's and C's busy
     clients started. ``pins``: engines whose run line pins their card (``--option
-    device=N``); ``extra``: more flags for every run line. Returns berthd, the front ports and
-    the clients."""
+    device=N``); ``extra``: more flags for every run line; ``env``: more environment for
+    berthd and the runs. Returns berthd, the front ports and the clients."""
     (tmp_path / "berth.toml").write_text(CONFIG.format(tmp=tmp_path, read=READ_INTERVAL))
-    d = Berthd(tmp_path, tmp_path / "berth.toml").start()
+    d = Berthd(tmp_path, tmp_path / "berth.toml")
+    d.env.update(env or {})
+    d.start()
     procs["berthd"] = d.proc
     ports = {n: free_port() for n in "ABCW"}
     for n in "ABC":
@@ -184,4 +187,41 @@ def test_a_checkpointed_engine_moves_by_restore_onto_the_other_card(tmp_path):
         _end(clients, procs, tmp_path)
     for c in clients:
         assert c.answers and all(a == "200" for a in c.answers), (c.model, c.answers)
+    assert d.sim_oom() == 0
+
+
+def test_status_and_the_board_show_a_move_by_restore_while_it_happens(tmp_path):
+    """While B or C moves by checkpoint and restore (the stand-in tool slowed to 2 GB/s, so
+    the move takes seconds), ``berth status --json`` gives the lease's move (from, to, why,
+    how long) and ``berth status`` says "moving gpuX -> gpuY" with the waiter it makes room
+    for; once it woke on the other card the move is gone from both and the timeline says where
+    it woke and how long the move took."""
+    from tests.broker.conftest import CHECKPOINT
+
+    procs: dict = {}
+    clients: list[Client] = []
+    try:
+        d, ports, clients = _shape(tmp_path, procs,
+                                   extra=("--park", "checkpoint", "--checkpoint-path", CHECKPOINT),
+                                   env={"BERTH_SIM_CHECKPOINT_BPS": "2e9"})
+        procs["W"] = berth_run(d, "W", "--front", f"127.0.0.1:{ports['W']}", "--size",
+                               SIZES["W"][0], weights=SIZES["W"][1])
+        le = wait_for(lambda: next((le for le in d.status()["leases"] if le.get("moving")),
+                                   None), 60, "a lease moving")
+        m = le["moving"]
+        assert {*m["from"], m["to"]} == {"gpu0", "gpu1"} and m["from"] != [m["to"]], m
+        assert "W" in m["why"] and m["elapsed_s"] >= 0, m
+        text = wait_for(lambda: (t := subprocess.run(
+            [BERTH, "status"], env=d.env, capture_output=True, text=True, timeout=30).stdout)
+            and f"moving {m['from'][0]} -> {m['to']} for" in t and t, 60, "the board's move line")
+        line = next(x for x in text.splitlines() if "moving gpu" in x)
+        assert le["engine"] in line and "W" in line, text
+        wait_for(lambda: _card(d, "W") and _card(d, le["engine"]) == m["to"], 120,
+                 "W serving and the moved engine serving on its new card")
+        assert not any(x.get("moving") for x in d.status()["leases"])
+        woke = [e["text"] for e in d.timeline() if e["kind"] == "wake"
+                and e["text"].startswith(le["engine"])]
+        assert woke and f"its move from {m['from'][0]} done in" in woke[-1], woke
+    finally:
+        _end(clients, procs, tmp_path)
     assert d.sim_oom() == 0

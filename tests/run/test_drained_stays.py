@@ -115,3 +115,33 @@ def test_an_engine_whose_command_pins_its_card_is_never_moved_and_status_says_wh
             in board, board
     finally:
         stop_all(procs, tmp_path)
+
+
+def test_whether_a_run_may_move_survives_a_berthd_restart(tmp_path):
+    """The free run stays movable and the pinned one pinned (with its reason) once berthd has
+    restarted and taken both leases back from its state."""
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB"), ("gpu1", "24GiB")])).start()
+    procs = [d.proc]
+    try:
+        procs.append(berth_run(d, "free", "--front", f"127.0.0.1:{free_port()}", "--size",
+                               "2GiB", weights="1GiB"))
+        log = tmp_path / "run-pinned.log"
+        procs.append(subprocess.Popen(
+            [BERTH, "run", "--engine", "pinned", "--front", f"127.0.0.1:{free_port()}",
+             "--size", "2GiB", "--", "env", "CUDA_VISIBLE_DEVICES=0", BERTH, "sim", "engine",
+             "--port", "{port}", "--weights", "1GiB", "--load-s", "0.1"],
+            env=d.env, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+            start_new_session=True))
+        wait_for(lambda: d.state_of("free") == "active" and d.state_of("pinned") == "active",
+                 60, "both granted")
+        before = {n: d.lease_of(n)["id"] for n in ("free", "pinned")}
+        d.stop()
+        d.start()
+        procs[0] = d.proc
+        wait_for(lambda: all(d.lease_of(n) and d.lease_of(n)["id"] == i
+                             for n, i in before.items()), 60, "both leases taken back")
+        assert d.lease_of("free")["move"] == {"movable": True, "why": None, "restore_across": False}
+        move = d.lease_of("pinned")["move"]
+        assert not move["movable"] and "CUDA_VISIBLE_DEVICES=0" in move["why"], move
+    finally:
+        stop_all(procs, tmp_path)
