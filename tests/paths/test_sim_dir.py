@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from berth import paths
 from berth.config import ConfigError
 
