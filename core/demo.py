@@ -100,7 +100,7 @@ class Demo:
         self.out = out
         self.t0 = time.monotonic()
         self.procs: list[subprocess.Popen] = []
-        self.events: list[tuple[float, str]] = []
+        self.seen = 0           # the last timeline entry printed (its seq)
         self.bin = Path(sys.executable).parent
         self.env = {**os.environ, "BERTH_STATE_DIR": str(tmp / "state"),
                     "BERTH_SOCKET": str(tmp / "state" / "berthd.sock"),
@@ -111,7 +111,28 @@ class Demo:
         self.client: Client | None = None
 
     def say(self, text: str) -> None:
-        self.events.append((time.monotonic() - self.t0, text))
+        """A line of the demo's own, printed at once with its time since the start."""
+        self._line(time.monotonic() - self.t0, text)
+
+    def _line(self, t: float, text: str) -> None:
+        self.out.write(f"{t:7.2f}s  {text}\n")
+        self.out.flush()
+
+    async def _follow(self) -> None:
+        """Print berthd's timeline as it happens (a long poll), not at the end: the demo's
+        switches take half a minute and a user would otherwise watch a silent terminal."""
+        assert self.client is not None
+        while True:
+            await self._timeline_since(5.0)
+
+    async def _timeline_since(self, wait_s: float) -> None:
+        assert self.client is not None
+        entries = (await self.client.timeline(self.seen, wait_s))["entries"]
+        for e in entries:       # berthd's "at" is the same monotonic clock (CLOCK_MONOTONIC)
+            self.seen = max(self.seen, e["seq"])
+            kind = _KINDS.get(e["kind"])
+            if kind:
+                self._line(e["at"] - self.t0, f"  berthd {kind:<8} {e['text']}")
 
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
         p = subprocess.Popen(args, env=self.env, stdout=open(self.tmp / log, "wb"),
@@ -134,9 +155,29 @@ class Demo:
         self._spawn([berth, "daemon"], "berthd.log")
         self.client = Client(self.env["BERTH_SOCKET"])
         await self._until(self._berthd_up, 20, "berthd to start")
-        self.say("berthd up: gpu0, 12.0GiB simulated, 1.0GiB reserve; host RAM 24.0GiB")
         self.out.write(f"The board, live while the demo runs: {self.board_url}\n")
-        self.out.flush()
+        self.out.write("Berth demo: a 6 GiB LLM and ComfyUI share one simulated 12 GiB card "
+                       "(host RAM 24 GiB)\n\n")
+        self.say("berthd up: gpu0, 12.0GiB simulated, 1.0GiB reserve; host RAM 24.0GiB")
+        follow = asyncio.get_running_loop().create_task(self._follow())
+        try:
+            ok = await self._steps(berth)
+        finally:
+            follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follow
+        await self._timeline_since(0.0)
+        st = await self.client.status()
+        oom = self._oom()
+        await self.client.close()
+        self._print(st, oom)
+        drained = st["counters"]["drains"] + st["counters"]["fallbacks_to_drain"]
+        if self.stay:
+            await self._stay()
+        return 0 if ok and oom == 0 and drained == 0 else 1
+
+    async def _steps(self, berth: str) -> bool:
+        """Start A and ComfyUI, then chat and make images in turn; ``True`` if all answered."""
         self._spawn([berth, "run", "--engine", "A", "--front", f"127.0.0.1:{self.ports['A']}",
                      "--size", "6GiB", "--park", "checkpoint", "--checkpoint-path",
                      str(self.bin / "berth-sim-cuda-checkpoint"), "--",
@@ -156,15 +197,7 @@ class Demo:
         async with aiohttp.ClientSession() as http:
             for step in ("A", "image", "A", "image", "A"):
                 ok &= await (self._image(http) if step == "image" else self._chat(http, step))
-        st = await self.client.status()
-        oom = self._oom()
-        timeline = (await self.client.timeline())["entries"]
-        await self.client.close()
-        self._print(timeline, st, oom)
-        drained = st["counters"]["drains"] + st["counters"]["fallbacks_to_drain"]
-        if self.stay:
-            await self._stay()
-        return 0 if ok and oom == 0 and drained == 0 else 1
+        return ok
 
     async def _stay(self) -> None:
         """``--stay``: berthd, both engines and the board stay up until SIGINT or SIGTERM."""
@@ -215,10 +248,9 @@ class Demo:
                "active": "it was leased; its 6.8GiB of model files asked for room first"
                }.get(state, f"it was {state}")
         ok = bool(status and status["status_str"] == "success")
-        self.events.append((t - self.t0, f"image → ComfyUI: queued after {queued:.2f}s, "
-                                         f"{'done' if ok else 'FAILED'} after "
-                                         f"{time.monotonic() - t:.2f}s ({why})"
-                                         + ("" if ok else f": {status}")))
+        self.say(f"image → ComfyUI: queued after {queued:.2f}s, "
+                 f"{'done' if ok else 'FAILED'} after {time.monotonic() - t:.2f}s ({why})"
+                 + ("" if ok else f": {status}"))
         return ok
 
     async def _berthd_up(self) -> bool:
@@ -274,26 +306,16 @@ class Demo:
                "parked": "it was parked: woken on the first write, ComfyUI parked for it",
                "waiting": "it was waiting for its lease",
                "loading": "it was loading"}.get(state, f"it was {state}")
-        self.events.append((t - self.t0, f"chat → {name}: first byte after {first:.2f}s, "
-                                         f"{chunks} chunks in {total:.2f}s ({why})"))
+        self.say(f"chat → {name}: first byte after {first:.2f}s, "
+                 f"{chunks} chunks in {total:.2f}s ({why})")
         return chunks > 0
 
     def _oom(self) -> int:
         from berth.sim.cards import SimCards
         return sum(c.oom_events for c in SimCards(self.tmp / "sim").snapshot().cards)
 
-    def _print(self, timeline: list[dict], st: dict, oom: int) -> None:
-        rows = list(self.events)
-        for e in timeline:          # berthd's "at" is the same monotonic clock (CLOCK_MONOTONIC)
-            kind = _KINDS.get(e["kind"])
-            if kind:
-                rows.append((e["at"] - self.t0, f"  berthd {kind:<8} {e['text']}"))
-        rows.sort(key=lambda r: r[0])
+    def _print(self, st: dict, oom: int) -> None:
         w = self.out.write
-        w("Berth demo: a 6 GiB LLM and ComfyUI share one simulated 12 GiB card (host RAM "
-          "24 GiB)\n\n")
-        for t, text in rows:
-            w(f"{t:7.2f}s  {text}\n")
         w("\nThe board at the end:\n")
         w(render(st) + "\n")
         k = st["counters"]

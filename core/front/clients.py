@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from .server import Request
 
-__all__ = ["client_key", "address_key", "ClientLog"]
+__all__ = ["client_key", "peer_key", "address_key", "ClientLog"]
 
 _PERSON = b"berth-client"
 
@@ -49,15 +49,22 @@ def client_key(req: "Request") -> str | None:
     connection has no address (a Unix socket)."""
     transport = req.conn.transport
     peer = transport.get_extra_info("peername") if transport is not None else None
+    forwarded = [v.decode("latin-1") for k, v in req.headers if k.lower() == b"x-forwarded-for"]
+    return peer_key(peer, forwarded)
+
+
+def peer_key(peer: object, forwarded: list[str]) -> str | None:
+    """The key of a client whose connection's peer is ``peer`` (a socket's ``peername``) and
+    whose request carries the ``X-Forwarded-For`` values ``forwarded`` (in order), as the
+    module docstring says; ``None`` for a peer with no address. For fronts that are not
+    Berth's own (the ComfyUI node's gate), so every front makes the same key for one client."""
     host = peer[0] if isinstance(peer, tuple) and peer else None
-    if host is None:
+    if not isinstance(host, str):
         return None
-    if _loopback(host):
-        forwarded = [v for k, v in req.headers if k.lower() == b"x-forwarded-for"]
-        if forwarded:
-            last = forwarded[-1].rsplit(b",", 1)[-1].strip().decode("latin-1")
-            if last:
-                return address_key(last)
+    if _loopback(host) and forwarded:
+        last = forwarded[-1].rsplit(",", 1)[-1].strip()
+        if last:
+            return address_key(last)
     return address_key(host)
 
 

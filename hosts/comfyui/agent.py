@@ -152,7 +152,8 @@ class Agent(Reservation):
     async def _main(self) -> None:
         self._client = Client()
         self._spawn(JobReporter(lambda: jobs.work(self.gate, self.queue),
-                                lambda: self.lease_id, lambda: self._client).run())
+                                lambda: self.lease_id, lambda: self._client,
+                                clients=self.gate.clients).run())
         if self.defeated:
             log.warning("Berth: ComfyUI runs with %s: unloading frees nothing (the GPU is the "
                         "offload device), so Berth cannot park it; registering without park. "
@@ -382,7 +383,8 @@ def ask_wake(agent: "Agent") -> None:
         try:
             if lid is None:
                 raise BerthdUnavailable("no lease")
-            r = await agent._client.wake(lid)
+            # Whose prompt asks, and since when (issue 34: a holder that answered it yields).
+            r = await agent._client.wake(lid, *agent.gate.asker())
             agent.gate.cause = (r.get("wait") or {}).get("why") or agent.gate.cause
         except (BerthdUnavailable, ApiError) as e:
             log.warning("Berth: the wake could not be asked (%s); the gate opens", e)

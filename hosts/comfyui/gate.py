@@ -44,6 +44,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
+from berth.front.clients import peer_key
 
 from .notice import Teller, WaitMeter
 from .states import EDGES, PASSING, TRANSITIONS, GateState, IllegalGateTransition
@@ -121,6 +122,11 @@ class Gate:
         self._arrived: dict[int, float] = {}       # writes held or handled now: arrival time
         self.back = TakenBack()                    # held writes a /queue or /interrupt named
         self.queued_at: dict[str, float] = {}      # prompt id: when its write arrived
+        # Who asked (issue 34): a client key per write held or handled now and per queued
+        # prompt, and who got the last prompt that left the queue, and when (monotonic s).
+        self._who: dict[int, str | None] = {}
+        self.queued_by: dict[str, str | None] = {}
+        self.answered: tuple[str | None, float | None] = (None, None)
         self.passed = self.held = self.refused = self.wakes = self.client_gone = 0
 
     # -- state (any thread) ----------------------------------------------------------------
@@ -185,10 +191,33 @@ class Gate:
             return list(self._arrived.values()), dict(self.queued_at)
 
     def forget(self, prompt_ids) -> None:
-        """Drop the arrival times of prompts no longer queued or running."""
+        """Drop the arrival times of prompts no longer queued or running: each is answered
+        now (its client has its images, or its error), the last one seen gone for the
+        client it answered."""
         with self._lock:
             for pid in prompt_ids:
                 self.queued_at.pop(pid, None)
+                if pid in self.queued_by:
+                    self.answered = (self.queued_by.pop(pid), time.monotonic())
+
+    def clients(self) -> tuple[str | None, str | None, float | None]:
+        """``(oldest, answered, answered_at)`` as :class:`berth.client.JobReporter` reports
+        them: the client key of the oldest write held or handled or prompt queued, and who
+        got the last answer and when (``time.monotonic`` seconds; ``None``: not known)."""
+        with self._lock:
+            times = [(t, self._who.get(k)) for k, t in self._arrived.items()]
+            times += [(t, self.queued_by.get(pid)) for pid, t in self.queued_at.items()]
+            oldest = min(times, key=lambda x: x[0])[1] if times else None
+            return (oldest, *self.answered)
+
+    def asker(self) -> tuple[str | None, float | None]:
+        """The client key of the oldest write held now and its age (seconds), for the wake
+        it asks for (:meth:`berth.client.Client.wake`)."""
+        with self._lock:
+            if not self._arrived:
+                return None, None
+            key, at = min(self._arrived.items(), key=lambda x: x[1])
+            return self._who.get(key), time.monotonic() - at
 
     def counters(self) -> dict:
         return {"state": self._state.value, "in_flight": self.in_flight,
@@ -216,8 +245,12 @@ class Gate:
         if (request.method, request.path) not in GATED:
             return await handler(request)
         key, arrived = id(request), time.monotonic()
+        who = peer_key(request.transport.get_extra_info("peername")
+                       if request.transport is not None else None,
+                       request.headers.getall("X-Forwarded-For", []))
         with self._lock:
             self._arrived[key] = arrived
+            self._who[key] = who
         try:
             try:
                 body = await request.json()       # aiohttp keeps the body for the handler
@@ -230,6 +263,7 @@ class Gate:
         finally:
             with self._lock:
                 self._arrived.pop(key, None)
+                self._who.pop(key, None)
 
     async def _handle(self, request: web.Request, handler, arrived: float):
         with self._lock:
@@ -240,6 +274,7 @@ class Gate:
             if pid is not None:
                 with self._lock:
                     self.queued_at[pid] = arrived
+                    self.queued_by[pid] = self._who.get(id(request))
             return resp
         finally:
             with self._lock:

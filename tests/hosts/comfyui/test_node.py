@@ -8,7 +8,7 @@ from berth_hosts.comfyui.estimate import LOADERS
 
 from tests.berthd import wait_for
 
-from .conftest import prompt
+from .conftest import http, prompt
 
 SD15 = ("CheckpointLoaderSimple", "ckpt_name", "sd15.safetensors")
 FLUX = ("UNETLoader", "unet_name", "flux-dev.safetensors")
@@ -381,3 +381,45 @@ def test_dynamic_vram_headroom_never_below_reserve_vram_and_nvml_pressure_stays_
     _parked(d, c)
     stats = c.get("/system_stats")[1]["stand_in"]
     assert stats["simple_vram_headroom"] == 24 << 30 and stats["nvml_pressure"] is True
+
+
+def test_an_idle_comfyui_whose_client_now_asks_the_llm_yields_at_once(world):
+    """Issue 34, the everyday switch with an image engine: one person makes an image, then
+    chats, then makes an image again. ComfyUI's node says who asked and who got its last
+    answer (the client key every front makes), so berthd sees that each holder's client is the
+    one now waiting on the other engine, and the holder yields at once. Before, the node said
+    nothing of its clients: after a few rounds ComfyUI's requests looked like they come back
+    within a switch, and it kept its card inside its minimum turn for the rent ("expects a
+    request within a switch back"), a pause of about a switch on every alternation (the
+    demo's switches took 6 s, the mechanism 2 s)."""
+    import sys
+    from pathlib import Path
+
+    from tests.berthd import berth_run
+    from tests.helpers import free_port
+    d = world.berthd(policy={"ram_budget": "64GiB"})        # the defaults otherwise
+    port = free_port()
+    tool = str(Path(sys.executable).parent / "berth-sim-cuda-checkpoint")
+    world.procs.append(berth_run(d, "llm", "--front", f"127.0.0.1:{port}", "--size", "14GiB",
+                                 "--park", "checkpoint", "--checkpoint-path", tool,
+                                 weights="13GiB"))
+    wait_for(lambda: (d.lease_of("llm") or {}).get("ready"), 60, "the LLM serving")
+    chat = {"model": "llm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    assert http("POST", url, chat, timeout=120)[0] == 200
+    c = _comfyui_with_flux_loaded(world, d)
+    seq = 0
+    for round_ in range(4):
+        if round_ == 2:     # the forecast has seen the client alternate twice
+            seq = max(e["seq"] for e in d.timeline())
+        code, ans = c.post("/prompt", prompt(FLUX))
+        assert code == 200, ans
+        done = wait_for(lambda pid=ans["prompt_id"]: c.done(pid), 60)
+        assert done["status_str"] == "success", done
+        assert http("POST", url, chat, timeout=120)[0] == 200
+    kept = [e["text"] for e in d.timeline() if e["seq"] > seq and e["kind"] == "wait"
+            and ("minimum turn" in e["text"] or "keeps its card" in e["text"])]
+    assert not kept, kept
+    parks = [e["text"] for e in d.timeline() if e["seq"] > seq and e["kind"] == "park"]
+    assert len(parks) >= 4, parks
+    assert d.sim_oom() == 0
