@@ -9,8 +9,10 @@ the parts the broker, the driver and ``berth run --front`` play around it:
   an active, ready engine is forwarded (and ``touch``-ed for the victim order). A front that is
   closing or asleep holds requests; when its engine settles parked with requests held it asks
   for the wake itself ("asleep: hold, and ask berthd for the card on the first request").
-- **Effects.** ``Granted``: the run starts the engine (a cold load, seen ready by llama-swap's
-  health poll, since Berth runs as llama-swap's ``cmd``). ``Instruct``: ``park`` checkpoints
+- **Effects.** ``Granted``: the run starts the engine (a cold load, seen ready by the run's own
+  health probe, :mod:`berth.run.probe`: llama-swap runs Berth as its ``cmd`` with
+  ``--front-health``, so its poll passes as soon as the front listens and the front holds the
+  requests until the probe sees the engine answer). ``Instruct``: ``park`` checkpoints
   once forwarded requests finish and reports it done; ``wake`` restores and then reports;
   ``drain`` stops the engine and reports the exit; ``lend``/``return`` shrink and regrow the
   engine's own cap and report.
@@ -62,6 +64,7 @@ from berth.decide.scheduler import (
     Scheduler,
     Watch,
 )
+from berth.run import probe
 
 from ..world import EXITED, GONE, LOADING, PARKED, READY
 from .base import SimPolicy
@@ -296,7 +299,7 @@ class BerthPolicy(SimPolicy):
         for f in fx:
             if isinstance(f, Granted):
                 e = self.engine_of[f.lease_id]
-                self.proc_of[f.lease_id] = self.world.load(e, tag=f.lease_id, health_poll=True,
+                self.proc_of[f.lease_id] = self.world.load(e, tag=f.lease_id, seen=probe.seen_at,
                                                            cards=self._cards(e, f))
             elif isinstance(f, Instruct):
                 self._instruct(f)
@@ -444,12 +447,6 @@ class BerthPolicy(SimPolicy):
             self._pump(proc.engine)     # an asleep front with held requests asks for the wake
 
     # -- completions from the machine -----------------------------------------------------
-    def on_loaded(self, proc) -> None:
-        """The engine answers the run's own health probe: berth run reports it ready (its
-        manager's poll, and the requests it holds, come later: :meth:`on_ready`)."""
-        if proc.tag in self.sched.ledger.leases and proc.state == LOADING:
-            self._apply(self.sched.ready(proc.tag, self.world.now))
-
     def on_ready(self, proc) -> None:
         lid = proc.tag
         lease = self.sched.ledger.leases.get(lid)
