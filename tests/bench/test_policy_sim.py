@@ -181,11 +181,42 @@ class TestOOM:
 
 class TestPieces:
     def test_confirm_polls(self):
-        # berth.driver.base.confirm: at once, then 20 ms doubling up to 250 ms.
+        # berth.driver.base.confirm: at once, then 20 ms doubling up to 50 ms.
         assert next_poll(10.0, 10.0) == 10.0
         assert next_poll(10.0, 10.05) == pytest.approx(10.06)
-        assert next_poll(10.0, 10.875) == pytest.approx(11.05)
-        assert next_poll(0.0, 100.0) == pytest.approx(100.05)
+        assert next_poll(10.0, 10.875) == pytest.approx(10.91)
+        assert next_poll(0.0, 100.0) == pytest.approx(100.01)
+
+    def test_the_sims_polls_are_berthds(self, monkeypatch):
+        """The sim's Berth reads the driver when berthd's confirmation helper does: confirm()
+        on a virtual clock, against a card that shows the event from 1.0 s on, reads at the
+        times next_poll gives (a cadence changed in berth.driver.base moves both)."""
+        import asyncio
+        import types
+
+        from berth.driver import base
+        now = [0.0]
+
+        async def sleep(s):
+            now[0] += s
+        monkeypatch.setattr(base, "asyncio", types.SimpleNamespace(sleep=sleep))
+        reads = []
+
+        class Card(base.Driver):
+            def cards(self):
+                return []
+
+            def read(self, pci):
+                reads.append(now[0])
+                return base.Reading(pci, now[0], 0, 1, {7: 1} if now[0] < 1.0 else {})
+        for cap in (base.CONFIRM_CAP_S, 0.3):
+            monkeypatch.setattr(base, "CONFIRM_CAP_S", cap)
+            reads.clear()
+            now[0] = 0.0
+            r = asyncio.run(base.confirm(Card(), P, base.PidsGone(frozenset({7})), 60.0,
+                                         clock=lambda: now[0], event_at=0.0))
+            assert r is not None and r.at == pytest.approx(next_poll(0.0, 1.0))
+            assert all(next_poll(0.0, t) == pytest.approx(t) for t in reads)
 
     def test_health_poll_and_costs(self):
         m = Mechanisms()

@@ -17,8 +17,8 @@ the parts the broker, the driver and ``berth run --front`` play around it:
   ``drain`` stops the engine and reports the exit; ``lend``/``return`` shrink and regrow the
   engine's own cap and report.
   ``Watch``: the confirmation helper of ``berth.driver.base.confirm``, polling the simulated
-  driver at 0, 20, 60, 140, 300 ms then every 250 ms, and calling ``confirmed`` with the use it
-  read. ``Ended`` lets held requests ask for a new lease.
+  driver at its cadence (:func:`next_poll`: at 0, 20, 60 ms, then every 50 ms), and calling
+  ``confirmed`` with the use it read. ``Ended`` lets held requests ask for a new lease.
 - **Reads.** Every ``read_interval_s`` a ``CardRead`` per card (free bytes, each lease's use)
   goes to ``observe``, so growth shows and growth-bound holders get their extensions.
 - **Deadlines.** ``tick`` runs at the earliest of the scheduler's deadlines.
@@ -64,6 +64,7 @@ from berth.decide.scheduler import (
     Scheduler,
     Watch,
 )
+from berth.driver import base
 from berth.run import probe
 
 from ..world import EXITED, GONE, LOADING, PARKED, READY
@@ -118,18 +119,17 @@ def client_key(job) -> str | None:
     return None if job.client is None else f"client-{job.client}"
 
 
-def next_poll(since_s: float, t_s: float, first_s: float = 0.02, max_s: float = 0.25) -> float:
-    """The first poll of ``berth.driver.base.confirm`` at or after ``t_s``: it reads at
-    ``since_s``, then after 20 ms, doubling up to 250 ms."""
-    at, delay = since_s, first_s
-    if t_s - since_s > 1.0:
-        # Past the doubling phase the polls are 250 ms apart: jump there in one step.
-        head = since_s + 0.02 + 0.04 + 0.08 + 0.16
-        at = head + math.ceil((t_s - head) / max_s - 1e-9) * max_s
-        return at
+def next_poll(since_s: float, t_s: float) -> float:
+    """The first read of ``berth.driver.base.confirm`` at or after ``t_s``, for a watch opened at
+    ``since_s``: at once, then at its cadence (:data:`berth.driver.base.CONFIRM_FIRST_S`,
+    growing by ``CONFIRM_GROWTH`` up to ``CONFIRM_CAP_S``), the very numbers berthd polls by."""
+    at, delay = since_s, base.CONFIRM_FIRST_S
     while at < t_s - 1e-12:
+        if delay >= base.CONFIRM_CAP_S:
+            # Past the growing phase the reads are evenly spaced: jump there in one step.
+            return at + math.ceil((t_s - at) / base.CONFIRM_CAP_S - 1e-9) * base.CONFIRM_CAP_S
         at += delay
-        delay = min(delay * 2, max_s)
+        delay = min(delay * base.CONFIRM_GROWTH, base.CONFIRM_CAP_S)
     return at
 
 
