@@ -279,15 +279,17 @@ def _min_turn(holder: Lease, policy: Policy) -> float:
 
 def _min_turn_end(holder: Lease, policy: Policy, start: float, since: float | None) -> float:
     """When the holder's minimum turn ends against a waiter whose oldest request arrived at
-    ``since`` (broker's clock, seconds). A waiter that asked before the turn began has waited
-    through the switch into it (``switch_cost_s``, measured): that wait counts towards the
-    turn (issue 34), so the waiter waits at most the minimum turn, not the switch plus the
-    turn. Measured: the second client of bursty ping-pong (``bench/policy`` o) waited a cold
-    start, then the first engine's whole 10 s turn, then its own cold start (25-31 s, where
-    llama-swap's FIFO made it wait 23 s); two busy clients still batch, each turn serving
-    ``min_turn`` less the switch into it (8 s of 10 with a 2 s restore)."""
+    ``since`` (broker's clock, seconds). A waiter that asked while the holder was still cold
+    starting has waited through the load that began its turn (``switch_cost_s``, measured):
+    that wait counts towards the turn (issue 34), so it waits the minimum turn, not the load
+    and then the whole turn. Measured: the second client of bursty ping-pong (``bench/policy``
+    o) waited a cold start, the first engine's whole 10 s turn and its own cold start (25-31 s,
+    where llama-swap's FIFO made it wait 23 s). A wake's turn keeps all of it: two busy clients
+    batch by turns after every wake, and a live wake under load (20-30 s) credited this way left
+    no turn at all (one switch per request: 16 answered in 90 s at a load of 12)."""
     end = start + _min_turn(holder, policy)
-    if since is not None and since < start:
+    cold = holder.ready_at is None or holder.ready_at >= holder.resumed_at
+    if cold and since is not None and since < start:
         end = max(start, end - holder.switch_cost_s)
     return end
 
