@@ -143,7 +143,8 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     be parked for anyone once that runs out); (4) against a waiter of equal or lower priority
     only (a turn never holds back a higher priority), the holder's turn (:func:`_turn`): it is
     starting (idle or not, when the waiter asked after the request it loads for: issue 34),
-    inside its minimum turn, serving requests older than the waiter's, waiting for its first
+    inside its minimum turn (less the cold start the waiter waited through, issue 34:
+    :func:`_min_turn_end`), serving requests older than the waiter's, waiting for its first
     request, or inside its ``max_turn`` with demand (busy, or, against an equal priority, idle
     for less than its forecast keeps it: rent or buy, issue 24, with issue 34's forecast; never
     against a waiter whose request is older than any it expects; a higher priority's rent is
