@@ -8,8 +8,9 @@ them), as a real broker's effects report back.
 Mechanisms (costs from :class:`~bench.policy.workload.Mechanisms`):
 
 - :meth:`World.load`: a cold start or reload. The weights arrive in chunks over
-  ``init_s + bytes / reload_gbps``; with ``health_poll`` the engine is seen ready at llama-swap's
-  next readiness poll.
+  ``init_s + bytes / reload_gbps``; ``seen`` says when its manager's health check first sees it
+  serve (llama-swap's poll: :meth:`Mechanisms.health_ready_s`; ``berth run``'s probe:
+  :func:`berth.run.probe.seen_at`).
 - :meth:`World.park`: the front closes; once every request already forwarded has finished, a
   checkpoint copies the memory to host RAM (``bytes / checkpoint_gbps``), then the memory leaves.
 - :meth:`World.restore`: the memory comes back at once (an allocation), the copy takes
@@ -30,6 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
+from collections.abc import Callable
 
 from .loop import Loop
 from .metrics import Recorder
@@ -355,11 +357,13 @@ class World:
         self._post("on_mem", proc, pci)
 
     # -- mechanisms -----------------------------------------------------------------------------
-    def load(self, engine: str, tag=None, health_poll: bool = False,
+    def load(self, engine: str, tag=None, seen: Callable[[float], float] | None = None,
              cards: tuple[str, ...] | None = None) -> Proc:
         """Start ``engine`` cold; it becomes its engine's current process. Returns the process;
-        ``on_ready`` is posted when it serves. ``cards``: where a policy that places puts an
-        engine with ``free`` placement (``None``: its own cards)."""
+        ``on_ready`` is posted when it serves: when ``seen(load_s)`` says its manager's health
+        check first sees it answer (seconds after the start; ``None``: at once).
+        ``cards``: where a policy that places puts an engine with ``free`` placement (``None``:
+        its own cards)."""
         spec = self.specs[engine]
         if cards is not None and tuple(cards) != spec.cards:
             if not spec.free:
@@ -378,8 +382,8 @@ class World:
             for k in range(1, n + 1):
                 self.loop.at(self.now + dur * k / n, self._load_chunk, proc, p,
                              min(chunk, b - (k - 1) * chunk))
-        ready = self.mech.health_ready_s(dur) if health_poll else dur
-        if health_poll and ready > dur:
+        ready = dur if seen is None else max(dur, seen(dur))
+        if ready > dur:
             # The engine answers its own health probe now; its manager sees it at its next poll.
             self.loop.at(self.now + dur, self._post, "on_loaded", proc)
         self.loop.at(self.now + ready, self._loaded, proc)

@@ -143,7 +143,8 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     be parked for anyone once that runs out); (4) against a waiter of equal or lower priority
     only (a turn never holds back a higher priority), the holder's turn (:func:`_turn`): it is
     starting (idle or not, when the waiter asked after the request it loads for: issue 34),
-    inside its minimum turn, serving requests older than the waiter's, waiting for its first
+    inside its minimum turn (less the cold start the waiter waited through, issue 34:
+    :func:`_min_turn_end`), serving requests older than the waiter's, waiting for its first
     request, or inside its ``max_turn`` with demand (busy, or, against an equal priority, idle
     for less than its forecast keeps it: rent or buy, issue 24, with issue 34's forecast; never
     against a waiter whose request is older than any it expects; a higher priority's rent is
@@ -217,9 +218,10 @@ def turn_end(holder: Lease, policy: Policy, now: float,
         fc = idle_forecast(holder, waiter or holder, policy, waiter is not None, now, since)
         end = max(first, min(idle_from + fc.keep_s, start + longest))
         if fc.turn_keep_s > 0:
-            end = max(end, min(idle_from + fc.turn_keep_s, start + _min_turn(holder, policy)))
+            end = max(end, min(idle_from + fc.turn_keep_s,
+                               _min_turn_end(holder, policy, start, since)))
     else:
-        end = start + max(policy.min_turn_s, holder.switch_cost_s)
+        end = _min_turn_end(holder, policy, start, since)
         if holder.jobs_reported:
             outlives = holder.oldest_job_at + max_job_s(holder, policy.max_job_s) \
                 if holder.oldest_job_at is not None else start + longest
@@ -276,6 +278,23 @@ def _min_turn(holder: Lease, policy: Policy) -> float:
     return max(policy.min_turn_s, holder.switch_cost_s)
 
 
+def _min_turn_end(holder: Lease, policy: Policy, start: float, since: float | None) -> float:
+    """When the holder's minimum turn ends against a waiter whose oldest request arrived at
+    ``since`` (broker's clock, seconds). A waiter that asked while the holder was still cold
+    starting has waited through the load that began its turn (``switch_cost_s``, measured):
+    that wait counts towards the turn (issue 34), so it waits the minimum turn, not the load
+    and then the whole turn. Measured: the second client of bursty ping-pong (``bench/policy``
+    o) waited a cold start, the first engine's whole 10 s turn and its own cold start (25-31 s,
+    where llama-swap's FIFO made it wait 23 s). A wake's turn keeps all of it: two busy clients
+    batch by turns after every wake, and a live wake under load (20-30 s) credited this way left
+    no turn at all (one switch per request: 16 answered in 90 s at a load of 12)."""
+    end = start + _min_turn(holder, policy)
+    cold = holder.ready_at is None or holder.ready_at >= holder.resumed_at
+    if cold and since is not None and since < start:
+        end = max(start, end - holder.switch_cost_s)
+    return end
+
+
 _STARTING = "{} is starting: it has not said it serves yet (given up to {} after its grant)"
 
 
@@ -307,14 +326,14 @@ def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
                    f"{format_duration(longest)}"
         # Against an older request, demand keeps it only inside its minimum turn (issue 34).
         if holder.priority == waiter.priority and idle_s < fc.turn_keep_s and \
-                now - start < _min_turn(holder, policy):
+                now < _min_turn_end(holder, policy, start, since):
             return (f"{holder.engine} is inside its minimum turn and expects a request within "
                     f"a switch back ({format_duration(fc.rent_s)})")
         return None
     if now < start:        # no turn has begun: it has not said it serves (even at 0s)
         return _STARTING.format(holder.engine, format_duration(policy.wake_limit_s))
     # A turn is worth at least what the switch into it cost (issue 16: cost-aware turns).
-    if now - start < _min_turn(holder, policy):
+    if now < _min_turn_end(holder, policy, start, since):
         return f"{holder.engine} is inside its minimum turn"
     # Older requests keep the card only while the oldest is younger than the holder's max_job
     # (a job that outlived it protects nothing, as in the park's wait for quiet).

@@ -143,19 +143,30 @@ def _shows(ev: Event, r: Reading) -> bool:
     return r.free_bytes - ev.free_before >= ev.expect_bytes
 
 
+#: The confirmation helper's cadence (seconds; issue 34): a read at once, then after
+#: ``CONFIRM_FIRST_S``, each delay ``CONFIRM_GROWTH`` times the one before, up to
+#: ``CONFIRM_CAP_S``. The policy simulator (``bench/policy``) polls by these very numbers. The
+#: cap was 250 ms: a waiter's grant waited up to that long past the driver's own lag on every
+#: park and drain; a read is a few NVML calls, so one each 50 ms while a watch is open costs
+#: nothing measurable.
+CONFIRM_FIRST_S, CONFIRM_GROWTH, CONFIRM_CAP_S = 0.02, 2.0, 0.05
+
+
 async def confirm(driver: Driver, pci: str, event: Event, deadline: float,
                   clock: Callable[[], float] = time.monotonic,
-                  first_delay_s: float = 0.02, max_delay_s: float = 0.25,
+                  first_delay_s: float | None = None, max_delay_s: float | None = None,
                   event_at: float | None = None) -> Reading | None:
     """Return the first read of ``pci`` taken after the event that shows ``event``.
 
-    Reads once at once, then after ``first_delay_s`` (20 ms), doubling up to ``max_delay_s``
-    (250 ms), until ``deadline`` (on ``clock``). Returns ``None`` if the deadline passes first.
+    Reads once at once, then after ``first_delay_s`` (default :data:`CONFIRM_FIRST_S`, 20 ms),
+    growing by :data:`CONFIRM_GROWTH` up to ``max_delay_s`` (default :data:`CONFIRM_CAP_S`,
+    50 ms), until ``deadline`` (on ``clock``). Returns ``None`` if the deadline passes first.
     A read that completed before ``event_at`` (default: the call) never counts. A
     :class:`DriverError` on one read is retried until the deadline, then raised.
     """
     event_at = clock() if event_at is None else event_at
-    delay = first_delay_s
+    delay = CONFIRM_FIRST_S if first_delay_s is None else first_delay_s
+    cap = CONFIRM_CAP_S if max_delay_s is None else max_delay_s
     last_err: DriverError | None = None
     while True:
         try:
@@ -170,4 +181,4 @@ async def confirm(driver: Driver, pci: str, event: Event, deadline: float,
                 raise last_err
             return None
         await asyncio.sleep(min(delay, max(0.0, deadline - clock())))
-        delay = min(delay * 2, max_delay_s)
+        delay = min(delay * CONFIRM_GROWTH, cap)

@@ -8,7 +8,8 @@ reference/llama-swap.md ("Consequences for a cmd wrapper").
   ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES`` set to the granted cards (by
   UUID). The child gets a parent-death SIGKILL, and a watchdog (:mod:`berth.run.watchdog`) in its
   own session kills the engine's whole group when the run dies by any path, SIGKILL included.
-- :meth:`EngineProcess.until_healthy`: poll ``--health`` (default ``/health``) until it answers.
+- :meth:`EngineProcess.until_healthy`: poll ``--health`` (default ``/health``) until it answers,
+  at the cadence of :mod:`berth.run.probe`.
 - :meth:`EngineProcess.kill`: the engine's part of the stop sequence: SIGTERM the group, SIGKILL
   after ``term_grace_s``, then the group's stragglers; :meth:`EngineProcess.let_watchdog_go`
   at the end of every run.
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 from berth.process import ProcessId, SignalRefused, identify, signal_group
+from berth.run import probe
 
 if TYPE_CHECKING:                                   # the CLI builds the options and the run
     from berth.run.cli import RunOptions
@@ -189,7 +191,7 @@ class EngineProcess:
         began = time.monotonic()
         end = None if deadline_s is None else began + deadline_s
         note_at, last = began + _HEALTH_NOTE_FIRST_S, "no answer"
-        delay = 0.05
+        cadence = probe.delays()     # shared with the policy simulator (issue 34)
         while end is None or time.monotonic() < end:
             if self.proc is not None and self.proc.returncode is not None:
                 return False
@@ -206,8 +208,7 @@ class EngineProcess:
                          "wait in the front meanwhile (--health names another path)",
                          self.o.engine, url, time.monotonic() - began, last)
                 note_at = time.monotonic() + _HEALTH_NOTE_EVERY_S
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            await asyncio.sleep(next(cadence))
         return False
 
     async def kill(self) -> int:

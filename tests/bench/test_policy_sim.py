@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+from berth.run.probe import seen_at
 
 from bench.policy import run as runner
 from bench.policy.policies import BERTH, DEFAULT, POLICIES, make
@@ -76,33 +77,47 @@ class TestHandComputedWaits:
     def test_berth_park_and_wake(self, policy):
         # Here a and b load their whole declared 12e9 (14 s), so only one fits the 19e9 that
         # the 1e9 reserve leaves, and the broker's last driver read decides each grant.
-        # a: granted at the read at 0, ready at 14.25 (berth run is llama-swap's cmd, whose
-        # health polls come at 0.25 s and then every second).
-        # b at 30: a has been idle since its request ended at 19.25, and its minimum turn
-        # (its 14 s cold start, from 14.25) is over at 28.25: b's request is older than any a
-        # may get, so a yields at once (issue 34's yardstick: the older request first). The
+        # a: granted at the read at 0, loaded at 14, seen by berth run's own health probe at
+        # its next GET, 14.025 (berth.run.probe: 0, 0.05, 0.125, then every 0.1 s; llama-swap's
+        # poll passes at once with --front-health, so it adds nothing).
+        # b at 30: a has been idle since its request ended at 19.025, and its minimum turn
+        # (its 14.025 s cold start, from 14.025) is over at 28.05: b's request is older than any
+        # a may get, so a yields at once (issue 34's yardstick: the older request first). The
         # checkpoint takes 12e9 / 70 GB/s = 0.1714 s, the confirmation helper's first poll shows
-        # the memory gone, and that read grants b at once: b loads 14 s, and the health poll
-        # 14.25 s after the grant sees it: a wait of 14.4214. a at 50: b serves its request from
-        # 44.4214 to 49.4214, then is idle inside its minimum turn (14 s from 44.1714, when the
-        # run reported it ready): with no forecast it keeps its card for the demand it may have,
-        # up to the rent (14.1714 s), until that turn ends at 58.1714. Then b's park (0.1714 s),
-        # its confirming read grants a's wake, and the restore takes 12e9 / 8 GB/s = 1.5 s.
+        # the memory gone, and that read grants b at once: b loads 14 s and the probe sees it at
+        # 14.025: a wait of 14.1964. a at 50: b serves its request from 44.1964 to 49.1964,
+        # then is idle inside its minimum turn (14.025 s from 44.1964, when the run reported it
+        # ready): with no forecast it keeps its card for the demand it may have, up to the rent,
+        # until that turn ends at 58.2214. Then b's park (0.1714 s), its confirming read grants
+        # a's wake, and the restore takes 12e9 / 8 GB/s = 1.5 s.
         got = waits(policy, tiny(TRACE, base=12 * 10**9))
-        park = 12e9 / 70e9
-        b_ready = 30 + park + 14
-        assert got == pytest.approx([14.25, park + 14.25, b_ready + 14 + park + 1.5 - 50])
+        park, cold = 12e9 / 70e9, seen_at(14.0)
+        assert cold == pytest.approx(14.025)
+        b_ready = 30 + park + cold
+        assert got == pytest.approx([cold, park + cold, b_ready + cold + park + 1.5 - 50])
+
+    def test_berth_cold_start_pays_the_runs_own_probe(self, monkeypatch):
+        """The sim charges a Berth cold start berth run's probe cadence, read from
+        berth.run.probe (the module the run's probe sleeps by), not llama-swap's poll: change
+        the cadence there and the sim's wait follows."""
+        from berth.run import probe
+        wl = tiny([(0.0, "a", 5.0, 0, 0.0)], base=12 * 10**9)
+        assert waits("berth-default", wl) == pytest.approx([seen_at(14.0)])
+        monkeypatch.setattr(probe, "FIRST_S", 0.4)
+        monkeypatch.setattr(probe, "CAP_S", 1.0)
+        assert seen_at(14.0) == pytest.approx(14.9)
+        assert waits("berth-default", wl) == pytest.approx([seen_at(14.0)])
 
     @pytest.mark.parametrize("policy", ["berth-scan-declared", "berth-strict-declared"])
     def test_busy_holder_keeps_its_turn(self, policy):
-        # As above, but b's request at 30 runs 20 s, from 44.4214 to 64.4214: b serves a
+        # As above, but b's request at 30 runs 20 s, from 44.1964 to 64.1964: b serves a
         # request older than a's (50), so it keeps its card; then it is idle past its minimum
-        # turn (58.1714), and a's request is the older one: the park at once (0.1714 s), then
+        # turn (58.2214), and a's request is the older one: the park at once (0.1714 s), then
         # 1.5 s to restore.
         trace = [(0.0, "a", 5.0, 0, 0.0), (30.0, "b", 20.0, 0, 0.0), (50.0, "a", 5.0, 0, 0.0)]
         got = waits(policy, tiny(trace, base=12 * 10**9))
         park = 12e9 / 70e9
-        assert got[2] == pytest.approx(30 + park + 14.25 + 20 + park + 1.5 - 50)
+        assert got[2] == pytest.approx(30 + park + seen_at(14.0) + 20 + park + 1.5 - 50)
 
 
 class TestConservation:
@@ -166,11 +181,42 @@ class TestOOM:
 
 class TestPieces:
     def test_confirm_polls(self):
-        # berth.driver.base.confirm: at once, then 20 ms doubling up to 250 ms.
+        # berth.driver.base.confirm: at once, then 20 ms doubling up to 50 ms.
         assert next_poll(10.0, 10.0) == 10.0
         assert next_poll(10.0, 10.05) == pytest.approx(10.06)
-        assert next_poll(10.0, 10.875) == pytest.approx(11.05)
-        assert next_poll(0.0, 100.0) == pytest.approx(100.05)
+        assert next_poll(10.0, 10.875) == pytest.approx(10.91)
+        assert next_poll(0.0, 100.0) == pytest.approx(100.01)
+
+    def test_the_sims_polls_are_berthds(self, monkeypatch):
+        """The sim's Berth reads the driver when berthd's confirmation helper does: confirm()
+        on a virtual clock, against a card that shows the event from 1.0 s on, reads at the
+        times next_poll gives (a cadence changed in berth.driver.base moves both)."""
+        import asyncio
+        import types
+
+        from berth.driver import base
+        now = [0.0]
+
+        async def sleep(s):
+            now[0] += s
+        monkeypatch.setattr(base, "asyncio", types.SimpleNamespace(sleep=sleep))
+        reads = []
+
+        class Card(base.Driver):
+            def cards(self):
+                return []
+
+            def read(self, pci):
+                reads.append(now[0])
+                return base.Reading(pci, now[0], 0, 1, {7: 1} if now[0] < 1.0 else {})
+        for cap in (base.CONFIRM_CAP_S, 0.3):
+            monkeypatch.setattr(base, "CONFIRM_CAP_S", cap)
+            reads.clear()
+            now[0] = 0.0
+            r = asyncio.run(base.confirm(Card(), P, base.PidsGone(frozenset({7})), 60.0,
+                                         clock=lambda: now[0], event_at=0.0))
+            assert r is not None and r.at == pytest.approx(next_poll(0.0, 1.0))
+            assert all(next_poll(0.0, t) == pytest.approx(t) for t in reads)
 
     def test_health_poll_and_costs(self):
         m = Mechanisms()

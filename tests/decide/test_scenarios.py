@@ -337,18 +337,31 @@ class TestFoundByThePolicySimulator:
     def test_the_minimum_turn_counts_from_when_the_engine_can_serve(self):
         w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60))
         lease = _lease_not_ready(w, "big", 20 * GiB)          # a cold load, not serving yet
-        w.advance(5)
-        w.request("small", "small", {G0: 12 * GiB})
-        w.advance(5)                                          # 10 s after the grant
-        assert state(w, "big") is S.ACTIVE
-        w.advance(21)
+        w.advance(31)
         w.apply(w.s.ready(lease, w.now))                      # it serves at t = 31
-        w.advance(9)
+        w.advance(1)
+        w.request("small", "small", {G0: 12 * GiB})           # asks once big serves
+        w.advance(8)
         assert state(w, "big") is S.ACTIVE                    # inside its turn (from t = 31)
         # The turn is worth what the load cost (31 s, issue 16), not just min_turn_s.
         w.advance(21)
         assert state(w, "big") is S.ACTIVE
         w.advance(2)
+        assert state(w, "big") is S.DRAINING
+
+    def test_a_waiter_that_asked_during_the_load_has_it_counted_in_the_turn(self):
+        """Issue 34: small asked at t = 5, while big loaded (31 s): it has waited the switch
+        the turn is worth, so big's turn keeps nothing past its start (before: 31 s more, a
+        wait of 62 s where FIFO swapping makes it 31 s and a request)."""
+        w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60))
+        lease = _lease_not_ready(w, "big", 20 * GiB)
+        w.advance(5)
+        w.request("small", "small", {G0: 12 * GiB})
+        w.advance(5)
+        assert state(w, "big") is S.ACTIVE                    # starting: loads for its own
+        w.advance(21)
+        w.apply(w.s.ready(lease, w.now))                      # it serves at t = 31
+        w.advance(9)
         assert state(w, "big") is S.DRAINING
 
 

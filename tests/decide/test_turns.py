@@ -140,6 +140,73 @@ class TestCostAwareTurns:
         w.apply(w.s.tick(w.now))
         assert state(w, "a") is S.DRAINING
 
+    def test_a_waiter_that_waited_through_the_switch_has_it_counted(self):
+        """Issue 34: b asked while a was still loading (8 s); a's minimum turn (10 s) counts
+        that switch, so b waits the turn, not the load and then the whole turn. Before: a kept
+        its card idle to 8 + 10 = 18 s (bursty ping-pong's second client waited 25-31 s where
+        llama-swap's FIFO made it wait 23 s)."""
+        w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60,
+                                     max_turn_s=0))
+        w.s.request(_lease("a", 20 * GiB), w.now)
+        w.advance(2)
+        w.request("b", "B", {G0: 10 * GiB})         # asks while a loads
+        w.advance(6)
+        w.apply(w.s.ready("a", w.now))              # its load took 8 s
+        jobs(w, "a", 1)                             # the request it loaded for
+        w.advance(1)
+        jobs(w, "a", 0)
+        assert state(w, "a") is S.ACTIVE and "minimum turn" in texts(w)[-1]
+        w.advance(1.5)                              # t = 10.5: past 10 s from the grant
+        w.apply(w.s.tick(w.now))
+        assert state(w, "a") is S.DRAINING
+
+    def test_a_wake_keeps_its_whole_turn_against_a_waiter_that_asked_during_it(self):
+        """Only a cold start's load counts for the waiter: a wake (here 8 s) keeps the whole
+        minimum turn from its report, which is what batches two busy clients; credited, a live
+        wake under load (20-30 s) left no turn at all."""
+        w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60,
+                                     max_turn_s=0))
+        w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        jobs(w, "a", 0)
+        w.apply(w.s.operator("park", "a", w.now))
+        w.do_all()
+        assert state(w, "a") is S.PARKED
+        w.advance(30)
+        w.apply(w.s.wake("a", w.now))
+        w.advance(2)
+        w.request("b", "B", {G0: 10 * GiB})         # asks while a restores
+        w.advance(6)
+        w.do_all()                                  # the wake took 8 s
+        assert state(w, "a") is S.ACTIVE
+        jobs(w, "a", 1)
+        w.advance(1)
+        jobs(w, "a", 0)
+        w.advance(1.5)                              # 10.5 s after the wake began
+        w.apply(w.s.tick(w.now))
+        assert state(w, "a") is S.ACTIVE and "minimum turn" in texts(w)[-1]
+        w.advance(8)                                # past 10 s from its report
+        w.apply(w.s.tick(w.now))
+        assert state(w, "a") is S.PARKING
+
+    def test_a_waiter_that_asked_inside_the_turn_waits_the_whole_turn(self):
+        """The other side of the rule: b asks once a serves; a keeps its minimum turn (10 s
+        from its ready), which is what batches two busy clients."""
+        w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60,
+                                     max_turn_s=0))
+        w.s.request(_lease("a", 20 * GiB), w.now)
+        w.advance(8)
+        w.apply(w.s.ready("a", w.now))
+        jobs(w, "a", 1)
+        w.advance(1)
+        w.request("b", "B", {G0: 10 * GiB})         # asks inside a's turn
+        jobs(w, "a", 0)
+        w.advance(6.5)                              # t = 15.5: inside 10 s from its ready
+        w.apply(w.s.tick(w.now))
+        assert state(w, "a") is S.ACTIVE and "minimum turn" in texts(w)[-1]
+        w.advance(3)
+        w.apply(w.s.tick(w.now))
+        assert state(w, "a") is S.DRAINING
+
     def test_a_holder_serving_older_requests_keeps_its_card(self):
         w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0, max_turn_s=0))
         w.request("a", "A", {G0: 20 * GiB}, park=CKPT)

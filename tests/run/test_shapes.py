@@ -199,4 +199,10 @@ def test_clients_that_move_between_engines(live, name):
 #: sent right after the alternating client's B was served (23.9 s) waited about 16 s, which
 #: the replay does not show: B keeps its card live for longer than the simulator says. Open
 #: (issue 34's note): until it is found, the figures of m in bench/policy are optimistic.
-DISAGREE = frozenset({"n-comfy-chats", "m-busy-beside"})
+#: o disagrees since a cold start's load counts towards the turn of a waiter that asked during
+#: it (``berth.decide.ladder._min_turn_end``; load average 3, cut at 60 s): live 5 parks in 10
+#: answered, the replay 5 in 15. The same parks in the same order, but live each checkpoint of
+#: 14 GiB took 3.3-6 s against the simulator's 2.03 s, and the first turns after the two cold
+#: starts now end at their first request, so the live run answers fewer per park. Open (the
+#: note of this pass in bench/policy/README.md).
+DISAGREE = frozenset({"n-comfy-chats", "m-busy-beside", "o-bursty-ping-pong"})

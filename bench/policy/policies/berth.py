@@ -9,14 +9,16 @@ the parts the broker, the driver and ``berth run --front`` play around it:
   an active, ready engine is forwarded (and ``touch``-ed for the victim order). A front that is
   closing or asleep holds requests; when its engine settles parked with requests held it asks
   for the wake itself ("asleep: hold, and ask berthd for the card on the first request").
-- **Effects.** ``Granted``: the run starts the engine (a cold load, seen ready by llama-swap's
-  health poll, since Berth runs as llama-swap's ``cmd``). ``Instruct``: ``park`` checkpoints
+- **Effects.** ``Granted``: the run starts the engine (a cold load, seen ready by the run's own
+  health probe, :mod:`berth.run.probe`: llama-swap runs Berth as its ``cmd`` with
+  ``--front-health``, so its poll passes as soon as the front listens and the front holds the
+  requests until the probe sees the engine answer). ``Instruct``: ``park`` checkpoints
   once forwarded requests finish and reports it done; ``wake`` restores and then reports;
   ``drain`` stops the engine and reports the exit; ``lend``/``return`` shrink and regrow the
   engine's own cap and report.
   ``Watch``: the confirmation helper of ``berth.driver.base.confirm``, polling the simulated
-  driver at 0, 20, 60, 140, 300 ms then every 250 ms, and calling ``confirmed`` with the use it
-  read. ``Ended`` lets held requests ask for a new lease.
+  driver at its cadence (:func:`next_poll`: at 0, 20, 60 ms, then every 50 ms), and calling
+  ``confirmed`` with the use it read. ``Ended`` lets held requests ask for a new lease.
 - **Reads.** Every ``read_interval_s`` a ``CardRead`` per card (free bytes, each lease's use)
   goes to ``observe``, so growth shows and growth-bound holders get their extensions.
 - **Deadlines.** ``tick`` runs at the earliest of the scheduler's deadlines.
@@ -62,6 +64,8 @@ from berth.decide.scheduler import (
     Scheduler,
     Watch,
 )
+from berth.driver import base
+from berth.run import probe
 
 from ..world import EXITED, GONE, LOADING, PARKED, READY
 from .base import SimPolicy
@@ -115,18 +119,17 @@ def client_key(job) -> str | None:
     return None if job.client is None else f"client-{job.client}"
 
 
-def next_poll(since_s: float, t_s: float, first_s: float = 0.02, max_s: float = 0.25) -> float:
-    """The first poll of ``berth.driver.base.confirm`` at or after ``t_s``: it reads at
-    ``since_s``, then after 20 ms, doubling up to 250 ms."""
-    at, delay = since_s, first_s
-    if t_s - since_s > 1.0:
-        # Past the doubling phase the polls are 250 ms apart: jump there in one step.
-        head = since_s + 0.02 + 0.04 + 0.08 + 0.16
-        at = head + math.ceil((t_s - head) / max_s - 1e-9) * max_s
-        return at
+def next_poll(since_s: float, t_s: float) -> float:
+    """The first read of ``berth.driver.base.confirm`` at or after ``t_s``, for a watch opened at
+    ``since_s``: at once, then at its cadence (:data:`berth.driver.base.CONFIRM_FIRST_S`,
+    growing by ``CONFIRM_GROWTH`` up to ``CONFIRM_CAP_S``), the very numbers berthd polls by."""
+    at, delay = since_s, base.CONFIRM_FIRST_S
     while at < t_s - 1e-12:
+        if delay >= base.CONFIRM_CAP_S:
+            # Past the growing phase the reads are evenly spaced: jump there in one step.
+            return at + math.ceil((t_s - at) / base.CONFIRM_CAP_S - 1e-9) * base.CONFIRM_CAP_S
         at += delay
-        delay = min(delay * 2, max_s)
+        delay = min(delay * base.CONFIRM_GROWTH, base.CONFIRM_CAP_S)
     return at
 
 
@@ -296,7 +299,7 @@ class BerthPolicy(SimPolicy):
         for f in fx:
             if isinstance(f, Granted):
                 e = self.engine_of[f.lease_id]
-                self.proc_of[f.lease_id] = self.world.load(e, tag=f.lease_id, health_poll=True,
+                self.proc_of[f.lease_id] = self.world.load(e, tag=f.lease_id, seen=probe.seen_at,
                                                            cards=self._cards(e, f))
             elif isinstance(f, Instruct):
                 self._instruct(f)
@@ -444,12 +447,6 @@ class BerthPolicy(SimPolicy):
             self._pump(proc.engine)     # an asleep front with held requests asks for the wake
 
     # -- completions from the machine -----------------------------------------------------
-    def on_loaded(self, proc) -> None:
-        """The engine answers the run's own health probe: berth run reports it ready (its
-        manager's poll, and the requests it holds, come later: :meth:`on_ready`)."""
-        if proc.tag in self.sched.ledger.leases and proc.state == LOADING:
-            self._apply(self.sched.ready(proc.tag, self.world.now))
-
     def on_ready(self, proc) -> None:
         lid = proc.tag
         lease = self.sched.ledger.leases.get(lid)

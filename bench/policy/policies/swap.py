@@ -318,7 +318,7 @@ class SwapPolicy(SimPolicy):
         if proc is not None and proc.state == READY:
             self._swap_done(sw)
         elif proc is None or proc.state == STOPPING:
-            self.world.load(sw.target, health_poll=True, cards=sw.cards)
+            self.world.load(sw.target, seen=self.world.mech.health_ready_s, cards=sw.cards)
 
     def _swap_done(self, sw: _Swap) -> None:
         del self.active[sw.target]
