@@ -63,3 +63,23 @@ def test_an_operator_action_on_a_drained_engine_says_it_is_drained(tmp_path):
         child.kill()
         child.wait()
         d.stop()
+
+
+def test_berth_size_of_a_drained_engine_says_it_is_drained(tmp_path):
+    """``berth size B`` of a drained B said ``no lease or engine 'B' (engines now: none)`` while
+    ``berth status`` listed B as drained."""
+    from tests.berthd import BERTH
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        code, body = d.call("PUT", "/v1/drained/B", {"front": "127.0.0.1:5801",
+                                                     "owner_pid": child.pid})
+        assert code == 200, body
+        r = subprocess.run([BERTH, "size", "B"], env=d.env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1 and "B is drained" in r.stderr, r.stderr
+        assert "no lease or engine" not in r.stderr, r.stderr
+    finally:
+        child.kill()
+        child.wait()
+        d.stop()
