@@ -175,7 +175,7 @@ def _drained_lines(drained: list[dict]) -> list[str]:
         waiters = r.get("waiters") or 0
         held = (f", {waiters} request(s) waiting" + (", asking for a card" if r.get("asking")
                                                      else "")) if waiters else ""
-        front = f" front {r['front']}" if r.get("front") else ""
+        front = f", front {r['front']}" if r.get("front") else ""
         what = f"moving to {r['move_to']} for" if r.get("move_to") else "drained"
         lines.append(f"    {r['engine']:<20} {what} {format_duration(r['drained_s'])}"
                      f"{'' if r.get('move_to') else ' ago'}{held}{front}")

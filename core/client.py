@@ -50,8 +50,9 @@ class ConfigUnusable(BerthdUnavailable):
 #: "Cannot connect to unix socket … ssl:default [No such file or directory]").
 _WHY = {
     errno.ENOENT: "no such file (berthd is not running, or it listens elsewhere: set "
-                  "BERTH_SOCKET to its socket, which berthd's first log line names, in the "
-                  "environment of whatever starts this command, or [api] socket in berth.toml)",
+                  "BERTH_SOCKET to its socket, which berthd logs at start as `berthd ready "
+                  "on PATH`, in the environment of whatever starts this command, or [api] "
+                  "socket in berth.toml)",
     errno.ECONNREFUSED: "connection refused (nothing listens there: berthd stopped or "
                         "never started)",
     errno.EACCES: "permission denied (your user may not use berthd's socket: join the group "

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from berth.decide.units import format_size
 
-__all__ = ["Estimate", "Part", "estimate", "suggest", "arguments", "CACHE_TYPES",
+__all__ = ["Estimate", "Part", "estimate", "suggest", "arguments", "CACHE_TYPES", "missing_words",
            "CUDA_CONTEXT_BYTES", "far_from_peak"]
 
 #: Bytes per element of the KV cache by llama.cpp's ``--cache-type-k/-v`` (ggml's block sizes:
@@ -238,15 +238,26 @@ def render_lease(le: dict) -> str:
     return "\n".join(lines)
 
 
+def missing_words(st: dict, target: str) -> str:
+    """Why ``berth size TARGET`` has no lease to measure, from berthd's status JSON ``st``: an
+    engine whose run is drained (listed under ``drained``, no lease) is said to be so, not
+    unknown."""
+    for run in st.get("drained") or []:
+        if run.get("engine") == target:
+            return (f"{target} is drained (its run waits behind its front with no lease, and "
+                    f"its engine does not run): its peak is measured while it runs; ask again "
+                    f"after its next request")
+    names = ", ".join(sorted({x["engine"] for x in st["leases"]})) or "none"
+    return f"no lease or engine {target!r} (engines now: {names}); give a .gguf file to size a model"
+
+
 async def _lease(target: str) -> int:
     from berth.client import Client
     async with Client() as c:
         st = await c.status()
     le = _find(st, target)
     if le is None:
-        names = ", ".join(sorted({x["engine"] for x in st["leases"]})) or "none"
-        print(f"berth size: no lease or engine {target!r} (engines now: {names}); "
-              f"give a .gguf file to size a model", file=sys.stderr)
+        print(f"berth size: {missing_words(st, target)}", file=sys.stderr)
         return 1
     print(render_lease(le))
     return 0

@@ -209,6 +209,11 @@ def _socket_mode(v: Any) -> int:
         if text and all(c in "01234567" for c in text):
             mode = int(text, 8)
     if mode is None or not 0 <= mode <= 0o777:
+        if isinstance(v, int) and all(c in "01234567" for c in str(mode)) and \
+                int(str(mode), 8) <= 0o777:
+            # `socket_mode = 660`: TOML reads it as decimal, so show it as written too
+            raise ValueError(f"got {mode}, which TOML reads as a decimal number ({said}); "
+                             f"write 0o{mode} (or \"0{mode}\") for the octal mode")
         raise ValueError(f"expected a file mode like 0o660 or \"0660\", got {said}")
     if mode & 0o600 != 0o600:
         raise ValueError(f"{oct(mode)} takes read and write from the socket's owner (berthd); "

@@ -92,7 +92,7 @@ from berth.daemon.api_drained import add_routes as add_drained_routes
 from berth.daemon.api_extend import add_routes as add_extend_routes
 from berth.daemon.api_metrics import REGISTRY, metrics, registry
 from berth.daemon.broker import Broker, LeaseGone
-from berth.daemon.drained import DrainedRuns
+from berth.daemon.drained import DrainedRuns, find_target
 from berth.decide.model import Capabilities, Lease, ParkMechanism
 from berth.decide.placement import Ask, PlacementError
 from berth.decide.units import format_size
@@ -493,7 +493,7 @@ async def operator(request: web.Request) -> web.Response:
         return error(403, f"operator action {op!r} refused: uid {peer[1]} is not an operator "
                           f"(root, berthd's user, or a member of [api] operator_group)",
                      "forbidden")
-    lease = broker.sched.find(body.target)
+    lease = find_target(broker, body.target)
     fx = await broker.submit(lambda now: broker.sched.operator(op, lease.id, now))
     peer = peer_of(request)         # every operator action is logged with who did it (issue 15)
     log.info("operator %s %s by %s", op, lease.engine,

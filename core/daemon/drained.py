@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from berth.process import ProcessId, alive
 
-__all__ = ["DrainedRun", "DrainedRuns"]
+__all__ = ["DrainedRun", "DrainedRuns", "find_target"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -78,3 +78,22 @@ class DrainedRuns:
         return [r.as_json(now) for r in sorted(self.runs.values(), key=lambda r: r.since)]
 
 
+
+
+def find_target(broker, target: str):
+    """The lease an operator action names (a lease id or an engine name): ``broker.sched.find``,
+    except that an engine whose run is drained (no lease, its front waiting) raises
+    ``ValueError`` (a 409) saying so and what starts it again, not ``KeyError``'s "no lease or
+    engine named" while ``berth status`` lists it as drained. Raises ``KeyError`` for a name
+    berthd does not know."""
+    try:
+        return broker.sched.find(target)
+    except KeyError:
+        drained = getattr(broker, "drained", None)
+        run = drained.runs.get(target) if drained is not None else None
+        if run is None or (run.owner is not None and not alive(run.owner)):
+            raise
+        behind = f" behind its front {run.front}" if run.front else ""
+        raise ValueError(f"{target} is drained: its run waits{behind} with no lease, so no "
+                         "operator action applies; its next request (a write) starts it "
+                         "again") from None

@@ -47,6 +47,10 @@ def jobs_words(n: int) -> str:
 #: A holder whose requests nothing reports, in words (no front: a supervisord program, a run
 #: without ``--front``); it counts as busy.
 UNREPORTED = "requests in flight unknown: nothing reports them (no front), so it counts as busy"
+#: A holder with a front that has not reported its requests yet (a run re-attached after a
+#: berthd restart reports them at its next request); it counts as busy meanwhile.
+UNREPORTED_YET = ("requests in flight unknown: its front has not reported them yet, so it "
+                  "counts as busy")
 
 
 def holder_words(lease: Lease, pci: str | None = None) -> str:
@@ -55,7 +59,8 @@ def holder_words(lease: Lease, pci: str | None = None) -> str:
     front never reported its requests is said to be so in words a user can act on
     (:data:`UNREPORTED`; ``berth run --front`` gives an engine a front that reports them)."""
     held = f" holds {format_size(counted_bytes(lease.shares[pci]))}" if pci else ""
-    jobs = jobs_words(lease.in_flight) if lease.jobs_reported else UNREPORTED
+    jobs = jobs_words(lease.in_flight) if lease.jobs_reported else \
+        UNREPORTED_YET if lease.caps.front else UNREPORTED
     return f"{lease.engine} (priority {lease.priority}, {jobs}){held} in lease {lease.id}"
 
 

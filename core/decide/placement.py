@@ -115,8 +115,12 @@ def _unnamed(ledger: Ledger, i: int, ask: Ask, held: dict[str, int | None],
     fits = [p for p, c in ledger.cards.items()                                   # (3)
             if ask.size_bytes is None or ask.size_bytes <= c.capacity_bytes]
     if not fits:
+        big = max(ledger.cards.values(), key=lambda c: c.capacity_bytes)
         raise PlacementError(f"shares.{i}.size", f"{format_size(ask.size_bytes)} is larger than "
-                                                 f"every card's capacity")
+                                                 f"every card's capacity (the largest is "
+                                                 f"{big.name}'s {format_size(big.capacity_bytes)}"
+                                                 f": its total less its reserve, baseline and "
+                                                 f"claims)")
     left = [p for p in fits if p not in taken]
     if not left:
         raise PlacementError(f"shares.{i}.card", f"{i + 1} shares want a card of their own "

@@ -22,8 +22,10 @@ from .rules import (
     DEADLINE_MARGIN_S,
     HOLDING_STATES,
     FrontState,
+    bad_berth_deadline,
     client_deadline_s,
     default_is_write,
+    error_answer,
 )
 from .upstream import Address, EngineConnection, EngineFailed, Pool, StaleConnection
 
@@ -115,7 +117,14 @@ class RequestPath(Answers):
 
     async def _hold(self, req: "Request", client: "ClientConnection") -> bool:
         """Wait for ``open`` (then forward), a failure, the client's deadline or the wait limit.
-        A streaming request held long gets keep-alive bytes meanwhile (:mod:`.held`)."""
+        A streaming request held long gets keep-alive bytes meanwhile (:mod:`.held`). A
+        malformed ``X-Berth-Deadline`` is a 400, before anything is woken."""
+        bad = bad_berth_deadline(req.headers)
+        if bad is not None:
+            req.conn.write(error_answer(
+                400, "bad_deadline", f"X-Berth-Deadline: expected seconds to wait, like 60 or "
+                f"0.5, got {bad!r}", "invalid_request_error", head=req.method == b"HEAD"))
+            return True
         stream = None
         if held.wants_stream(req):
             stream = held.HeldStream(req, client, self.name, self._held_for)

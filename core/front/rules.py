@@ -11,7 +11,7 @@ from typing import Iterable
 __all__ = [
     "FrontState", "EDGES", "TRANSITIONS", "HOLDING_STATES", "READ_METHODS", "HOP_BY_HOP",
     "DEADLINE_HEADERS", "DEADLINE_MARGIN_S", "IllegalFrontTransition", "error_answer",
-    "client_deadline_s", "default_is_write", "strip_headers", "BOARD_COOKIE",
+    "bad_berth_deadline", "client_deadline_s", "default_is_write", "strip_headers", "BOARD_COOKIE",
     "without_board_cookie",
 ]
 
@@ -129,6 +129,24 @@ def client_deadline_s(headers: Iterable[tuple[bytes, bytes]]) -> float | None:
         if v == v and v >= 0 and (best is None or v < best):   # v == v: not NaN
             best = v
     return best
+
+
+def bad_berth_deadline(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The value of an ``X-Berth-Deadline`` in raw ``(name, value)`` pairs that is not a number
+    of seconds of at least 0 (``"30s"``, ``"abc"``, ``"-1"``, ``"nan"``), as text; None when
+    every one is valid or there is none. Berth's own header is checked (a 400), where the
+    clients' timeouts in :data:`DEADLINE_HEADERS` are only ignored when malformed: a client
+    that named its deadline wrongly would otherwise wait the whole wait limit."""
+    for name, raw in headers:
+        if name.lower() != b"x-berth-deadline":
+            continue
+        try:
+            v = float(raw)
+        except ValueError:
+            v = -1.0
+        if not v >= 0 or v == float("inf"):     # NaN fails v >= 0
+            return raw.decode("latin-1")
+    return None
 
 
 #: The board's operator session cookie (berth.daemon.board_web): a browser sends it to every port of

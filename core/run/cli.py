@@ -261,13 +261,15 @@ def arguments(p) -> None:
                         "use, which is about nothing for an engine that preallocates its KV cache)")
     p.add_argument("--bound", choices=[b.value for b in Bound],
                    help="what the lease counts: declared (the --size), current (the driver's "
-                        "read of its use) or growth (its use plus room to grow)")
+                        "read of its use) or growth (its use plus room to grow) (default: the "
+                        "engine's [engines.X] bound, else declared)")
     _path_arguments(p)
 
 
 def _path_arguments(p) -> None:
     """``berth run``'s options for the request path, the stop and the wait for berthd."""
-    p.add_argument("--health", default="/health", help="the engine's health path, or 'none'")
+    p.add_argument("--health", default="/health",
+                   help="the engine's health path, or 'none' (default /health)")
     p.add_argument("--front-health", action="store_true",
                    help="the front answers the --health path 200 itself while it holds requests "
                         "(lease wait, engine start, park): llama-swap's health check then passes "
@@ -281,8 +283,9 @@ def _path_arguments(p) -> None:
     p.add_argument("--exit-on-drain", action="store_true",
                    help="exit (code 0) when berthd drains the engine instead of keeping the "
                         "front, for a manager that must see the exit and start the run itself")
-    p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: on PATH, or "
-                                             "$BERTH_CUDA_CHECKPOINT)")
+    p.add_argument("--checkpoint-path", help="cuda-checkpoint to use (default: "
+                                             "$BERTH_CUDA_CHECKPOINT, else cuda-checkpoint on "
+                                             "PATH)")
     p.add_argument("--wait-limit", help="longest a request is held (default: berthd's "
                                         "[policy] wait_limit, else 120s)")
     p.add_argument("--slots", "--max-in-flight", dest="max_in_flight", type=int, metavar="N",

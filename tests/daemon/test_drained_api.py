@@ -40,3 +40,46 @@ def test_drained_entries_are_checked_listed_and_dropped_with_their_run(tmp_path)
         assert d.call("DELETE", "/v1/drained/C")[1] == {"engine": "C", "removed": False}
     finally:
         d.stop()
+
+
+def test_an_operator_action_on_a_drained_engine_says_it_is_drained(tmp_path):
+    """``berth park B`` on an engine whose run is drained (no lease, its front waiting) said
+    ``no lease or engine named 'B'`` while ``berth status`` listed B as drained: the answer is a
+    409 that says B is drained and what starts it again."""
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        code, body = d.call("PUT", "/v1/drained/B", {"front": "127.0.0.1:5801", "holding": 0,
+                                                     "why": "room for W", "owner_pid": child.pid})
+        assert code == 200, body
+        for op in ("park", "wake", "drain", "hold", "release-hold"):
+            code, body = d.call("POST", f"/v1/operator/{op}", {"target": "B"})
+            text = body["error"]["message"]
+            assert code == 409 and "B is drained" in text and "127.0.0.1:5801" in text, body
+            assert "next request" in text, body
+        code, body = d.call("POST", "/v1/operator/park", {"target": "nosuch"})
+        assert code == 404 and body["error"]["message"] == "no lease or engine named 'nosuch'"
+    finally:
+        child.kill()
+        child.wait()
+        d.stop()
+
+
+def test_berth_size_of_a_drained_engine_says_it_is_drained(tmp_path):
+    """``berth size B`` of a drained B said ``no lease or engine 'B' (engines now: none)`` while
+    ``berth status`` listed B as drained."""
+    from tests.berthd import BERTH
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        code, body = d.call("PUT", "/v1/drained/B", {"front": "127.0.0.1:5801",
+                                                     "owner_pid": child.pid})
+        assert code == 200, body
+        r = subprocess.run([BERTH, "size", "B"], env=d.env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1 and "B is drained" in r.stderr, r.stderr
+        assert "no lease or engine" not in r.stderr, r.stderr
+    finally:
+        child.kill()
+        child.wait()
+        d.stop()

@@ -146,6 +146,11 @@ def test_socket_mode_values():
         with pytest.raises(ConfigError) as e:
             parse({"api": {"socket_mode": bad}})
         assert "api.socket_mode" in str(e.value) and said in str(e.value), str(e.value)
+    # TOML reads a bare 660 as decimal (0o1224): the error says so and what to write (the
+    # value as written first, not only its octal form).
+    with pytest.raises(ConfigError) as e:
+        parse({"api": {"socket_mode": 660}})
+    assert "got 660" in str(e.value) and "write 0o660" in str(e.value), str(e.value)
     with pytest.raises(ConfigError) as e:
         parse({"api": {"socket_group": "llm", "socket_mode": "0640"}})
     assert "could not connect" in str(e.value)

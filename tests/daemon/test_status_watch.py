@@ -208,3 +208,15 @@ def test_an_idle_holder_whose_client_waits_on_the_waiter_says_it_yields_at_once(
     assert out["outlook"] == "unknown" and "less than a switch back" in out["why"], out
     assert protection(h, policy, 120.0, 0.0, w)["turn_left_s"] == pytest.approx(2.0)
     assert outlook(_holder(in_flight=1), policy, w) is None      # serving: no forecast
+
+
+def test_a_drained_runs_line_separates_its_front():
+    """``berth status`` printed ``B  drained 1.32s ago front 127.0.0.1:5800`` (and ``..., 1
+    request(s) waiting front ...``): the front ran into the words before it."""
+    from berth.board_text import _drained_lines
+    run = {"engine": "B", "front": "127.0.0.1:5800", "waiters": 0, "why": "room for A",
+           "drained_s": 1.32, "asking": False, "move_to": None}
+    assert _drained_lines([run])[1].split("B", 1)[1].strip() == \
+        "drained 1.32s ago, front 127.0.0.1:5800"
+    assert _drained_lines([{**run, "waiters": 1}])[1].endswith(
+        "ago, 1 request(s) waiting, front 127.0.0.1:5800")

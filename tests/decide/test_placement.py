@@ -8,6 +8,7 @@ from berth.decide.admission import Policy
 from berth.decide.model import Capabilities, Lease, ParkMechanism, ShareState
 from berth.decide.placement import Ask, PlacementError, Score, place
 from berth.decide.scheduler import Granted, Instruct, Note
+from berth.decide.units import format_size
 
 from tests.decide.world import GiB, World, pci_of
 
@@ -60,6 +61,17 @@ class TestPlace:
         with pytest.raises(PlacementError, match=words) as e:
             place(w.s.ledger, asks, {})
         assert e.value.field == field and str(e.value).startswith(field + ": ")
+
+
+    def test_a_share_larger_than_every_card_says_the_largest_capacity(self):
+        # `berth run --size 3900MiB` on a 4 GiB card with a 512 MiB reserve was told only
+        # "3.8GiB is larger than every card's capacity": the user could not see it is 3.5 GiB.
+        w = _world()
+        cap = w.s.ledger.cards[G0].capacity_bytes
+        with pytest.raises(PlacementError) as e:
+            place(w.s.ledger, [Ask(None, 64 * GiB)], {})
+        assert f"the largest is gpu0's {format_size(cap)}" in str(e.value), str(e.value)
+        assert "less its reserve" in str(e.value), str(e.value)
 
 
 class TestSchedulerPlace:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from berth.decide.admission import Policy
 from berth.decide.causes import holder_words
 from berth.decide.ladder import displaceable
-from berth.decide.model import Lease, ParkMechanism, Share
+from berth.decide.model import Capabilities, Lease, ParkMechanism, Share
 
 from tests.decide.world import GiB, World, pci_of
 
@@ -48,7 +48,8 @@ def test_the_wait_names_what_was_reported_and_nothing_else():
     w.request("a", "A", {G0: 20 * GiB}, park=ParkMechanism.CHECKPOINT)
     w.request("b", "B", {G0: 10 * GiB})
     why, lasting = w.s.wait_cause("b")
-    assert "A (priority 0, requests in flight unknown: nothing reports them (no front), so it counts as busy)" in why, why
+    assert "A (priority 0, requests in flight unknown: its front has not reported them yet, " \
+        "so it counts as busy)" in why, why
     assert "0 requests in flight" not in why and "minimum turn" in why and not lasting, why
     w.apply(w.s.jobs("a", 2, w.now))
     w.advance(1)                                # the next pass says the count it was told
@@ -68,3 +69,14 @@ def test_a_waiter_queued_behind_another_names_what_holds_the_card():
     why, _ = w.s.wait_cause("c")
     assert head and why == f"queued behind B for the same card (B: {head})", (head, why)
     assert "A" in head, head
+
+
+def test_a_holder_with_a_front_that_has_not_reported_yet_is_not_said_to_have_none():
+    """After a berthd restart a re-attached run's front has not reported its requests yet: the
+    wait said ``nothing reports them (no front)`` of an engine behind ``--front``. It says its
+    front has not reported them yet; "no front" stays for a holder without one."""
+    fronted = _lease("a", caps=Capabilities(front="127.0.0.1:5800"))
+    said = holder_words(fronted)
+    assert "its front has not reported them yet" in said and "no front" not in said, said
+    assert "counts as busy" in said, said
+    assert "(no front)" in holder_words(_lease("a"))

@@ -250,3 +250,15 @@ def test_no_message_in_the_code_carries_design_words():
                           for p in problems("", text) if "jargon" in p]
     assert seen > 1000, seen
     assert not found, "\n".join(found)
+
+
+def test_berth_run_help_says_each_default_as_the_run_resolves_it():
+    """``berth run --help`` said the cuda-checkpoint is looked for "on PATH, or
+    $BERTH_CUDA_CHECKPOINT" (the run takes the variable first), and gave no default for
+    ``--bound`` or ``--health``."""
+    import re
+    page = " ".join(help_pages()["berth run --help"].split())
+    assert re.search(r"--checkpoint-path \S+ cuda-checkpoint to use \(default: "
+                     r"\$BERTH_CUDA_CHECKPOINT, else cuda-checkpoint on PATH\)", page), page
+    assert "default: the engine's [engines.X] bound, else declared" in page, page
+    assert "(default /health)" in page, page

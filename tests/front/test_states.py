@@ -354,3 +354,27 @@ async def test_a_held_write_nested_too_deep_to_parse_is_still_held_and_forwarded
                                    "X-Berth-Loading-State": "true"}) as r:
             assert r.status == 400 and await r.json() == {"error": "nested"}
         assert front.wakes == 1 and up.seen[0][3] == deep
+
+
+@pytest.mark.parametrize("value", ["abc", "30s", "-1", "nan"])
+def test_a_malformed_berth_deadline_is_a_400_and_wakes_nothing(value: str):
+    """``X-Berth-Deadline: 30s`` (a duration as berth.toml writes one) was ignored: the request
+    counted as patient and waited up to the wait limit, and it woke the engine. It is a 400 that
+    names the header and its value, and the engine stays asleep."""
+    wakes: list[int] = []
+
+    async def on_wake() -> None:
+        wakes.append(1)
+
+    @run
+    async def scenario():
+        async with Upstream() as up, front_for(up, state="asleep", wait_limit_s=30,
+                                               on_wake=on_wake) as front, \
+                aiohttp.ClientSession() as s:
+            async with s.post(front.url + "/v1/completions", json={},
+                              headers={"X-Berth-Deadline": value}) as r:
+                assert r.status == 400
+                text = (await r.json())["error"]["message"]
+            assert "X-Berth-Deadline" in text and repr(value) in text, text
+            assert wakes == [] and front.held == 0
+    scenario()

@@ -5,6 +5,7 @@ set."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -60,4 +61,26 @@ def test_no_berthd_anywhere_says_in_one_line_what_to_set(tmp_path):
     assert r.returncode == 3, r
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert "set BERTH_SOCKET to its socket" in lines[0] and "berthd's first log line" in lines[0]
+    assert "set BERTH_SOCKET to its socket" in lines[0] and "`berthd ready on PATH`" in lines[0]
+
+
+def test_the_log_line_the_message_points_to_names_the_socket(tmp_path):
+    """The message said BERTH_SOCKET is in "berthd's first log line", but with a board on (the
+    default) berthd's first line is the board's address: the message quotes the line that
+    names the socket, and berthd logs it."""
+    from berth.client import _WHY
+
+    from tests.berthd import Berthd, sim_config
+    from tests.helpers import free_port, wait_for
+
+    said = _WHY[errno.ENOENT]
+    assert "`berthd ready on PATH`" in said, said
+    cfg = sim_config(tmp_path, [("gpu0", "4GiB")],
+                     extra=f'[board]\nlisten = "127.0.0.1:{free_port()}"\n')
+    d = Berthd(tmp_path, cfg).start()
+    try:
+        wait_for(lambda: "berthd ready on" in d.log.read_text(), 20, "berthd's ready line")
+        [line] = [x for x in d.log.read_text().splitlines() if "berthd ready on" in x]
+        assert f"berthd ready on {d.sock} " in line, line
+    finally:
+        d.stop()

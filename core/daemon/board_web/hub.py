@@ -68,8 +68,9 @@ class BrokerSource:
         return await self.broker.wait_timeline(after, timeout_s)
 
     async def operator(self, op: str, target: str) -> dict:
+        from berth.daemon.drained import find_target  # berthd's parts load in berthd only
         b = self.broker
-        lease = b.sched.find(target)
+        lease = find_target(b, target)
         fx = await b.submit(lambda now: b.sched.operator(op, lease.id, now))
         return {"lease": lease.id, "engine": lease.engine, "op": op,
                 "notes": [e.text for e in fx if hasattr(e, "text")]}
