@@ -136,6 +136,10 @@ class ExtendBody(_Body):
 
     bytes: Annotated[int, BeforeValidator(_size)] = Field(gt=0)
     card: str | None = None
+    #: the client key of the request that needs the room, and seconds since it arrived
+    #: (issue 34: as for a wake, an idle holder whose last answer went to it yields at once)
+    client: ClientKey | None = None
+    client_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
 
 
 class OperatorBody(_Body):

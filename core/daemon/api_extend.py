@@ -5,8 +5,9 @@ Source: issue 13 (ComfyUI asks before a prompt whose model files pass its reserv
 prompt ends, fails or is cancelled, and berthd drops one whose asker's process is gone).
 
 =========================================  =================================================
-``POST /v1/leases/{id}/extend``            ``{"bytes", "card"?}``: room to grow, asked before
-                                           the growth → 202 ``{"id", "card",
+``POST /v1/leases/{id}/extend``            ``{"bytes", "card"?, "client"?, "client_age_s"?}``
+                                           (whose request, and since when: issue 34): room
+                                           to grow, asked before the growth → 202 ``{"id", "card",
                                            "reserved_bytes", "waiting"}`` (the reservation
                                            grows once the ladder made room:
                                            ``GET /v1/leases/{id}``)
@@ -102,7 +103,9 @@ def add_routes(app: web.Application, broker: Broker,
         queued: list = []
 
         def ask(now: float):
-            fx = broker.sched.extend(lid, pci, body.bytes, now)
+            age = body.client_age_s
+            fx = broker.sched.extend(lid, pci, body.bytes, now, body.client,
+                                     None if age is None else now - age)
             w = broker.sched.queue.get(lid)
             if w is not None and w.kind is WaitKind.EXTEND:
                 queued.append(w.seq)

@@ -287,10 +287,12 @@ class Scheduler:
                                               f"wake have gone; it stays parked"))
         return fx + rooms.admit(self.state, now)
 
-    def extend(self, lease_id: str, pci: str, n_bytes: int, now: float) -> list[Effect]:
+    def extend(self, lease_id: str, pci: str, n_bytes: int, now: float,
+               client: str | None = None, asked_at: float | None = None) -> list[Effect]:
         """The holder asks for ``n_bytes`` more on ``pci`` *before* it grows (issue 13: ComfyUI
         before a prompt whose model files pass its reservation). Queued as seed 000's extension
-        event, so the ladder makes room first; at most the share's size. Raises ``KeyError``
+        event, so the ladder makes room first; at most the share's size. ``client`` and
+        ``asked_at``: the request that needs the room, as for :meth:`wake`. Raises ``KeyError``
         for a card the lease has no share on, ``ValueError`` unless that share is active."""
         lease = self.ledger.leases[lease_id]
         sh = lease.shares.get(pci)
@@ -302,6 +304,7 @@ class Scheduler:
         n = min(int(n_bytes), sh.size_bytes - sh.reserved_bytes)
         if n <= 0 or lease_id in self.queue:
             return []
+        reports.asked(self.state, lease, client, now if asked_at is None else asked_at)
         self.queue.push(Waiter(lease_id, WaitKind.EXTEND, lease.priority, now, {pci: n}))
         return [Note(lease_id, "extend.asked", f"{lease.engine} asks for {format_size(n)} more "
                      f"on {card_name(self.state, pci)} before it grows")] \

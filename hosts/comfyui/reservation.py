@@ -112,6 +112,10 @@ class Reservation:
         body: dict = {"bytes": more}
         if self.card:
             body["card"] = self.card
+        # Whose prompt needs the room (issue 34: a holder that just answered it yields).
+        client, age = self.gate.asker()
+        if client is not None and age is not None:
+            body["client"], body["client_age_s"] = client, round(age, 3)
         try:
             await self._client.call("POST", f"/v1/leases/{lid}/extend", body)
             return None

@@ -252,3 +252,4 @@ class TestTurnEnd:
             return
         assert displaceable(h, waiter, w.s.policy, end - 0.01) is not None
         assert displaceable(h, waiter, w.s.policy, end + 0.01) is None
+

@@ -53,3 +53,22 @@ def test_only_an_active_share_extends():
         w.s.extend("c", G0, 1 * GiB, w.now)
     with pytest.raises(KeyError):
         w.s.extend("c", pci_of(3), 1 * GiB, w.now)
+
+
+@pytest.mark.parametrize("client, parks", [("client-me", True), (None, False)])
+def test_the_holder_whose_client_asks_for_room_yields_at_once(client, parks):
+    """Issue 34: a request for room names its client as a wake does. The LLM's last answer
+    went to the very client whose prompt now needs the room, so the LLM yields at once, though
+    its gaps forecast a request within a switch back and its minimum turn runs. Failed before:
+    the extension carried no client, and the LLM kept the card up to the rent (the demo's
+    first switch)."""
+    w = _world()
+    w.apply(w.s.jobs("llm", 1, w.now, w.now, client="client-me"))
+    w.advance(0.05)
+    w.apply(w.s.jobs("llm", 0, w.now, answered_client="client-me", answered_at=w.now))
+    llm = w.s.ledger.leases["llm"]
+    llm.demand.gaps.extend([1.0, 1.2, 0.8])     # it is asked again within a switch back
+    llm.switch_cost_s = llm.park_cost_s = 2.0   # measured: a switch back costs 4 s
+    w.advance(0.2)
+    w.apply(w.s.extend("c", G0, 10 * GiB, w.now, client, w.now))
+    assert ([p.op for p in w.pending if p.lease_id == "llm"] == ["park"]) is parks, w.pending
