@@ -16,7 +16,8 @@ from ``os.wait4``) it spends from exec until it is doing its work:
 - ``sim_engine``: ``berth sim engine --port P --weights 1GiB`` until it listens, then SIGTERM;
 - ``python``: the reference, ``python -c pass``.
 
-Cases alternate (one of each per round), so the machine's other load falls on each alike.
+Cases alternate (one of each per round), so the machine's other load falls on each alike; a
+first round, not counted, writes the bytecode (the children write it, as the tests' do).
 
     python bench/startup.py [--runs N] [--json]
 
@@ -112,7 +113,10 @@ def _to_exit(argv: list[str], env: dict) -> float:
 
 def _setup(tmp: Path) -> tuple[dict, list[str]]:
     """The environment of every case, and berthd's command line."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BERTH_")}
+    # Children write their bytecode, as the tests' do (tests/conftest.py): else every start
+    # would measure the compiler.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("BERTH_") and k != "PYTHONDONTWRITEBYTECODE"}
     env.update(BERTH_STATE_DIR=str(tmp / "state"), BERTH_SOCKET=str(tmp / "state" / "berthd.sock"),
                BERTH_SIM_DIR=str(tmp / "sim"), BERTH_CONFIG=str(tmp / "berth.toml"))
     (tmp / "berth.toml").write_text(
@@ -176,6 +180,8 @@ def _measure(runs: int) -> dict[str, list[float]]:
                 time.sleep(_POLL_S)
             cases = _cases(env, daemon, sock, held.pid)
             cpu: dict[str, list[float]] = {name: [] for name in cases}
+            for case in cases.values():      # a first round, not counted, writes the bytecode
+                case()
             for _ in range(runs):
                 for name, case in cases.items():
                     cpu[name].append(case())
