@@ -21,7 +21,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from berth.decide.pci import normalize_pci
+from .pci import normalize_pci
 
 __all__ = [
     "ShareState", "Bound", "ParkMechanism", "TRANSITIONS", "DIAGRAM_EDGES", "RULE_EDGES",
