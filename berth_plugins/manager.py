@@ -144,7 +144,9 @@ def _register(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
 
 
 def _origin(ep: importlib.metadata.EntryPoint) -> str:
-    """``entry point NAME = VALUE of DIST VERSION``: where a refused plugin came from."""
+    """``entry point NAME = VALUE of DIST VERSION``: where a refused plugin came from. Asked only
+    for a refusal: the distribution's metadata is a file to read and parse per entry point, at
+    every berthd and ``berth run`` start otherwise (issue 38)."""
     dist = getattr(ep, "dist", None)
     return f"entry point {ep.name} = {ep.value}" + (
         f" of {dist.metadata['Name']} {dist.version}" if dist is not None else "")
@@ -155,14 +157,13 @@ def _load_entry_points(pm: pluggy.PluginManager) -> set[str]:
     eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
     names: set[str] = set()
     for ep in eps:
-        origin = _origin(ep)
         if ep.name in names:
-            raise PluginRefused(ep.name, None, f"{origin}: another entry point has this name")
+            raise PluginRefused(ep.name, None, f"{_origin(ep)}: another entry point has this name")
         names.add(ep.name)
         if pm.is_blocked(ep.name):
             continue
         if pm.has_plugin(ep.name):
-            raise PluginRefused(ep.name, None, f"{origin}: a plugin with this name is already "
+            raise PluginRefused(ep.name, None, f"{_origin(ep)}: a plugin with this name is already "
                                                "registered")
         try:
             pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=ep.name)
@@ -170,7 +171,7 @@ def _load_entry_points(pm: pluggy.PluginManager) -> set[str]:
             hook = next((h for h in _spec_names() if repr(h) in str(e)), None)
             raise PluginRefused(ep.name, hook, " ".join(str(e).split())) from e
         except Exception as e:
-            raise PluginRefused(ep.name, None, f"{origin}: cannot be loaded: "
+            raise PluginRefused(ep.name, None, f"{_origin(ep)}: cannot be loaded: "
                                                f"{type(e).__name__}: {e}") from e
         if pm.has_plugin(ep.name):
             _check_plugin(pm, ep.name)
@@ -183,19 +184,18 @@ def _load_adapters(pm: pluggy.PluginManager, own_only: bool) -> dict[str, str]:
     adapter entry point seen, name -> value (``"module"``), blocked ones too."""
     seen: dict[str, str] = {}
     for ep in registry.entry_points(own_only):
-        origin = _origin(ep)
         if ep.name in seen:
-            raise PluginRefused(ep.name, None, f"{origin}: another adapter has this name")
+            raise PluginRefused(ep.name, None, f"{_origin(ep)}: another adapter has this name")
         seen[ep.name] = ep.value
         if pm.is_blocked(ep.name) or pm.is_blocked(ep.value):
             continue
         if pm.has_plugin(ep.name):
-            raise PluginRefused(ep.name, None, f"{origin}: a plugin with this name is already "
+            raise PluginRefused(ep.name, None, f"{_origin(ep)}: a plugin with this name is already "
                                                "registered")
         try:
             plugin = ep.load()
         except Exception as e:
-            raise PluginRefused(ep.name, None, f"{origin}: cannot be loaded: "
+            raise PluginRefused(ep.name, None, f"{_origin(ep)}: cannot be loaded: "
                                                f"{type(e).__name__}: {e}") from e
         _register(pm, plugin, ep.name)
     return seen

@@ -90,7 +90,7 @@ from berth.daemon.api_claims import (
 )
 from berth.daemon.api_drained import add_routes as add_drained_routes
 from berth.daemon.api_extend import add_routes as add_extend_routes
-from berth.daemon.api_metrics import REGISTRY, metrics, registry
+from berth.daemon.api_scrape import SCRAPE, Scrape, metrics
 from berth.daemon.broker import Broker, LeaseGone
 from berth.daemon.drained import DrainedRuns, find_target
 from berth.decide.model import Capabilities, Lease, ParkMechanism
@@ -549,7 +549,7 @@ async def health(request: web.Request) -> web.Response:
 def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Application:
     app = web.Application(middlewares=[errors, auth(key)], client_max_size=1 << 20)
     app[BROKER] = broker
-    app[REGISTRY] = registry(broker, waits)
+    app[SCRAPE] = Scrape(broker, waits)
     app[ALIASES] = {}
     app[CALLERS] = {}
     r = app.router

@@ -1,19 +1,17 @@
 """Prometheus metrics for berthd: figures read from the board at scrape time, so ``/metrics``
-gives the same numbers as ``/v1/status`` (sizes in bytes, counters as totals).
+gives the same numbers as ``/v1/status`` (sizes in bytes, counters as totals). berthd loads
+this module at the first scrape (:mod:`berth.daemon.api_scrape`; issue 38).
 
 Source: issue 4 "The control API" (``GET /metrics``).
 """
 
 from __future__ import annotations
 
-from aiohttp import web
 from berth.daemon.broker import Broker
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-__all__ = ["REGISTRY", "metrics", "registry"]
-
-REGISTRY = web.AppKey("registry", CollectorRegistry)
+__all__ = ["registry"]
 
 
 def _drained(drained: list[dict]):
@@ -150,10 +148,6 @@ class _WaitCollector:
         yield h
 
 
-async def metrics(request: web.Request) -> web.Response:
-    reg = request.app[REGISTRY]
-    return web.Response(body=generate_latest(reg), content_type="text/plain", charset="utf-8",
-                        headers={"X-Prometheus": "0.0.4"})
 
 
 

@@ -106,8 +106,10 @@ is called on every transition. Callbacks must not block; exceptions from ``on_ac
 ``on_state`` and ``is_write`` are logged and do not reach the client.
 """
 
-from .front import Front
-from .listen import Limits, Listener
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .rules import (
                     DEADLINE_HEADERS,
                     DEADLINE_MARGIN_S,
@@ -124,3 +126,18 @@ __all__ = [
     "Front", "Limits", "Listener", "FrontState", "EDGES", "TRANSITIONS", "HOLDING_STATES", "READ_METHODS",
     "HOP_BY_HOP", "DEADLINE_HEADERS", "DEADLINE_MARGIN_S", "IllegalFrontTransition",
 ]
+
+if TYPE_CHECKING:
+    from .front import Front
+    from .listen import Limits, Listener
+
+#: Loaded on first use (PEP 562): berthd reads only the listener's limits (for its control API
+#: and board), and the front's own modules cost each berthd's start CPU (issue 38).
+_HOME = {"Front": ".front", "Limits": ".listen", "Listener": ".listen"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(_HOME[name], __name__), name)

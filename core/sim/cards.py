@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from berth import paths
-from berth.decide.model import normalize_pci
+from berth.decide.pci import normalize_pci
 from berth.decide.units import format_size
 from berth.driver.cuda import INVALID_VALUE, NOT_SUPPORTED
 

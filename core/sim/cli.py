@@ -134,9 +134,35 @@ def _engine(args: argparse.Namespace) -> int:
     return run(args)
 
 
+class _FilledWhenChosen(argparse._SubParsersAction):
+    """Subcommands whose flags are added only when chosen: the stand-ins' modules (aiohttp for
+    ``ollama``, the ComfyUI stand-in's own) then load only for their own subcommand, not for
+    ``berth sim engine`` nor ``init`` (issue 38: the test suite starts these hundreds of times).
+    ``fill[name](parser)`` adds ``name``'s flags."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        add = getattr(self, "fill", {}).pop(values[0], None) if values else None
+        if add is not None:
+            add(self._name_parser_map[values[0]])
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _charge_arguments(p: argparse.ArgumentParser) -> None:
+    from berth.sim import charge
+    charge.arguments(p)
+    p.set_defaults(func=charge.run)
+
+
+def _comfyui_arguments(p: argparse.ArgumentParser) -> None:
+    from berth.sim import comfyui
+    comfyui.arguments(p)
+    p.set_defaults(func=comfyui.run)
+
+
 def _ollama_arguments(p: argparse.ArgumentParser) -> None:
     from berth.sim.ollama import arguments  # aiohttp is loaded only for the stand-ins
     arguments(p)
+    p.set_defaults(func=_ollama)
 
 
 def _ollama(args: argparse.Namespace) -> int:
@@ -148,7 +174,10 @@ def arguments(sim: argparse.ArgumentParser) -> None:
     """Fill ``berth sim``'s parser with its ``init``, ``cards``, ``engine``, ``comfyui`` and
     ``ollama`` subcommands (:data:`berth.cli.COMMANDS`)."""
     sim.description = __doc__.split("\n\n")[0]
+    sim.register("action", "parsers", _FilledWhenChosen)
     sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND", required=True)
+    sub.fill = {"charge": _charge_arguments, "comfyui": _comfyui_arguments,
+                "ollama": _ollama_arguments}
 
     p = sub.add_parser("init", help="declare simulated cards")
     p.add_argument("--card", action="append", required=True, metavar="NAME=SIZE[@PCI]",
@@ -173,19 +202,9 @@ def arguments(sim: argparse.ArgumentParser) -> None:
     engine_arguments(p)
     p.set_defaults(func=_engine)
 
-    from berth.sim import charge
-    p = sub.add_parser("charge", help="run a real engine whose memory shows on the simulated "
-                                      "cards while it lives (its children's too)")
-    charge.arguments(p)
-    p.set_defaults(func=charge.run)
-
-    from berth.sim import comfyui
-    p = sub.add_parser("comfyui", help="a ComfyUI stand-in that loads custom nodes and runs "
-                                       "prompts on a simulated card")
-    comfyui.arguments(p)
-    p.set_defaults(func=comfyui.run)
-
-    p = sub.add_parser("ollama", help="an Ollama stand-in (ollama serve's API) whose loaded "
-                                      "models hold memory on a simulated card")
-    _ollama_arguments(p)
-    p.set_defaults(func=_ollama)
+    sub.add_parser("charge", help="run a real engine whose memory shows on the simulated "
+                                  "cards while it lives (its children's too)")
+    sub.add_parser("comfyui", help="a ComfyUI stand-in that loads custom nodes and runs "
+                                   "prompts on a simulated card")
+    sub.add_parser("ollama", help="an Ollama stand-in (ollama serve's API) whose loaded "
+                                  "models hold memory on a simulated card")

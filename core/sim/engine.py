@@ -47,7 +47,7 @@ import uuid as uuidlib
 from typing import AsyncIterator
 
 from aiohttp import web
-from berth.decide.model import normalize_pci
+from berth.decide.pci import normalize_pci
 from berth.decide.units import format_size, parse_duration, parse_size
 from berth.sim.cards import RUNNING, SimBusy, SimCards, SimError, SimOOM
 
