@@ -85,7 +85,56 @@ def _gone(request: web.Request) -> bool:
     return t is None or t.is_closing()
 
 
-class Gate:
+class _Askers:
+    """When the gated writes and queued prompts arrived and who asked (issue 34), mixed into
+    :class:`Gate`, which provides the lock and the records: a client key per write held or
+    handled now (``_who``) and per queued prompt (``queued_by``), and who got the last prompt
+    that left the queue, and when (``answered``)."""
+
+    _lock: threading.Lock
+    _arrived: dict[int, float]
+    _who: dict[int, str | None]
+    queued_at: dict[str, float]
+    queued_by: dict[str, str | None]
+    answered: tuple[str | None, float | None]
+
+    def forget(self, prompt_ids) -> None:
+        """Drop the arrival times of prompts no longer queued or running: each is answered
+        now (its client has its images, or its error), the last one seen gone for the
+        client it answered."""
+        with self._lock:
+            for pid in prompt_ids:
+                self.queued_at.pop(pid, None)
+                if pid in self.queued_by:
+                    self.answered = (self.queued_by.pop(pid), time.monotonic())
+
+    def arrivals(self) -> tuple[list[float], dict[str, float]]:
+        """The arrival times of the writes held or handled now, and ``{prompt id: arrival
+        time}`` of the writes ComfyUI queued; ``time.monotonic`` seconds (any thread)."""
+        with self._lock:
+            return list(self._arrived.values()), dict(self.queued_at)
+
+    def clients(self) -> tuple[str | None, str | None, float | None]:
+        """``(oldest, answered, answered_at)`` as :class:`berth.client.JobReporter` reports
+        them: the client key of the oldest write held or handled or prompt queued, and who
+        got the last answer and when (``time.monotonic`` seconds; ``None``: not known)."""
+        with self._lock:
+            times = [(t, self._who.get(k)) for k, t in self._arrived.items()]
+            times += [(t, self.queued_by.get(pid)) for pid, t in self.queued_at.items()]
+            oldest = min(times, key=lambda x: x[0])[1] if times else None
+            return (oldest, *self.answered)
+
+    def asker(self) -> tuple[str | None, float | None]:
+        """The client key of the oldest write held now and its age (seconds), for the wake
+        it asks for (:meth:`berth.client.Client.wake`)."""
+        with self._lock:
+            if not self._arrived:
+                return None, None
+            key, at = min(self._arrived.items(), key=lambda x: x[1])
+            return self._who.get(key), time.monotonic() - at
+
+
+class Gate(_Askers):
     """The gate's state and its middleware (:meth:`middleware`, to append to the app).
 
     ``wait_limit_s``: the longest a write is held, seconds. ``on_wake()``: called (from the
@@ -183,41 +232,6 @@ class Gate:
 
     def idle(self) -> bool:
         return self.in_flight == 0
-
-    def arrivals(self) -> tuple[list[float], dict[str, float]]:
-        """The arrival times of the writes held or handled now, and ``{prompt id: arrival
-        time}`` of the writes ComfyUI queued; ``time.monotonic`` seconds (any thread)."""
-        with self._lock:
-            return list(self._arrived.values()), dict(self.queued_at)
-
-    def forget(self, prompt_ids) -> None:
-        """Drop the arrival times of prompts no longer queued or running: each is answered
-        now (its client has its images, or its error), the last one seen gone for the
-        client it answered."""
-        with self._lock:
-            for pid in prompt_ids:
-                self.queued_at.pop(pid, None)
-                if pid in self.queued_by:
-                    self.answered = (self.queued_by.pop(pid), time.monotonic())
-
-    def clients(self) -> tuple[str | None, str | None, float | None]:
-        """``(oldest, answered, answered_at)`` as :class:`berth.client.JobReporter` reports
-        them: the client key of the oldest write held or handled or prompt queued, and who
-        got the last answer and when (``time.monotonic`` seconds; ``None``: not known)."""
-        with self._lock:
-            times = [(t, self._who.get(k)) for k, t in self._arrived.items()]
-            times += [(t, self.queued_by.get(pid)) for pid, t in self.queued_at.items()]
-            oldest = min(times, key=lambda x: x[0])[1] if times else None
-            return (oldest, *self.answered)
-
-    def asker(self) -> tuple[str | None, float | None]:
-        """The client key of the oldest write held now and its age (seconds), for the wake
-        it asks for (:meth:`berth.client.Client.wake`)."""
-        with self._lock:
-            if not self._arrived:
-                return None, None
-            key, at = min(self._arrived.items(), key=lambda x: x[1])
-            return self._who.get(key), time.monotonic() - at
 
     def counters(self) -> dict:
         return {"state": self._state.value, "in_flight": self.in_flight,
