@@ -291,7 +291,11 @@ def _min_turn_end(holder: Lease, policy: Policy, start: float, since: float | No
     end = start + _min_turn(holder, policy)
     cold = holder.ready_at is None or holder.ready_at >= holder.resumed_at
     if cold and since is not None and since < start:
-        end = max(start, end - holder.switch_cost_s)
+        # Never before its first request can reach it: a manager's health poll hands that
+        # request over up to a poll after the engine is ready, and until then a fresh front
+        # has reported nothing (counted busy), so no other rule keeps it (llama-swap's
+        # fresh engine drained before its poll, issue 24).
+        end = max(start + policy.first_request_s, end - holder.switch_cost_s)
     return end
 
 

@@ -160,6 +160,26 @@ class TestCostAwareTurns:
         w.apply(w.s.tick(w.now))
         assert state(w, "a") is S.DRAINING
 
+    def test_a_fresh_engine_whose_load_outlasts_its_turn_waits_for_its_first_request(self):
+        """The credit never ends a cold start's turn before its first request can reach it: a
+        manager's health poll hands that request over up to a poll after the engine is ready,
+        and a front that has reported nothing counts as busy, so no other rule keeps it.
+        Failed before: a 12 s load against a 10 s minimum turn left no turn at all, and a was
+        drained the instant it said it serves (llama-swap's fresh engine, issue 24)."""
+        w = World([24 * GiB], Policy(min_turn_s=10, juggle_window_s=0, wake_limit_s=60,
+                                     max_turn_s=0))
+        w.s.request(_lease("a", 20 * GiB), w.now)
+        w.advance(1)
+        w.request("b", "B", {G0: 10 * GiB})         # asks while a loads
+        w.advance(11)
+        w.apply(w.s.ready("a", w.now))              # its load took 12 s; nothing reported
+        w.apply(w.s.tick(w.now))
+        assert state(w, "a") is S.ACTIVE, texts(w)[-1]
+        w.advance(1.0)                              # the manager's poll has not come yet
+        assert state(w, "a") is S.ACTIVE, texts(w)[-1]
+        w.advance(0.6)                              # past the first-request hold (1.5 s)
+        assert state(w, "a") is S.DRAINING
+
     def test_a_wake_keeps_its_whole_turn_against_a_waiter_that_asked_during_it(self):
         """Only a cold start's load counts for the waiter: a wake (here 8 s) keeps the whole
         minimum turn from its report, which is what batches two busy clients; credited, a live
