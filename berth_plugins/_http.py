@@ -149,8 +149,19 @@ class Engine:
                        every_s: float = 0.05) -> None:
         """Poll ``await check()`` every ``every_s`` seconds until it is true. When the next poll
         would pass the deadline, raise :class:`MechanismError` with ``stuck()`` as the message
-        (it may name the last state seen)."""
-        while not await check():
+        (it may name the last state seen): also when the deadline runs out inside a poll
+        after an earlier one answered (a loaded machine), which would otherwise say only that
+        the last GET timed out."""
+        polled = False
+        while True:
+            try:
+                if await check():
+                    return
+            except MechanismError:
+                if polled and self.left_s() <= every_s:
+                    raise self.fail(stuck()) from None
+                raise
+            polled = True
             if self.left_s() <= every_s:
                 raise self.fail(stuck())
             await asyncio.sleep(every_s)

@@ -18,7 +18,7 @@ from berth.driver import UseAtMost, confirm
 
 from berth_plugins.hookspecs import MechanismError
 from berth_plugins.manager import make_plugin_manager, run_action
-from tests.helpers import wait_for
+from tests.helpers import ceiling, wait_for
 
 from ..sim.conftest import free_port, http
 from .conftest import PCI, GiB, ctx, serve
@@ -158,10 +158,14 @@ def test_park_of_an_idle_ollama_is_quick_and_errors_quote_ollama(kit, pm):
         app.router.add_get("/api/ps", stuck_ps)
         app.router.add_post("/api/generate", unload)
         async with serve(app) as url:
+            # The bound scales by the machine's slowness: on a loaded machine a 1 s bound ran
+            # out inside a GET, and the error named the GET, not the model still listed.
+            bound = ceiling(1.0)
             t0 = time.monotonic()
             with pytest.raises(MechanismError, match="still lists qwen3:8b"):
-                await run_action(pm, "berth_park", ctx("ollama", engine_url=url, timeout_s=1.0))
-            assert time.monotonic() - t0 < 5
+                await run_action(pm, "berth_park", ctx("ollama", engine_url=url,
+                                                       timeout_s=bound))
+            assert time.monotonic() - t0 < 5 * bound
     asyncio.run(scenario())
 
 
@@ -260,4 +264,36 @@ def test_a_poll_that_oversleeps_its_deadline_says_what_it_saw_not_no_time_left()
                     return False
                 with pytest.raises(MechanismError, match="still lists qwen3:8b"):
                     await eng.wait_for(check, lambda: "GET /api/ps still lists qwen3:8b", 0.05)
+    asyncio.run(scenario())
+
+
+def test_a_deadline_that_runs_out_inside_a_poll_names_what_the_last_poll_saw(kit, pm):
+    """On a loaded machine the park's bound ran out inside a GET of ``/api/ps`` after earlier
+    polls had listed the model: the error said only "did not answer within 0.0 s". It names
+    the model still listed, as when the bound runs out between two polls."""
+    calls, release = [], None
+
+    async def listed_then_slow(request):
+        calls.append(1)
+        if len(calls) > 2:               # the unload's first poll answers, the next hangs
+            await release.wait()         # past the bound: the poll is cut by the deadline
+        return web.json_response({"models": [{"name": "qwen3:8b", "model": "qwen3:8b"}]})
+
+    async def unload(request):
+        return web.json_response({"done": True, "done_reason": "unload"})
+
+    async def scenario():
+        nonlocal release
+        release = asyncio.Event()
+        app = web.Application()
+        app.router.add_get("/api/ps", listed_then_slow)
+        app.router.add_post("/api/generate", unload)
+        async with serve(app) as url:
+            try:
+                with pytest.raises(MechanismError, match="still lists qwen3:8b"):
+                    await run_action(pm, "berth_park", ctx("ollama", engine_url=url,
+                                                           timeout_s=ceiling(1.0)))
+            finally:
+                release.set()
+        assert len(calls) >= 3
     asyncio.run(scenario())
