@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import psutil
 from berth.sim.comfyui import LOADERS as STAND_IN_LOADERS
 from berth_hosts.comfyui.estimate import LOADERS
@@ -420,8 +422,13 @@ def test_an_idle_comfyui_whose_client_now_asks_the_llm_yields_at_once(world):
         done = wait_for(lambda pid=ans["prompt_id"]: c.done(pid), 60)
         assert done["status_str"] == "success", done
         assert http("POST", url, chat, timeout=120)[0] == 200
+    # A holder still busy when the other side asks is no idle holder kept: on a loaded machine
+    # the next ask can reach berthd before the front's report that the last answer ended (the
+    # fresh-clone suite saw "llm (priority 0, 1 request in flight) ... inside its minimum
+    # turn"). What the issue removed is an idle holder (0 in flight) kept for the rent.
     kept = [e["text"] for e in d.timeline() if e["seq"] > seq and e["kind"] == "wait"
-            and ("minimum turn" in e["text"] or "keeps its card" in e["text"])]
+            and ("minimum turn" in e["text"] or "keeps its card" in e["text"])
+            and not re.search(r"\b[1-9]\d* requests? in flight", e["text"])]
     assert not kept, kept
     parks = [e["text"] for e in d.timeline() if e["seq"] > seq and e["kind"] == "park"]
     assert len(parks) >= 4, parks
