@@ -20,6 +20,12 @@ import ast
 import functools
 from pathlib import Path
 
+import pytest
+
+# One worker reads every module once (the parse is cached per process): spread over the
+# workers, each test parsed all 250 modules again, 15 s a test on a loaded two-core machine.
+pytestmark = pytest.mark.xdist_group("layout")
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"berth": ROOT / "core", "berth_plugins": ROOT / "berth_plugins",
             "berth_hosts": ROOT / "hosts"}
@@ -47,11 +53,17 @@ MODULES = _modules()
 
 
 @functools.cache
+def _tree(path: Path) -> ast.Module:
+    """``path`` parsed, once per process (the tests here read the same 250 modules)."""
+    return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+@functools.cache
 def _imports(name: str, path: Path) -> frozenset[str]:
     """The absolute names ``name`` imports (``from a import b`` counts as ``a`` and ``a.b``)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -146,15 +158,15 @@ def test_imports_are_read_wherever_they_are(tmp_path):
 
 
 
+@functools.cache
 def _sizes() -> tuple[list[tuple[int, str]], list[tuple[int, str]], list[tuple[int, str]]]:
     """(lines, module), (lines, module:Class) and (lines, module:function), largest first. A
     function's lines run from its ``def`` to its last line, docstring included, decorators
     not; a method is named ``module:Class.method``, a nested function by its path too."""
     mods, classes, funcs = [], [], []
     for name, path in MODULES.items():
-        text = path.read_text(encoding="utf-8")
-        mods.append((len(text.splitlines()), name))
-        for node, qual in _named(ast.parse(text, str(path))):
+        mods.append((len(path.read_text(encoding="utf-8").splitlines()), name))
+        for node, qual in _named(_tree(path)):
             lines = node.end_lineno - node.lineno + 1
             if isinstance(node, ast.ClassDef):
                 classes.append((lines, f"{name}:{qual}"))
@@ -230,7 +242,7 @@ def _edges(name: str, path: Path, modules=MODULES) -> set[str]:
     when that is a module, else ``a``; ``import a.b.c`` is the longest of it that is one."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    for node in _runtime_imports(_tree(path)):
         if isinstance(node, ast.Import):
             for a in node.names:
                 parts = a.name.split(".")
