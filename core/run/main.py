@@ -226,7 +226,7 @@ class EngineRun:
             from berth.run.drained import DrainedNote
             await self._note_done()
             self._note = DrainedNote(self.o.engine, self.front, self.actions.drained,
-                                     self.actions.move_to)
+                                     self.actions.move_to, self._cards())
             self._note.start()
             if not await self._drained():
                 return 0
@@ -234,6 +234,10 @@ class EngineRun:
             await self.lease.close()
             self._new_lease()
             self._wire()
+
+    def _cards(self) -> list[str]:
+        """The PCI addresses of the cards this round's engine ran on (a move's from)."""
+        return [c["pci"] for c in self.lease.cards or [] if isinstance(c, dict) and "pci" in c]
 
     async def _note_done(self) -> None:
         """The engine serves again, or the run ends: berthd's board drops it from drained."""
