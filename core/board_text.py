@@ -62,7 +62,7 @@ def render(st: dict) -> str:
                          f" counted, {_size_words(sh)}"
                          f"  ({sh['lease']}){marks}{until.get(sh['lease'], '')}")
     lines += _waiting_lines(st["waiting"], st["leases"])
-    lines += _moving_lines(st["leases"])
+    lines += _moving_lines(st["leases"], st.get("drained") or [])
     lines += _drained_lines(st.get("drained") or [])
     lines += _problem_lines(st)
     ram = st.get("host_ram") or {}
@@ -153,21 +153,29 @@ def _problem_lines(st: dict) -> list[str]:
     return lines
 
 
-def _moving_lines(leases: list[dict]) -> list[str]:
-    """A line per engine moving by checkpoint and restore (issue 35): ``moving gpu0 -> gpu1``,
-    for how long, and why."""
+def _moving_lines(leases: list[dict], drained: list[dict]) -> list[str]:
+    """A line per engine moving to another card (issue 35): ``moving gpu0 -> gpu1``, for how
+    long, and why; by checkpoint and restore (its lease's ``moving``), or by a restart (its
+    lease's while it drains, then its run's drained entry's until the engine serves there)."""
+    moves = {le["engine"]: (le["moving"], 0) for le in leases if le.get("moving")}
+    for r in drained:
+        if r.get("moving"):
+            moves.setdefault(r["engine"], (r["moving"], r.get("waiters") or 0))
     lines = []
-    for le in leases:
-        m = le.get("moving")
-        if m:
-            lines.append(f"    {le['engine']:<20} moving {'+'.join(m['from'])} -> {m['to']} "
-                         f"for {format_duration(m['elapsed_s'])}: {m['why']}")
-    return ["moving (checkpoint, then restore on the other card):"] + lines if lines else []
+    for engine, (m, waiters) in moves.items():
+        how = " (a restart there)" if m.get("how") == "restart" else ""
+        held = f", {waiters} request(s) held" if waiters else ""
+        lines.append(f"    {engine:<20} moving {'+'.join(m['from'])} -> {m['to']} "
+                     f"for {format_duration(m['elapsed_s'])}: {m['why']}{how}{held}")
+    return ["moving to another card (a checkpoint restored there, or the engine started "
+            "again there):"] + lines if lines else []
 
 
 def _drained_lines(drained: list[dict]) -> list[str]:
     """``drained:`` and one line per run whose engine was drained and whose front stays
-    (issue 35): why, how long, and the requests it holds (its waiters)."""
+    (issue 35): why, how long, and the requests it holds (its waiters). A run that moves by
+    restart is a move (:func:`_moving_lines`), not listed here."""
+    drained = [r for r in drained if not r.get("moving")]
     if not drained:
         return []
     lines = ["drained (the run and its front stay; the next request starts the engine again):"]
@@ -176,9 +184,8 @@ def _drained_lines(drained: list[dict]) -> list[str]:
         held = (f", {waiters} request(s) waiting" + (", asking for a card" if r.get("asking")
                                                      else "")) if waiters else ""
         front = f", front {r['front']}" if r.get("front") else ""
-        what = f"moving to {r['move_to']} for" if r.get("move_to") else "drained"
-        lines.append(f"    {r['engine']:<20} {what} {format_duration(r['drained_s'])}"
-                     f"{'' if r.get('move_to') else ' ago'}{held}{front}")
+        lines.append(f"    {r['engine']:<20} drained {format_duration(r['drained_s'])} ago"
+                     f"{held}{front}")
         lines.append(f"        {r['why']}")
     return lines
 

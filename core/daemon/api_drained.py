@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Annotated
 
 from aiohttp import web
 from berth.daemon.api_bodies import _Body, error, parse_body
@@ -42,8 +43,9 @@ class DrainedBody(_Body):
     owner_pid: int | None = Field(None, ge=1)
     # The run asked for a new grant (a write came): its lease waits in the queue.
     asking: bool = False
-    # The drain is a move: the card (PCI address) it goes to.
+    # The drain is a move: the card (PCI address) it goes to, and those it leaves.
     move_to: str | None = Field(None, max_length=100)
+    move_from: list[Annotated[str, Field(max_length=100)]] | None = Field(None, max_length=16)
 
 
 def _owner(request: web.Request, body: DrainedBody) -> ProcessId | None:

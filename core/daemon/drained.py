@@ -40,12 +40,14 @@ class DrainedRun:
     owner: ProcessId | None
     asking: bool = False
     move_to: str | None = None
+    move_from: tuple[str, ...] = ()
 
     def as_json(self, now: float) -> dict:
         return {"engine": self.engine, "front": self.front, "waiters": self.holding,
                 "why": self.why, "since": round(self.since, 3),
                 "drained_s": round(max(0.0, now - self.since), 3), "asking": self.asking,
-                "pid": self.owner.pid if self.owner else None, "move_to": self.move_to}
+                "pid": self.owner.pid if self.owner else None, "move_to": self.move_to,
+                "move_from": list(self.move_from)}
 
 
 class DrainedRuns:
@@ -61,7 +63,7 @@ class DrainedRuns:
         old = self.runs.get(engine)
         since = old.since if old is not None and old.owner == owner else time.time()
         run = DrainedRun(engine, body.front, body.holding, body.why or "drained", since, owner,
-                         body.asking, body.move_to)
+                         body.asking, body.move_to, tuple(body.move_from or ()))
         self.runs[engine] = run
         return run
 

@@ -38,7 +38,7 @@ def board(broker: "Broker") -> dict:
            "available_bytes": led.ram_available_bytes()}
     return {"cards": cards, "leases": _lease_rows(broker, now),
             "waiting": _waiting_rows(broker, now), "counters": counters,
-            "drained": broker.drained.board() if hasattr(broker, "drained") else [],
+            "drained": _drained_rows(broker),
             "host_ram": ram, "driver": broker.driver.kind, "adapters": _adapters(broker),
             "host_notes": broker.host_notes.values() if hasattr(broker, "host_notes") else [],
             "uptime_s": round(now - broker.started_at, 1)}
@@ -110,7 +110,24 @@ def _moving(broker: "Broker", lease: Lease, now: float) -> dict | None:
     cards = broker.sched.ledger.cards
     name = (lambda p: cards[p].name if p in cards else p)
     return {"from": [name(p) for p in m.src], "to": name(m.dst), "why": m.why,
-            "elapsed_s": round(max(0.0, now - m.since), 3)}
+            "elapsed_s": round(max(0.0, now - m.since), 3), "how": m.how}
+
+
+def _drained_rows(broker: "Broker") -> list[dict]:
+    """The board's ``drained``: runs whose engine was drained and whose front stays (issue
+    35). One that moves by restart (its drain named the card it goes to) carries ``moving``
+    as a lease's move does (card names, ``how`` ``"restart"``): it is a move, not a drain."""
+    if not hasattr(broker, "drained"):
+        return []
+    cards = broker.sched.ledger.cards
+    name = (lambda p: cards[p].name if p in cards else p)
+    rows = broker.drained.board()
+    for r in rows:
+        if r.get("move_to"):
+            r["moving"] = {"from": [name(p) for p in r.get("move_from") or []] or ["?"],
+                           "to": name(r["move_to"]), "why": r["why"],
+                           "elapsed_s": r["drained_s"], "how": "restart"}
+    return rows
 
 
 def _waiting_rows(broker: "Broker", now: float) -> list[dict]:

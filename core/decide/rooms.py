@@ -318,6 +318,8 @@ def _move(st: State, victim: Lease, step: Step, now: float, reason: str) -> list
     restarts: a drain whose run asks for a card again at once."""
     quiet = st.policy.max_job_s if victim.in_flight else None
     if not (victim.caps.restore_across and victim.caps.park is ParkMechanism.CHECKPOINT):
+        st.moving[victim.id] = Moving(tuple(victim.shares), step.move_to, reason, now,
+                                      "restart")
         return stop(st, victim, now, f"{reason}; it moves {step.why}", quiet,
                     move_to=step.move_to)
     st.counters.moves += 1

@@ -42,15 +42,18 @@ class Room:
 
 @dataclass(frozen=True)
 class Moving:
-    """A move by checkpoint and restore under way (issue 35: the board shows it while it
-    happens): the lease's cards ``src`` (PCI addresses) before it, the card ``dst`` its plan
-    moves it to, ``why`` in words, and ``since`` when it began (seconds, broker's clock). Its
-    wake is placed as a grant is, so the card it lands on is said when it wakes."""
+    """A move under way (issue 35: the board shows it while it happens): the lease's cards
+    ``src`` (PCI addresses) before it, the card ``dst`` its plan moves it to, ``why`` in words,
+    ``since`` when it began (seconds, broker's clock), ``how`` ``"restore"`` (a checkpoint
+    restored there: its wake is placed as a grant is, so the card it lands on is said when it
+    wakes) or ``"restart"`` (a drain whose run asks for a card again at once: the entry goes
+    with the lease, and the run's drained entry says the rest, :mod:`berth.daemon.drained`)."""
 
     src: tuple[str, ...]
     dst: str
     why: str
     since: float
+    how: str = "restore"
 
 
 class State:

@@ -33,8 +33,10 @@ class DrainedNote:
     """berthd's entry for one drained run: :meth:`start` it after the drain, :meth:`asking`
     once a write made the run ask for a new grant, :meth:`close` once the engine serves."""
 
-    def __init__(self, engine: str, front: Front, why: str, move_to: str | None = None):
+    def __init__(self, engine: str, front: Front, why: str, move_to: str | None = None,
+                 move_from: list[str] | None = None):
         self.engine, self.front, self.why, self.move_to = engine, front, why, move_to
+        self.move_from = list(move_from or [])
         self.client = Client()
         self.is_asking = False
         self._task: asyncio.Task | None = None
@@ -61,7 +63,7 @@ class DrainedNote:
     async def _put(self, holding: int, asking: bool) -> bool:
         body = {"front": f"{self.front.host}:{self.front.port}", "holding": holding,
                 "why": self.why, "owner_pid": os.getpid(), "asking": asking,
-                "move_to": self.move_to}
+                "move_to": self.move_to, "move_from": self.move_from}
         try:
             await self.client.call("PUT", self._path, body)
             return True

@@ -98,7 +98,9 @@ class EngineRun:
         self._is_write = default_is_write        # the plugins' rule once they are loaded
         self._pm = None                          # the plugin manager, once loaded
         self.signalled = False                   # a stop signal came (not a drain)
-        self._again: asyncio.Event | None = None  # set: a write came for a drained engine
+        # set: a write came for a drained engine (or it moves); it stays, set, until the
+        # engine serves again, so a write meanwhile asks for nothing more (issue 35)
+        self._again: asyncio.Event | None = None
         self.slots = Slots(opts)                 # what the front forwards at once (issue 34)
         self._note = None                        # berthd's entry while drained (DrainedNote)
 
@@ -195,7 +197,10 @@ class EngineRun:
     # by then (the front is open, or asleep after a park, only once the run holds one).
     async def _on_wake(self) -> None:
         """The front holds a write while asleep: after a drain the run starts the engine again;
-        otherwise berthd is asked to wake the parked lease."""
+        otherwise berthd is asked to wake the parked lease. Between a drain and the engine
+        serving again the run is asking for its new grant, or starting the engine, on its own:
+        the write is held until the front opens (the lease it would wake has no id yet, and
+        a wake of it was answered 503 "berthd is unavailable"; issue 35)."""
         if self._again is not None:
             self._again.set()
             return
@@ -221,7 +226,7 @@ class EngineRun:
             from berth.run.drained import DrainedNote
             await self._note_done()
             self._note = DrainedNote(self.o.engine, self.front, self.actions.drained,
-                                     self.actions.move_to)
+                                     self.actions.move_to, self._cards())
             self._note.start()
             if not await self._drained():
                 return 0
@@ -229,6 +234,10 @@ class EngineRun:
             await self.lease.close()
             self._new_lease()
             self._wire()
+
+    def _cards(self) -> list[str]:
+        """The PCI addresses of the cards this round's engine ran on (a move's from)."""
+        return [c["pci"] for c in self.lease.cards or [] if isinstance(c, dict) and "pci" in c]
 
     async def _note_done(self) -> None:
         """The engine serves again, or the run ends: berthd's board drops it from drained."""
@@ -248,10 +257,10 @@ class EngineRun:
         """After a drain the front sleeps, holding writes; True when one arrives (the run asks
         for a new grant and starts the engine again on the card it is given), False on a stop
         signal."""
-        self._again = again = asyncio.Event()
         self.stop_event.clear()
         if self.signalled:
             return False
+        self._again = again = asyncio.Event()
         if self.front.holding and self.front.state in (FrontState.ASLEEP, FrontState.STARTING):
             again.set()                 # drained with writes held (parked, or still starting)
         if self.actions.move_to:
@@ -262,8 +271,10 @@ class EngineRun:
         async with contextlib.AsyncExitStack() as tasks:
             ends = {_task(tasks, self.stop_event.wait()), _task(tasks, again.wait())}
             await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
-        self._again = None
-        return again.is_set() and not self.signalled
+        woken = again.is_set() and not self.signalled
+        if not woken:
+            self._again = None
+        return woken
 
     async def _round(self) -> int:
         """One lease: ask, start the engine on the granted cards, serve, and end by the
@@ -328,6 +339,7 @@ class EngineRun:
                     await self.slots.measure(self.engine.http, self.engine.url)
                     self.slots.apply(self.front)
                     self.front.open()
+                self._again = None          # a drained engine serves again
                 log.info("%s is serving%s", self.o.engine, f" on {self.engine.url}"
                          if self.engine.url else f" (pid {self.engine.proc.pid})")
                 await self.lease.ready()

@@ -72,11 +72,13 @@ SIZES = {"A": ("8GiB", "7GiB"), "B": ("12GiB", "11GiB"), "C": ("10GiB", "9GiB"),
 
 
 def _shape(tmp_path, procs: dict, pins: tuple[str, ...] = (),
-           extra: tuple[str, ...] = (), env: dict | None = None) -> tuple[Berthd, dict, list]:
+           extra: tuple[str, ...] = (), env: dict | None = None,
+           load_s: float = 0.1) -> tuple[Berthd, dict, list]:
     """berthd on the two cards; A and B on one card, C on the other, A gone, B's and C's busy
     clients started. ``pins``: engines whose run line pins their card (``--option
     device=N``); ``extra``: more flags for every run line; ``env``: more environment for
-    berthd and the runs. Returns berthd, the front ports and the clients."""
+    berthd and the runs; ``load_s``: how long each engine loads (seconds). Returns berthd,
+    the front ports and the clients."""
     (tmp_path / "berth.toml").write_text(CONFIG.format(tmp=tmp_path, read=READ_INTERVAL))
     d = Berthd(tmp_path, tmp_path / "berth.toml")
     d.env.update(env or {})
@@ -86,7 +88,7 @@ def _shape(tmp_path, procs: dict, pins: tuple[str, ...] = (),
     for n in "ABC":
         pin = ("--option", "device=0") if n in pins else ()
         procs[n] = berth_run(d, n, "--front", f"127.0.0.1:{ports[n]}", "--size", SIZES[n][0],
-                             *pin, *extra, weights=SIZES[n][1],
+                             *pin, *extra, weights=SIZES[n][1], load_s=load_s,
                              extra_engine=("--tokens-per-s", "40"))
         wait_for(lambda n=n: _card(d, n), 60, f"{n} serving")
     cards = {n: _card(d, n) for n in "ABC"}
@@ -222,6 +224,47 @@ def test_status_and_the_board_show_a_move_by_restore_while_it_happens(tmp_path):
         woke = [e["text"] for e in d.timeline() if e["kind"] == "wake"
                 and e["text"].startswith(le["engine"])]
         assert woke and f"its move from {m['from'][0]} done in" in woke[-1], woke
+    finally:
+        _end(clients, procs, tmp_path)
+    assert d.sim_oom() == 0
+
+
+def _status_text(d: Berthd) -> str:
+    return subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
+                          timeout=30).stdout
+
+
+def _moving_run(d: Berthd) -> tuple[str, dict] | None:
+    return next(((r["engine"], r["moving"]) for r in d.status()["drained"] if r.get("moving")),
+                None)
+
+
+def test_status_and_the_board_show_a_move_by_restart_as_a_move(tmp_path):
+    """A move by restart (no checkpoint; each engine loads for 5 s, so the move lasts that
+    long) shows as a move while it happens: ``berth status --json`` gives the moving run's
+    ``moving`` (from, to, why, how long, ``how`` "restart") on its drained entry until its
+    engine serves on the other card, and ``berth status`` says "moving gpuX -> gpuY for Ns:
+    why" and lists no drained run. Before, it was listed as a drained run ("moving to
+    0000:02:00.0 for 2s", no card it left), with no ``moving``."""
+    procs: dict = {}
+    clients: list[Client] = []
+    try:
+        d, ports, clients = _shape(tmp_path, procs, load_s=5.0)
+        procs["W"] = berth_run(d, "W", "--front", f"127.0.0.1:{ports['W']}", "--size",
+                               SIZES["W"][0], weights=SIZES["W"][1])
+        engine, m = wait_for(lambda: _moving_run(d), 60, "a run moving by restart")
+        assert {*m["from"], m["to"]} == {"gpu0", "gpu1"} and m["from"] != [m["to"]], m
+        assert m["how"] == "restart" and "W" in m["why"] and m["elapsed_s"] >= 0, m
+        text = wait_for(lambda: (t := _status_text(d)) and f"moving {m['from'][0]} -> "
+                        f"{m['to']} for" in t and t, 60, "the board's move line")
+        line = next(x for x in text.splitlines() if "moving gpu" in x)
+        assert engine in line and "W" in line and "restart" in line, text
+        assert "drained (" not in text, text
+        wait_for(lambda: _card(d, "W") and _card(d, engine) == m["to"], 120,
+                 "W serving and the moved engine serving on its new card")
+        wait_for(lambda: _moving_run(d) is None, 30, "the move gone from the board")
+        counters = d.status()["counters"]
+        assert counters["drains"] == 0 and counters["moves"] >= 1, counters
     finally:
         _end(clients, procs, tmp_path)
     assert d.sim_oom() == 0
