@@ -20,6 +20,7 @@ from berth.daemon.guard import PER_UID, ControlBounds
 from tests.berthd import BERTH, Berthd, api, sim_config, wait_for
 from tests.daemon.test_socket_group import make_group, public_tmp  # noqa: F401 (fixtures)
 from tests.faults.conftest import make_user  # noqa: F401 (a fixture)
+from tests.helpers import slowness
 
 FLOODER = str(Path(__file__).with_name("flooder.py"))
 SYS_PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
@@ -55,7 +56,7 @@ def test_a_flood_from_a_socket_group_member_leaves_root_its_status(
         assert said[:1] == ["open"], said
         # During the flood (the member holds what it opened): root's status, 5 times.
         for _ in range(5):
-            status, body = _status_within(d, 2.0)
+            status, body = _status_within(d, 2.0 * slowness())
             assert status == 200 and body["cards"], body
         out = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
                              timeout=60)
