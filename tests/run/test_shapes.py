@@ -104,7 +104,9 @@ def test_a_fresh_engine_keeps_its_card_until_its_managers_poll(live):
             assert e["at"] - ready[e["lease"]] > 1.0, tl
     assert all(r.status == "200" for r in lv.rows), _report(lv, sim)
     assert lv.d.sim_oom() == 0
-    assert agree(lv.outcome(), sim), _report(lv, sim)
+    # Each client sends after its last answer, so the switches are compared per request
+    # answered: at load 10 the live run answered 5 (3 drains) where the replay answered 10 (5).
+    assert agree_per_request(lv.outcome(), sim), _report(lv, sim)
 
 
 @pytest.mark.early(140)
