@@ -7,10 +7,11 @@ immediate 503 "... nothing under way can change that" (3 of 6 runs).
 Now a process in the run's tree counts for the lease from its first byte, the run stops what it
 took in, and "freed" is said only when the driver shows it: 10 runs, each stopped by SIGTERM
 with a server whose memory frees 2 s after it exits, and a request held by the waiter meanwhile:
-no 503, every held request answered."""
+no 503, every held request answered (5 runs in the default suite)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -21,7 +22,10 @@ from tests.helpers import wait_for
 from tests.run.world import chat, run_cmd
 
 DOUBLE_FORK = str(Path(__file__).with_name("double_fork.py"))
-RUNS = 10
+#: Before the fix 3 of 6 runs failed: 5 runs miss it with a chance of 1 in 32; the long form
+#: (``BERTH_RELIABILITY=long``) runs the issue's 10. Each run starts two runs and two engines,
+#: the suite's longest test at 10 (280 s on a loaded two-core machine; issue 38).
+RUNS = 10 if os.environ.get("BERTH_RELIABILITY") == "long" else 5
 
 
 def _slow_free(world) -> None:
