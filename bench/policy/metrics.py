@@ -18,6 +18,10 @@ Measures (seed 000 "Measuring whether the policy works", and the issue's list):
   although the card's free bytes above the policy's floor covered the engine's current need.
   Berth runs also report the core's own counter (``berth_rejected_with_free``).
 - **reserve fraction**: the floor the policy keeps free, as a fraction of all cards' memory.
+- **each request's wait by name** (``request_waits``, issue 34's third pass): ``{key: [engine,
+  wait_s]}``, the key ``r<i>`` for the trace's i-th open-loop request and ``c<client>.<n>`` for a
+  closed-loop client's n-th, which is the same request (engine, service, think time) under
+  every policy; :mod:`.verdict` compares two runs over the keys both have.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["Recorder", "percentiles", "table", "SWITCH_KINDS"]
+__all__ = ["Recorder", "percentiles", "table", "SWITCH_KINDS", "request_key"]
 
 SWITCH_KINDS = ("load", "drain", "park", "wake", "lend", "return", "crash")
 
@@ -36,6 +40,13 @@ def percentiles(values, qs=(50, 95, 99)) -> list[float]:
     if len(values) == 0:
         return [0.0 for _ in qs]
     return [float(x) for x in np.percentile(np.asarray(values, dtype=float), qs)]
+
+
+def request_key(job, nth: int | None) -> str:
+    """The name of ``job`` that is the same under every policy: ``r<i>`` for an open-loop
+    request (its index in the trace), ``c<client>.<nth>`` for a closed-loop client's
+    ``nth`` request (0-based)."""
+    return f"r{job.id}" if job.client is None else f"c{job.client}.{nth}"
 
 
 class Recorder:
@@ -87,6 +98,8 @@ class Recorder:
     def finish(self, jobs, end_s: float, policy) -> None:
         """Compute :attr:`summary` once the run is over."""
         unserved = dropped = left = refused = 0
+        sent: Counter[int] = Counter()
+        by_request: dict[str, list] = {}
         for j in jobs:
             if j.done_s is not None:
                 w = j.wait_s
@@ -104,6 +117,10 @@ class Recorder:
                     unserved += 1
             self.waits.append(w)
             self.waits_by_engine[j.engine].append(w)
+            nth = None
+            if j.client is not None:
+                nth, sent[j.client] = sent[j.client], sent[j.client] + 1
+            by_request[request_key(j, nth)] = [j.engine, round(w, 3)]
         p50, p95, p99 = percentiles(self.waits)
         free = [sum(self.card_total[p] - self.card_used[p][i] for p in self.cards)
                 for i in range(len(self.times))]
@@ -131,6 +148,7 @@ class Recorder:
                                      for e, w in self.waits_by_engine.items()},
             "end_s": round(end_s, 3),
             "cards_by_engine": {e: dict(c.most_common()) for e, c in self.placements.items()},
+            "request_waits": by_request,
         }
         self.summary.update(policy.extra())
 

@@ -66,10 +66,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .admission import Policy
-from .model import Demand, Lease
+from .model import DEMAND_KEEP, Demand, Lease
 from .units import format_duration
 
-__all__ = ["Outlook", "Forecast", "forecast", "trust", "follows", "CAUSAL_SLACK_S", "recent",
+__all__ = ["Outlook", "Forecast", "forecast", "trust", "follows", "own_clients",
+           "CAUSAL_SLACK_S", "recent",
            "RECENT_WINDOW_S",
            "arrived", "answered", "yielded", "moved_from", "settle", "ERROR_WEIGHT", "MIN_SAMPLES"]
 
@@ -145,7 +146,7 @@ def follows(holder: Lease, waiter: Lease) -> bool:
             and w.asked_at is not None and w.asked_at >= d.answered_at - CAUSAL_SLACK_S)
 
 
-def _own_clients(d: Demand) -> bool:
+def own_clients(d: Demand) -> bool:
     """Step (2): at least half of its recent arrivals while others held the card came from
     clients of its own (none of another engine's answers led to them)."""
     own = sum(1 for moved in d.moved if not moved)
@@ -179,7 +180,7 @@ def forecast(holder: Lease, waiter: Lease | None, policy: Policy, rent: float,
                             turn_keep_s=keep if outlook is not Outlook.NONE else 0.0)
         return Forecast(outlook, why, rent, keep, lam)
 
-    own = _own_clients(d)
+    own = own_clients(d)
     if waiter is not None and follows(holder, waiter) and not own:                  # (1)
         return out(Outlook.NONE, f"its client is waiting on {waiter.engine}")
     if len(d.gaps) >= MIN_SAMPLES:                                                  # (2), (3)
@@ -218,11 +219,16 @@ def answered(lease: Lease, client: str | None, at: float | None) -> None:
     d = lease.demand
     if d.answered_at is None or at >= d.answered_at:
         d.answered_client, d.answered_at = client, at
+    if client is not None and at >= d.answers.get(client, at):
+        d.answers.pop(client, None)         # re-inserted last: the dict keeps answer order
+        d.answers[client] = at
+        while len(d.answers) > DEMAND_KEEP:
+            d.answers.pop(next(iter(d.answers)))
 
 
 def arrived(lease: Lease, client: str | None, at: float,
             kept: Forecast | None = None, moved: bool | None = None,
-            holds: bool = False) -> None:
+            holds: bool = False, asked_moved: bool | None = None) -> None:
     """A request for ``lease`` arrived at ``at`` (broker's clock) from ``client`` at a front
     that had none. Records its idle gap and settles the forecast ``kept`` that kept it idle
     for a waiter (right when it said demand, wrong when it said none). Whether its client moved
@@ -233,8 +239,9 @@ def arrived(lease: Lease, client: str | None, at: float,
     d = lease.demand
     if d.asked_at is not None:
         d.asked_client = client if client is not None else d.asked_client
+        d.asked_moved = d.asked_moved if asked_moved is None else asked_moved
         return
-    d.asked_client, d.asked_at = client, at
+    d.asked_client, d.asked_at, d.asked_moved = client, at, asked_moved
     d.arrivals.append(at)
     if d.answered_at is not None and at >= d.answered_at:
         d.gaps.append(at - d.answered_at)
@@ -278,10 +285,9 @@ def moved_from(leases: Iterable[Lease], lease: Lease, client: str | None,
     last: tuple[float, bool] | None = None
     for le in leases:
         d = le.demand
-        if d.answered_client == client and d.answered_at is not None \
-                and d.answered_at <= at + CAUSAL_SLACK_S \
-                and (last is None or d.answered_at > last[0]):
-            last = (d.answered_at, le.id != lease.id)
+        t = d.answers.get(client, d.answered_at if d.answered_client == client else None)
+        if t is not None and t <= at + CAUSAL_SLACK_S and (last is None or t > last[0]):
+            last = (t, le.id != lease.id)
     return None if last is None else last[1]
 
 

@@ -279,9 +279,14 @@ class Demand:
     when unknown.
 
     - ``answered_client`` / ``answered_at``: the client of the last answer its front delivered,
-      and when that answer ended;
+      and when that answer ended; ``answers``: when its last answer to each of its recent
+      clients ended (at most :data:`DEMAND_KEEP` clients; issue 34, third pass: beside a busy
+      client, the last answer alone forgets the one that moved on);
     - ``asked_client`` / ``asked_at``: the client of the oldest request at its front now (the
       one that asked for its wake or its grant) and when it arrived; ``None`` when none;
+      ``asked_moved``: whether that client's last answer, as known when the request arrived,
+      came from another engine (``True``: it moves between engines), ``None`` when not known
+      (issue 34, third pass: :func:`berth.decide.ladder.batches`);
     - ``gaps``: its last idle gaps, seconds from an answer's end to the next request's arrival;
     - ``moved``: for its last requests that arrived while another engine held its card, whether
       each came from the client that engine had just answered (``True``: a client that moves
@@ -297,8 +302,10 @@ class Demand:
 
     answered_client: str | None = None
     answered_at: float | None = None
+    answers: dict[str, float] = field(default_factory=dict)
     asked_client: str | None = None
     asked_at: float | None = None
+    asked_moved: bool | None = None
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=DEMAND_KEEP))
     moved: deque[bool] = field(default_factory=lambda: deque(maxlen=DEMAND_KEEP))
     arrivals: deque[float] = field(default_factory=lambda: deque(maxlen=ARRIVALS_KEEP))

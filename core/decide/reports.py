@@ -241,7 +241,7 @@ def jobs(st: State, lease_id: str, in_flight: int, now: float, oldest_at: float 
     lease.served = lease.served if served is None else served
     lease.oldest_job_at = oldest_at if in_flight else None
     if not in_flight:
-        lease.demand.asked_client = lease.demand.asked_at = None
+        lease.demand.asked_client = lease.demand.asked_at = lease.demand.asked_moved = None
     lease.last_used_at = now
     return fx + (admit(st, now) if (went_idle or moved_on or moved) and len(st.queue) else [])
 
@@ -262,8 +262,8 @@ def _arrival(st: State, lease: Lease, client: str | None, at: float) -> None:
         waiter = contender(st, lease)
         if waiter is not None:
             kept = idle_forecast(lease, waiter, st.policy, now=at)
-    moved = demand.moved_from(st.ledger.leases.values(), lease, client, at) if holds else None
-    demand.arrived(lease, client, at, kept, moved, holds)
+    moved = demand.moved_from(st.ledger.leases.values(), lease, client, at)
+    demand.arrived(lease, client, at, kept, moved if holds else None, holds, moved)
 
 
 def contender(st: State, lease: Lease) -> Lease | None:

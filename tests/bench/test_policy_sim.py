@@ -68,6 +68,14 @@ class TestHandComputedWaits:
         # ready at 41.0. a again: the same, from 50.
         assert waits("keepalive-evict", tiny(TRACE)) == pytest.approx([9.0, 11.0, 11.0])
 
+    def test_keepalive_evict_pays_its_readiness_poll(self):
+        # Ollama's WaitUntilRunning asks the runner at once, then every 250 ms: a load of
+        # 2 s + 7.1 s is seen at 9.25 s, not at 9.1 s (issue 34, third pass).
+        from bench.policy.policies.keepalive import seen_at
+        assert (seen_at(9.0), seen_at(9.1), seen_at(0.0)) == pytest.approx((9.0, 9.25, 0.0))
+        wl = tiny(TRACE[:1], base=int(7.1 * 10**9))
+        assert waits("keepalive-evict", wl) == pytest.approx([9.25])
+
     def test_current_need(self):
         # a arrives before the first read; the read at 0 shows it fits: ready at 9.0. b fits
         # beside a by the read at 29 (13e9 free): ready at 39.0. a is still loaded: 0.
@@ -493,6 +501,38 @@ class TestIssue34Yardstick:
         for name in runner.WORKLOADS:
             assert (one[name].requests, one[name].clients) != (
                 two[name].requests, two[name].clients), name
+
+    def test_verdict_compares_the_requests_both_runs_made(self):
+        # A closed-loop client's n-th request is the same under every policy: the default got
+        # to its 5th..24th (answered at once), the peer never made them. Over every request
+        # the default's p95 is 0 s, thanks to those twenty alone; over the four both made it
+        # is 0.85 x 9.5 s against the peer's 0.85 x 9 s (issue 34, third pass).
+        def run(waits, oom=0):
+            by_engine: dict[str, list[float]] = {}
+            for e, w in waits.values():
+                by_engine.setdefault(e, []).append(w)
+            import numpy as np
+            p95 = float(np.percentile(sorted(w for _, w in waits.values()), 95))
+            return {"oom_events": oom, "p95_wait_s": p95, "max_wait_s": max(
+                w for _, w in waits.values()), "answered": len(waits),
+                "p95_wait_by_engine_s": {e: float(np.percentile(w, 95))
+                                         for e, w in by_engine.items()},
+                "request_waits": {k: [e, w] for k, (e, w) in waits.items()}}
+        peer = {f"c0.{n}": ("ab"[n % 2], 9.0 if n == 0 else 0.0) for n in range(4)}
+        mine = {f"c0.{n}": ("ab"[n % 2], 9.5 if n == 0 else 0.0) for n in range(24)}
+        runs = {"w/swap": run(peer), f"w/{DEFAULT}": run(mine)}
+        runs["w/swap"]["answered"] = 24         # the answered test is not the one in question
+        assert runs[f"w/{DEFAULT}"]["p95_wait_s"] == 0.0
+        assert runs["w/swap"]["p95_wait_s"] == pytest.approx(7.65)
+        v = verdict(runs, "w")
+        assert (v["paired_p95_wait_s"], v["peer_paired_p95_wait_s"]) == pytest.approx(
+            (8.075, 7.65))
+        assert v["ratio_to_best_peer"] == pytest.approx(1.056, abs=1e-3)
+        assert v["tests"]["p95"] is False and v["engines"]["a"]["holds"] is True
+        # Summaries without the names (older JSON) compare every request, as before.
+        for r in runs.values():
+            del r["request_waits"]
+        assert verdict(runs, "w")["tests"]["p95"] is True
 
     def test_the_table_over_seeds(self):
         from bench.policy import yardstick

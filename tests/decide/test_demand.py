@@ -253,3 +253,62 @@ class TestTurnEnd:
         assert displaceable(h, waiter, w.s.policy, end - 0.01) is not None
         assert displaceable(h, waiter, w.s.policy, end + 0.01) is None
 
+
+
+class TestAMovingClientsTurn:
+    """Issue 34, third pass: the minimum turn protects a holder against a waiter that can
+    batch, not against one whose request came from a client that moves between engines
+    (``bench/policy``'s m: a busy client on A beside a client alternating A and B; B's
+    request waited A's turn, 12.8-16.5 s at p95 against llama-swap's 11.5-12.4 s). Both tests
+    of the turn failed before: A kept its card for its minimum turn."""
+
+    MOVER = "client-mover"
+
+    def busy_beside(self, w: World) -> None:
+        """a holds; it answers the mover, then its busy client (its last answer), and is idle
+        between two of that client's requests, well inside its minimum turn (10 s)."""
+        holder(w)                                    # a's own (busy) client: ME
+        w.advance(0.5)
+        w.apply(w.s.jobs("a", 1, w.now, w.now, client=self.MOVER))
+        w.advance(0.05)
+        w.apply(w.s.jobs("a", 1, w.now, w.now, client=ME, answered_client=self.MOVER,
+                         answered_at=w.now))
+        w.advance(0.05)
+        w.apply(w.s.jobs("a", 0, w.now, answered_client=ME, answered_at=w.now))
+
+    def test_the_last_answer_to_each_client_is_kept(self):
+        """Beside a busy client the holder's last answer went to that client; the mover's
+        answer is still known, so its next request is known to have moved."""
+        w = World([24 * GiB], policy())
+        self.busy_beside(w)
+        a = w.s.ledger.leases["a"]
+        assert a.demand.answered_client == ME
+        b = Lease("b", "B", {G0: Share(G0, GiB)})
+        assert demand.moved_from([a, b], b, self.MOVER, w.now) is True
+        assert demand.moved_from([a, b], b, "client-new", w.now) is None
+
+    def test_the_minimum_turn_does_not_keep_the_card_from_a_moving_client(self):
+        w = World([24 * GiB], policy())
+        self.busy_beside(w)
+        w.advance(0.01)
+        ask(w, None)                       # the run's lease request names no client ...
+        w.apply(w.s.wake("b", w.now, self.MOVER, w.now))      # ... its front does
+        h, b = w.s.ledger.leases["a"], w.s.ledger.leases["b"]
+        assert b.demand.asked_moved is True
+        assert displaceable(h, b, w.s.policy, w.now) is None
+        assert turn_end(h, w.s.policy, w.now, b) is None
+
+    def test_a_waiter_with_clients_of_its_own_still_waits_the_turn(self):
+        """Two busy clients (ping-pong): the waiter's client is its own, so the turn batches
+        its requests and keeps the card, as before."""
+        w = World([24 * GiB], policy())
+        self.busy_beside(w)
+        w.advance(0.01)
+        ask(w, OTHER)
+        h, b = w.s.ledger.leases["a"], w.s.ledger.leases["b"]
+        b.demand.moved.extend([False] * 3)
+        why = "A is inside its minimum turn and expects a request within a switch back (4.00s)"
+        assert displaceable(h, b, w.s.policy, w.now) == why
+        b.demand.moved.clear()
+        b.demand.asked_moved = None        # not known: the turn keeps it too
+        assert displaceable(h, b, w.s.policy, w.now) == why

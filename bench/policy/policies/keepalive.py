@@ -40,18 +40,24 @@ commit fb3076099: ``Scheduler.processPending``, ``Scheduler.load``'s pre-flight 
   card instead; the simulator's engines have fixed per-card sizes). For these engines the
   victim is chosen among all runners, as ``findRunnerToUnload`` does; an engine of fixed
   placement (every other workload) keeps its own cards and the victims on them.
+- **Readiness** (``llm/server.go``: ``llmServer.WaitUntilRunning``): a request for a runner
+  that is loading waits until the scheduler's poll of the runner's status sees it ready; the
+  poll asks at once, then sleeps 250 ms between asks, so a load is seen at the first multiple
+  of 250 ms at or after it finished (:func:`seen_at`; issue 34, third pass: the peer pays its
+  poll as llama-swap and ``berth run`` pay theirs).
 - **Runtime OOM** expires every runner on the card.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
 from ..world import LOADING, READY
 from .base import SimPolicy
 
-__all__ = ["KeepAlivePolicy"]
+__all__ = ["KeepAlivePolicy", "seen_at"]
 
 MAX_QUEUE = 512
 HEADROOM = 0.8
@@ -60,6 +66,13 @@ RECOVERY_POLL_S = 0.25
 RECOVERY_TIMEOUT_S = 5.0
 RESCHED_DELAY_S = 0.25
 MODELS_PER_GPU = 3           # defaultModelsPerGPU
+READY_POLL_S = 0.25          # WaitUntilRunning's sleep between status asks
+
+
+def seen_at(load_s: float) -> float:
+    """Seconds after a runner's start when ``WaitUntilRunning`` first sees it ready, for a
+    load that took ``load_s``: its asks go at 0, 0.25, 0.5, ... s."""
+    return math.ceil(load_s / READY_POLL_S - 1e-9) * READY_POLL_S
 
 
 @dataclass
@@ -200,7 +213,7 @@ class KeepAlivePolicy(SimPolicy):
 
     def _load(self, job) -> None:
         self.pending.popleft()
-        proc = self.world.load(job.engine, cards=self.placed.pop(job.engine, None))
+        proc = self.world.load(job.engine, cards=self.placed.pop(job.engine, None), seen=seen_at)
         r = _Runner(proc, self.world.specs[job.engine].keep_alive_s)
         self.runners[job.engine] = r
         self._use(r, job)
