@@ -63,6 +63,7 @@ import psutil
 from aiohttp import web
 from berth.daemon import owners
 from berth.daemon.api_bodies import (
+    BODY_WAIT_S,
     AttachBody,
     JobsBody,
     LeaseBody,
@@ -556,6 +557,8 @@ async def health(request: web.Request) -> web.Response:
 def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Application:
     app = web.Application(middlewares=[errors, auth(key)], client_max_size=1 << 20)
     app[BROKER] = broker
+    # A body still arriving is bounded like a silent one on the listeners (issue 36's limits)
+    app[BODY_WAIT_S] = float(broker.cfg.listeners.idle_timeout)
     app[SCRAPE] = Scrape(broker, waits)
     app[ALIASES] = {}
     app[CALLERS] = {}
