@@ -63,6 +63,7 @@ import psutil
 from aiohttp import web
 from berth.daemon import owners
 from berth.daemon.api_bodies import (
+    BODY_WAIT_S,
     AttachBody,
     JobsBody,
     LeaseBody,
@@ -507,11 +508,18 @@ async def status(request: web.Request) -> web.Response:
     st = broker.status()
     aliases, callers = request.app[ALIASES], request.app[CALLERS]
     # The gateway routes only to a lease that passes these (issue 26: names are owned).
-    verdicts = owners.checked(broker.cfg, list(broker.sched.ledger.leases.values()), aliases,
-                              callers)
+    leases = list(broker.sched.ledger.leases.values())
+    verdicts = owners.checked(broker.cfg, leases, aliases, callers)
     for le in st["leases"]:
         le["aliases"] = aliases.get(le["id"], [])
         le["owner_checked"], le["front_checked"] = verdicts.get(le["id"], (False, False))
+    # A drained run's front takes its engine's requests (issue 35), by the same rules.
+    first = owners.first_holders(broker.cfg, leases, aliases, callers) if st.get("drained") \
+        else {}
+    for row in st.get("drained", []):
+        run = broker.drained.runs.get(row["engine"])
+        row["owner_checked"], row["front_checked"] = (False, False) if run is None else \
+            owners.drained_checked(broker.cfg, run, first)
     live = {le["id"] for le in st["leases"]}
     for table in (aliases, callers):
         for lid in [k for k in table if k not in live]:
@@ -549,6 +557,8 @@ async def health(request: web.Request) -> web.Response:
 def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Application:
     app = web.Application(middlewares=[errors, auth(key)], client_max_size=1 << 20)
     app[BROKER] = broker
+    # A body still arriving is bounded like a silent one on the listeners (issue 36's limits)
+    app[BODY_WAIT_S] = float(broker.cfg.listeners.idle_timeout)
     app[SCRAPE] = Scrape(broker, waits)
     app[ALIASES] = {}
     app[CALLERS] = {}

@@ -18,11 +18,12 @@ from berth.config.words import is_secret
 from berth.daemon.broker import LeaseGone
 from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
+from berth.process import peer_credentials
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
 __all__ = ["AttachBody", "JobsBody", "LeaseBody", "NoteBody", "OperatorBody", "ReleaseBody",
-           "ReportBody", "ShareBody", "WakeBody", "ClientKey", "error", "errors", "parse_body",
-           "query_number"]
+           "ReportBody", "ShareBody", "WakeBody", "ClientKey", "BODY_WAIT_S", "error", "errors",
+           "parse_body", "query_number", "read_json"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -165,10 +166,47 @@ def error(status: int, message: str, kind: str = "invalid_request", **extra) -> 
                               "src": "berthd"}, status=status)
 
 
-async def parse_body(request: web.Request, model: type[BaseModel]):
-    """Parse and validate a JSON body; raise an HTTP 400 naming each bad field and value."""
+#: Seconds a request body may take to arrive after its head (``[listeners] idle_timeout``; the
+#: app's value, else :data:`DEFAULT_BODY_WAIT_S`).
+BODY_WAIT_S = web.AppKey("body_wait_s", float)
+DEFAULT_BODY_WAIT_S = 60.0
+
+
+async def read_json(request: web.Request, wait_s: float | None = None) -> Any:
+    """The request's body parsed as JSON, read within ``wait_s`` seconds (None: the app's
+    :data:`BODY_WAIT_S`). A body that has not all arrived by then (a client that sent fewer
+    bytes than its Content-Length says, or stopped mid-way) is logged and raises a 408
+    (``web.HTTPRequestTimeout``) that says how much came; :func:`errors` closes the connection
+    after it. Raises ``ValueError`` for a body that is not JSON, and aiohttp's 413 for one over
+    the app's ``client_max_size``."""
+    if wait_s is None:
+        wait_s = request.app.get(BODY_WAIT_S, DEFAULT_BODY_WAIT_S)
     try:
-        raw = await request.json() if request.can_read_body else {}
+        async with asyncio.timeout(wait_s):
+            return await request.json()
+    except TimeoutError:
+        got, length = request.content.total_bytes, request.content_length
+        of = f"{got} of {length} bytes (its Content-Length)" if length is not None else \
+            f"{got} bytes, and no end of it,"
+        why = f"body: {of} arrived in {wait_s:g} s; the request is dropped"
+        log.warning("%s %s from %s: %s", request.method, request.path, _who(request), why)
+        raise web.HTTPRequestTimeout(reason=why) from None
+
+
+def _who(request: web.Request) -> str:
+    """The caller, for the log: its pid and uid on the Unix socket, else its address."""
+    t = request.transport
+    cred = peer_credentials(t.get_extra_info("socket")) if t is not None else None
+    if cred is not None:
+        return f"pid {cred[0]} uid {cred[1]}"
+    return str(request.remote or "a client")
+
+
+async def parse_body(request: web.Request, model: type[BaseModel]):
+    """Parse and validate a JSON body; raise an HTTP 400 naming each bad field and value (a
+    408 for a body that does not arrive: :func:`read_json`)."""
+    try:
+        raw = await read_json(request) if request.can_read_body else {}
     except (ValueError, UnicodeDecodeError) as e:
         raise web.HTTPBadRequest(reason=f"body is not JSON: {e}") from None
     except RecursionError:
@@ -230,7 +268,10 @@ async def errors(request: web.Request, handler):
         if isinstance(e, web.HTTPRequestEntityTooLarge):
             # Its text says the limit; its reason phrase does not.
             return error(413, f"body: {e.text}")
-        return error(e.status, e.reason or e.text or "error")
+        resp = error(e.status, e.reason or e.text or "error")
+        if isinstance(e, web.HTTPRequestTimeout):
+            resp.force_close()      # the rest of the body may still come: the connection ends
+        return resp
     except KeyError as e:
         return error(404, str(e.args[0]) if e.args else "not found", "not_found")
     except LeaseGone as e:

@@ -3,7 +3,7 @@ front waits (issue 35; the registry is :mod:`berth.daemon.drained`).
 
 =========================================  =================================================
 ``PUT /v1/drained/{engine}``               ``{"front"?, "holding", "why"?, "owner_pid"?,
-                                           "asking"?}``: the engine is drained and its run
+                                           "asking"?, "aliases"?}``: the engine is drained and its run
                                            waits → ``{"engine", "since"}``; sent again when
                                            ``holding`` changes and every few seconds (a
                                            restarted berthd learns it again)
@@ -23,7 +23,12 @@ from typing import Annotated
 
 from aiohttp import web
 from berth.daemon.api_bodies import _Body, error, parse_body
-from berth.daemon.api_claims import is_operator, is_self_or_descendant, peer_of
+from berth.daemon.api_claims import (
+    caller_of_request,
+    is_operator,
+    is_self_or_descendant,
+    peer_of,
+)
 from berth.daemon.drained import DrainedRuns
 from berth.process import ProcessId, alive, identify
 from pydantic import Field
@@ -46,6 +51,10 @@ class DrainedBody(_Body):
     # The drain is a move: the card (PCI address) it goes to, and those it leaves.
     move_to: str | None = Field(None, max_length=100)
     move_from: list[Annotated[str, Field(max_length=100)]] | None = Field(None, max_length=16)
+    # The model IDs its lease had (``berth run --alias``): the gateway routes them to the front.
+    aliases: list[Annotated[str, Field(min_length=1, max_length=200,
+                                       pattern=r"^[^\s\x00-\x1f\x7f]+$")]] = \
+        Field(default_factory=list, max_length=32)
 
 
 def _owner(request: web.Request, body: DrainedBody) -> ProcessId | None:
@@ -96,7 +105,7 @@ def add_routes(app: web.Application, runs: DrainedRuns, cfg) -> None:
             return refused
         owner = _owner(request, body)
         new = engine not in runs.runs
-        run = runs.put(engine, body, owner)
+        run = runs.put(engine, body, owner, caller_of_request(request))
         if new:
             log.info("%s is drained; its run waits%s (%s)", engine,
                      f" behind {run.front}" if run.front else "", run.why)

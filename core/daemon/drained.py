@@ -41,13 +41,16 @@ class DrainedRun:
     asking: bool = False
     move_to: str | None = None
     move_from: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    #: who told berthd (``(pid, uid, gid)``): whose names these are (issue 26, owners.py)
+    caller: tuple[int | None, int, int] | None = None
 
     def as_json(self, now: float) -> dict:
         return {"engine": self.engine, "front": self.front, "waiters": self.holding,
                 "why": self.why, "since": round(self.since, 3),
                 "drained_s": round(max(0.0, now - self.since), 3), "asking": self.asking,
                 "pid": self.owner.pid if self.owner else None, "move_to": self.move_to,
-                "move_from": list(self.move_from)}
+                "move_from": list(self.move_from), "aliases": list(self.aliases)}
 
 
 class DrainedRuns:
@@ -57,13 +60,15 @@ class DrainedRuns:
     def __init__(self):
         self.runs: dict[str, DrainedRun] = {}
 
-    def put(self, engine: str, body, owner: ProcessId | None) -> DrainedRun:
-        """Record (or refresh) ``engine``'s entry from a ``DrainedBody``; ``since`` stays while
-        the same run refreshes it."""
+    def put(self, engine: str, body, owner: ProcessId | None,
+            caller: tuple[int | None, int, int] | None = None) -> DrainedRun:
+        """Record (or refresh) ``engine``'s entry from a ``DrainedBody`` told by ``caller``
+        (``(pid, uid, gid)``); ``since`` stays while the same run refreshes it."""
         old = self.runs.get(engine)
         since = old.since if old is not None and old.owner == owner else time.time()
         run = DrainedRun(engine, body.front, body.holding, body.why or "drained", since, owner,
-                         body.asking, body.move_to, tuple(body.move_from or ()))
+                         body.asking, body.move_to, tuple(body.move_from or ()),
+                         tuple(body.aliases or ()), caller)
         self.runs[engine] = run
         return run
 

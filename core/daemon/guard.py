@@ -13,7 +13,10 @@ member of the socket group opened idle connections until the socket stopped acce
    a connection over its bound is answered 503 at once and closed;
 3. a connection that sends no request head within ``head_timeout_s`` is answered 408 and closed,
    one kept alive idle for ``idle_timeout_s`` is closed (the board's :class:`_Guarded`); a request
-   being answered (a long poll) is never timed;
+   being answered (a long poll) is never timed, but its body is: one not all in
+   ``idle_timeout_s`` after its head (fewer bytes than its Content-Length said) is logged,
+   answered 408 and its connection closed (:func:`berth.daemon.api_bodies.read_json`), and
+   no other connection waits on it;
 4. connections refused at a bound are logged at most once per :data:`REFUSED_LOG_EVERY_S`, with
    the count and the uids; "Too many open files" on accept likewise (the front's throttle,
    :func:`~berth.front.listen.throttle_fd_logs`).

@@ -41,7 +41,7 @@ from berth.daemon.api_claims import caller_of_request, groups_of, is_operator
 from berth.decide.model import Lease
 
 __all__ = ["Caller", "caller_of", "name_refusal", "front_refusal", "first_holders", "checked",
-           "names_refused"]
+           "drained_checked", "names_refused"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -213,6 +213,17 @@ def _walk(cfg: Config, leases: list[Lease], aliases: dict[str, list[str]],
                     first.setdefault(name, caller[1])
         out[lease.id] = (owner_ok, front_refusal(cfg, lease.engine, lease.caps.front) is None)
     return out, first
+
+
+def drained_checked(cfg: Config, run, first: dict[str, int]) -> tuple[bool, bool]:
+    """``(owner_checked, front_checked)`` of a drained run (a
+    :class:`~berth.daemon.drained.DrainedRun`, issue 35), by the rules a lease's are: its
+    engine name and aliases held by whoever told berthd (rules 1 and 2, ``first``:
+    :func:`first_holders` over the live leases), its front on this machine (rule 3). The
+    gateway sends the drained engine's requests to that front only when both hold."""
+    caller = run.caller or (None, os.geteuid(), os.getegid())
+    owner_ok = name_refusal(cfg, [run.engine, *run.aliases], caller, first) is None
+    return owner_ok, front_refusal(cfg, run.engine, run.front) is None
 
 
 def names_refused(broker, request: web.Request, engine: str, names: list[str],

@@ -60,7 +60,10 @@ again once). An engine that cannot be reached
 gets the client a 502 (``src: "berth"``, reason ``engine_unreachable``); an engine that cuts a
 stream mid-way ends it by closing the client's connection, so the client sees it incomplete.
 WebSocket upgrades are not forwarded (the request goes as a plain one, then the connection closes).
-A request target that is not a path (absolute-form, ``GET http://x/y``) is a 400.
+A request target that is not a path (absolute-form, ``GET http://x/y``) is a 400, and so is a
+malformed body (a chunk's framing) while nothing of an answer has gone to the client: a held
+write whose body streams asks for the wake only once its body is in (all of it, or the first MiB
+the front buffers), so a malformed one wakes nothing.
 
 Every client connection is held to the front's :class:`~berth.front.listen.Limits` (issue 26,
 :mod:`.listen`, the same for the gateway): a request head within 10 s, a kept-alive connection

@@ -169,10 +169,14 @@ class RequestPath(Answers):
         self._holding += 1
         self._arrive(req)
         self._line.append(req)
+        if not req.body_in:
+            req.watcher = self._notify   # the wake waits for the body: look again as it comes
         forward = False
         try:
             async with asyncio.timeout_at(loop.time() + limit_s):
                 while True:
+                    if req.bad is not None:
+                        raise req.bad    # a 400 (ClientConnection._serve), before any wake
                     if self._fail_epoch != epoch:
                         return self._fail_reason, (f"engine {self.name!r} is unavailable: "
                                                    f"{self._fail_reason}")
@@ -188,7 +192,7 @@ class RequestPath(Answers):
                     if st is F.STOPPED:
                         return self._stop_reason, (f"engine {self.name!r} is not running: "
                                                    f"{self._stop_reason}")
-                    if st is F.ASLEEP:
+                    if st is F.ASLEEP and self._body_in(req, client):
                         self._ask_wake()
                     await self._changed.wait()
         except TimeoutError:
@@ -201,6 +205,7 @@ class RequestPath(Answers):
             self.client_gone += 1
             raise
         finally:
+            req.watcher = None
             self._holding -= 1
             first = self._line[0] is req
             self._line.remove(req)
@@ -213,6 +218,19 @@ class RequestPath(Answers):
                     self._on_unwanted()
                 except Exception:
                     log.exception("front %s: on_unwanted callback failed", self.name)
+
+    @staticmethod
+    def _body_in(req: "Request", client: "ClientConnection") -> bool:
+        """Whether a held write's body is in far enough to ask for a wake: all of it, or the
+        first MiB (what the front buffers) of a large or chunked one. A body found malformed
+        before that is a 400 and wakes nothing. A client that expects ``100 Continue`` gets it
+        now: it sends its body only then."""
+        if req.body_in:
+            return True
+        if req.expect and not req.size:
+            client.interim(_CONTINUE)
+            req.expect = False       # said once: the forward does not say it again
+        return False
 
     async def _forward(self, req: "Request", client: "ClientConnection",
                        headless: bool = False) -> bool:
@@ -279,7 +297,7 @@ class RequestPath(Answers):
         streamed as it arrives)."""
         head = request_head(req, addr)
         if req.expect and not req.complete and not req.size:
-            client.write(_CONTINUE)   # the client sends its body only now
+            client.interim(_CONTINUE)   # the client sends its body only now
         if req.streamed:
             return head, None
         return head, request_bytes(req, head, await req.read_all())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import unquote
 
 import httptools
@@ -42,7 +42,8 @@ class Request:
     chunked. The body arrives in ``parts``; ``complete`` once it has all arrived."""
 
     __slots__ = ("conn", "method", "target", "version", "headers", "lines", "length", "chunked",
-                 "expect", "keep_alive", "parts", "size", "complete", "upgrade", "_waiter")
+                 "expect", "keep_alive", "parts", "size", "complete", "upgrade", "bad", "watcher",
+                 "_waiter")
 
     def __init__(self, conn: "ClientConnection"):
         self.conn = conn
@@ -51,6 +52,11 @@ class Request:
         self.parts: list[bytes] = []
         self.size = 0
         self.complete = self.upgrade = self.expect = False
+        #: why the body cannot be read: a :class:`BadBody` raised by the reads, else None
+        self.bad: BadBody | None = None
+        #: called when more of the body arrives, it ends, or it turns out malformed (a holder
+        #: waiting for the body before it asks for a wake, berth.front.path)
+        self.watcher: Callable[[], None] | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     @property
@@ -68,6 +74,12 @@ class Request:
         """The path without the query, percent-decoded (what ``is_write`` is asked about)."""
         return unquote(self.target.partition(b"?")[0].decode("latin-1"))
 
+    @property
+    def body_in(self) -> bool:
+        """Whether the body has come as far as it will before someone reads it: all of it, or
+        the buffer's worth (reading from the client is paused), or it turned out malformed."""
+        return self.complete or self.size > _BODY_HIGH_BYTES or self.bad is not None
+
     def _feed(self, chunk: bytes) -> None:
         self.parts.append(chunk)
         self.size += len(chunk)
@@ -79,15 +91,23 @@ class Request:
         self.complete = True
         self._wake()
 
+    def _fail(self, bad: "BadBody") -> None:
+        self.bad = bad
+        self._wake()
+
     def _wake(self) -> None:
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
+        if self.watcher is not None:
+            self.watcher()
 
     async def read_some(self) -> bytes:
         """The body bytes that arrived since the last call, waiting for some; b"" at the end.
         Reading from the client resumes once the buffered part is taken."""
         while not self.parts:
+            if self.bad is not None:
+                raise self.bad
             if self.complete:
                 return b""
             self._waiter = asyncio.get_running_loop().create_future()
@@ -102,8 +122,11 @@ class Request:
         return data
 
     async def read_all(self) -> bytes:
-        """The whole body (the caller has checked that it is small)."""
+        """The whole body (the caller has checked that it is small). Raises :class:`BadBody`
+        when it turns out malformed."""
         while not self.complete:
+            if self.bad is not None:
+                raise self.bad
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
@@ -112,6 +135,17 @@ class Request:
         data = b"".join(self.parts)
         self.parts.clear()
         return data
+
+
+class BadBody(Exception):
+    """The request's body turned out malformed after its head was taken (a chunk's framing, for
+    one): the connection answers it ``status`` (a 4xx) in its turn, when nothing of an answer
+    has gone to the client yet, and closes. Raised by :meth:`Request.read_some` and
+    :meth:`Request.read_all`, and by a holder (berth.front.path) so that nothing is woken."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
 
 
 class _HandOff(Exception):
@@ -151,6 +185,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.head_at: float | None = None
         self.body_at: float | None = None
         self.served = 0
+        self.writes = 0          # writes to the client (whether a request's answer has begun)
         self._head_bytes = 0
         self._refused = self._lingers = False
         self._reading_paused = False
@@ -222,7 +257,12 @@ class ClientConnection(asyncio.BufferedProtocol):
                 raise
             return
         except httptools.HttpParserError as exc:
-            self._refuse(400, "bad_request", f"malformed HTTP request: {exc}")
+            req = self.current
+            if req is not None and not self._head_bytes:   # the head was taken: the body
+                kind = "chunked request body" if req.chunked else "request body"
+                self._refuse(400, "malformed_body", f"malformed {kind}: {exc}")
+            else:
+                self._refuse(400, "bad_request", f"malformed HTTP request: {exc}")
             return
         if self.current is not None:
             if self._head_bytes:
@@ -340,7 +380,14 @@ class ClientConnection(asyncio.BufferedProtocol):
         try:
             while self.queue:
                 req = self.queue[0]
-                keep = await self.handler._handle(req, self)
+                wrote = self.writes
+                try:
+                    if req.bad is not None:
+                        raise req.bad
+                    keep = await self.handler._handle(req, self)
+                except BadBody as bad:
+                    self._answer_bad(bad, answered=self.writes != wrote)
+                    return
                 self.queue.popleft()
                 self.served += 1
                 if not (keep and req.keep_alive and req.complete) or self.closed:
@@ -360,6 +407,14 @@ class ClientConnection(asyncio.BufferedProtocol):
             self.task = None
 
     def write(self, data: bytes) -> None:
+        self.writes += 1
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.write(data)
+
+    def interim(self, data: bytes) -> None:
+        """Write an interim answer (``100 Continue``): not counted as an answer begun, so a
+        final 4xx may still follow it."""
         t = self.transport
         if t is not None and not t.is_closing():
             t.write(data)
@@ -402,12 +457,30 @@ class ClientConnection(asyncio.BufferedProtocol):
         return self._writing_paused
 
     def _refuse(self, status: int, reason: str, message: str) -> None:
-        """A request the server cannot take: a 4xx if nothing is being answered, then close."""
+        """A request the server cannot take: a 4xx if nothing is being answered, then close.
+        A request whose head was taken and whose body turned out malformed is answered in its
+        turn (:meth:`_answer_bad`): the one being answered may be held, not yet sent."""
         self._refused = True
+        req = self.current
+        if req is not None and (self.task is not None or self.exchange is not None) \
+                and req in self.queue:
+            self.body_at = None    # nothing more is read: the idle limit is not its to keep
+            req._fail(BadBody(status, reason, message))
+            return
         if self.task is not None or self.exchange is not None or self.transport is None:
             self.close()
             return
         self._linger(error_answer(status, reason, message, "invalid_request_error", close=True))
+
+    def _answer_bad(self, bad: BadBody, answered: bool) -> None:
+        """The request being answered has a malformed body: its 4xx, unless part of an answer
+        went to the client already (then only the close tells it); the connection closes."""
+        log.info("%s: %s (%d)", self.listener.name, bad.message, bad.status)
+        if answered or self.closed or self.transport is None:
+            self.close()
+            return
+        self._linger(error_answer(bad.status, bad.reason, bad.message, "invalid_request_error",
+                                  close=True))
 
     def _linger(self, answer: bytes) -> None:
         """Write ``answer``, end the sending side and close after :data:`_LINGER_S`: what the

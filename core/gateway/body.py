@@ -43,7 +43,7 @@ def continue_if_asked(req: "Request") -> None:
     """Tell a client that sent ``Expect: 100-continue`` to send its body (curl waits a second
     for it before a body over 1 KiB); the gateway reads every body it routes."""
     if req.expect and not req.complete and not req.size:
-        req.conn.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        req.conn.interim(b"HTTP/1.1 100 Continue\r\n\r\n")
 
 
 class TooLarge(Exception):

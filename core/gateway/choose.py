@@ -9,7 +9,8 @@ Each candidate falls in one category, best first (:data:`CATEGORIES`):
 4. ``parked``: its measured median restore there (:data:`DEFAULT_RESTORE_S` before one);
 5. ``loading``: its lease is granted and the engine still loads: the measured cold start less
    how long it has been loading (:data:`DEFAULT_COLD_START_S` before a measure);
-6. ``cold``: not running there (waiting for a lease, or no lease): its measured cold start;
+6. ``cold``: not running there (waiting for a lease, drained with its front kept, or no lease):
+   its measured cold start;
 7. ``stopping``: draining.
 
 Within a category the expected seconds to the first byte (``expected_s``: the switch time above,
@@ -32,7 +33,7 @@ DEFAULT_COLD_START_S = 30.0
 CATEGORIES = ("ready_idle", "ready_busy", "unknown", "parked", "loading", "cold", "stopping")
 _RANK = {c: i for i, c in enumerate(CATEGORIES)}
 _OF_STATE = {"parked": "parked", "loading": "loading", "waiting": "cold", "not running": "cold",
-             "draining": "stopping", "unknown": "unknown"}
+             "drained": "cold", "draining": "stopping", "unknown": "unknown"}
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class PeerRoute(BaseModel):
     name: StrictStr = Field(min_length=1, max_length=200)
     aliases: list[StrictStr] = Field(default_factory=list, max_length=100)
     target: StrictStr | None = None
-    state: Literal["active", "lent", "loading", "parked", "waiting", "draining",
+    state: Literal["active", "lent", "loading", "parked", "waiting", "drained", "draining",
                    "not running", "unknown"] = "unknown"
     queue: int = Field(0, ge=0)
     loading_s: float = Field(0.0, ge=0)

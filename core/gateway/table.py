@@ -8,9 +8,13 @@ Each engine is a :class:`Route`. Its ``state`` is one of :data:`STATES`, read fr
 status (the lease's shares): ``active``, ``loading`` (active, but the engine has not answered
 yet: issue 27, a loading engine is not ranked as ready), ``parked`` (parking, parked or
 resuming), ``lent`` (lending, lent or returning), ``draining`` (draining, released, freed),
-``waiting`` (its run waits for a lease), ``not running`` (no lease), or ``unknown`` (berthd
-cannot be reached: the gateway fails open and routes to what berth.toml names). Reading the
-table never wakes anything: it is berthd's status, read every ``interval_s``.
+``waiting`` (its run waits for a lease), ``drained`` (no lease, but its run keeps its front,
+which holds a write and starts the engine again: berthd's ``drained`` entries, issue 35),
+``not running`` (no lease), or ``unknown`` (berthd cannot be reached: the gateway fails open
+and routes to what berth.toml names). Reading the table never wakes anything: it is berthd's
+status, read every ``interval_s``. A run's front (a lease's or a drained run's) is routed to
+only when berthd checked its names and its front (issue 26: ``owner_checked``,
+``front_checked``).
 
 The table remembers every model name (and alias) a lease here has served (``seen``), so that a
 request for an engine that stopped is told so (a 503), not that the name is unknown (a 404).
@@ -30,7 +34,8 @@ __all__ = ["Route", "LocalTable", "STATES", "lease_state", "address_url"]
 
 log = logging.getLogger("berth.gateway")
 
-STATES = ("active", "lent", "loading", "parked", "waiting", "draining", "not running", "unknown")
+STATES = ("active", "lent", "loading", "parked", "waiting", "drained", "draining", "not running",
+          "unknown")
 #: The gap limit of an engine with no entry (the entry's ``read_timeout``), seconds.
 DEFAULT_READ_TIMEOUT_S = 30.0
 
@@ -205,6 +210,9 @@ class LocalTable:
                 continue            # berthd: not the name's owner, or a front elsewhere (issue 26)
             live.add(le["id"])
             self._lease_route(le, routes, now)
+        for row in st.get("drained", []):
+            if row.get("owner_checked") and row.get("front_checked"):
+                self._drained_route(row, routes)
         self._aliases = {k: v for k, v in self._aliases.items() if k in live}
         self._loading_at = {k: v for k, v in self._loading_at.items() if k in live}
         for r in routes.values():
@@ -235,6 +243,26 @@ class LocalTable:
                                  busy=int(le.get("in_flight") or 0), loading_s=now - since,
                                  read_timeout_s=e.read_timeout if e is not None
                                  else DEFAULT_READ_TIMEOUT_S)
+
+    def _drained_route(self, row: dict, routes: dict[str, Route]) -> None:
+        """Put one drained run of berthd's status in ``routes``: its kept front takes the
+        engine's requests (issue 35), unless a lease of the engine routes somewhere already
+        (the run's new lease, once a write made it ask)."""
+        target = address_url(row.get("front"))
+        if not target:
+            return
+        name = row["engine"]
+        got = row.get("aliases")
+        aliases = [a for a in got if isinstance(a, str)] if isinstance(got, list) else []
+        self.seen.update((name, *aliases))
+        r = routes.get(name)
+        if r is not None and r.source == "run" and r.target:
+            return
+        e = self.cfg.engines.get(name)
+        routes[name] = Route(name, aliases, target, "drained", None, source="run",
+                             busy=int(row.get("waiters") or 0),
+                             read_timeout_s=e.read_timeout if e is not None
+                             else DEFAULT_READ_TIMEOUT_S)
 
     def find(self, model: str) -> Route | None:
         return self._by.get(model)

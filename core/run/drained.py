@@ -4,8 +4,9 @@ Source: issue 35. After a drain the run keeps its front but holds no lease, so b
 longer knows it; :class:`DrainedNote` puts an entry at ``PUT /v1/drained/{engine}``
 (:mod:`berth.daemon.api_drained`) with the requests the front holds, sends it again when that
 number changes and every :data:`REFRESH_S` (a restarted berthd learns it again), and removes it
-once the engine serves again or the run ends. berthd being down changes nothing for the run: the
-note is for the board only.
+once the engine serves again or the run ends. berthd being down changes nothing for the run. The
+note is for the board, and for the gateway, which sends the engine's requests (by its name and
+aliases) to the front it names.
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ class DrainedNote:
     once a write made the run ask for a new grant, :meth:`close` once the engine serves."""
 
     def __init__(self, engine: str, front: Front, why: str, move_to: str | None = None,
-                 move_from: list[str] | None = None):
+                 move_from: list[str] | None = None, aliases: list[str] | None = None):
         self.engine, self.front, self.why, self.move_to = engine, front, why, move_to
         self.move_from = list(move_from or [])
+        self.aliases = list(aliases or [])      # the gateway routes them to the front too
         self.client = Client()
         self.is_asking = False
         self._task: asyncio.Task | None = None
@@ -63,7 +65,7 @@ class DrainedNote:
     async def _put(self, holding: int, asking: bool) -> bool:
         body = {"front": f"{self.front.host}:{self.front.port}", "holding": holding,
                 "why": self.why, "owner_pid": os.getpid(), "asking": asking,
-                "move_to": self.move_to, "move_from": self.move_from}
+                "move_to": self.move_to, "move_from": self.move_from, "aliases": self.aliases}
         try:
             await self.client.call("PUT", self._path, body)
             return True

@@ -226,7 +226,7 @@ class EngineRun:
             from berth.run.drained import DrainedNote
             await self._note_done()
             self._note = DrainedNote(self.o.engine, self.front, self.actions.drained,
-                                     self.actions.move_to, self._cards())
+                                     self.actions.move_to, self._cards(), self.o.aliases)
             self._note.start()
             if not await self._drained():
                 return 0

@@ -333,6 +333,39 @@ async def test_malformed_requests_get_a_400_in_openai_shape():
         assert status == 431 and b'"reason": "headers_too_large"' in body and up.seen == []
 
 
+_CHUNKED = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@run
+async def test_a_malformed_chunked_body_is_a_400_held_or_forwarded_and_wakes_nothing():
+    # The body streams from its head on, so the request is under way (held, or its head at the
+    # engine) when the bad chunk comes: that used to close the connection with no answer.
+    wakes: list[int] = []
+
+    async def on_wake() -> None:
+        wakes.append(1)
+
+    async with Upstream() as up, front_for(up, state="asleep", on_wake=on_wake) as front, \
+            raw(front.url) as (w, answers):
+        w.write(_CHUNKED + b"5\r\nhello\r\n")
+        await until(lambda: front.holding == 1, "the chunked write held")
+        w.write(b"5\r\nworldXX")                       # no CRLF after the chunk's data
+        status, headers, body = await answers.next()
+        assert status == 400 and b'"reason": "malformed_body"' in body, body
+        assert b"malformed chunked request body" in body and headers["connection"] == "close"
+        assert wakes == [] and front.state is F.ASLEEP and up.seen == []
+        await until(lambda: front.holding == 0, "the refused write no longer held")
+    async with Upstream() as up, front_for(up) as front, raw(front.url) as (w, answers):
+        up.route("POST", "/v1/chat/completions", json_handler())
+        w.write(_CHUNKED + b"5\r\nhello\r\n")
+        await until(lambda: front.in_flight == 1, "the chunked write forwarded")
+        w.write(b"zz\r\n")                               # a chunk size that is not hex
+        status, headers, body = await answers.next()
+        assert status == 400 and b"Invalid character in chunk size" in body, body
+        await until(lambda: front.in_flight == 0, "the forward ended")
+        assert up.seen == []        # the engine's connection closed before the body ended
+
+
 @run
 async def test_http10_client_gets_a_whole_answer_then_close():
     async with Upstream() as up, front_for(up) as front, raw(front.url) as (w, answers):

@@ -338,6 +338,33 @@ async def test_expect_100_continue_body_is_sent_once_the_front_forwards():
 
 
 @run
+async def test_an_asleep_front_says_100_continue_and_wakes_once_the_body_is_in():
+    # The wake waits for the body (a malformed one wakes nothing), and a client that expects
+    # 100 Continue sends it only then: the front says it while it holds the request, once.
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(body=up.seen[-1][3])
+    wakes: list[int] = []
+
+    async def on_wake() -> None:
+        wakes.append(len(front._line[0].parts) if front._line else -1)
+        front.open()
+
+    async with Upstream() as up, front_for(up, state="asleep", on_wake=on_wake) as front:
+        up.route("POST", "/v1/completions", echo)
+        r, w = await asyncio.open_connection("127.0.0.1", front.port)
+        w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n"
+                b"Expect: 100-continue\r\n\r\n")
+        assert (await r.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 100")
+        assert wakes == [] and front.state is F.ASLEEP
+        w.write(b"x" * 5000)
+        head = await r.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200"), head        # no second 100 before it
+        assert await r.readexactly(5000) == b"x" * 5000
+        assert wakes and wakes[0] > 0, wakes                 # the body was in when it woke
+        w.close()
+
+
+@run
 async def test_a_held_write_nested_too_deep_to_parse_is_still_held_and_forwarded():
     # `"stream"` in a body makes the front parse it (does the client want an event stream?);
     # json.loads raises RecursionError past ~1,000 levels, which cut the connection with no

@@ -177,3 +177,29 @@ def test_a_client_that_expects_100_continue_gets_it_at_once(tmp_path):
             await gw.stop()
             await engine.cleanup()
     asyncio.run(scenario())
+
+
+def test_a_malformed_chunked_body_is_a_400_naming_the_chunk(tmp_path):
+    """The gateway reads a chunked body while it arrives (in the connection's task): a bad
+    chunk closed the connection with no answer."""
+    async def scenario():
+        engine, port = await _serve(_engine())
+        gw = Gateway(parse({"engines": {"m": {"url": f"http://127.0.0.1:{port}"}},
+                            "network": {"name": "solo"}}), "127.0.0.1:0",
+                     client=Client(socket=tmp_path / "no-berthd.sock"))
+        await gw.start()
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+            w.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                    b"chunked\r\n\r\n5\r\n{\"mod\r\n")
+            await w.drain()
+            w.write(b"zz\r\n")
+            raw = await asyncio.wait_for(r.read(), 30)
+            head, _, body = raw.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400"), raw
+            assert b'"reason": "malformed_body"' in body and b"chunk size" in body, raw
+            w.close()
+        finally:
+            await gw.stop()
+            await engine.cleanup()
+    asyncio.run(scenario())

@@ -48,7 +48,9 @@ def test_a_model_loading_here_and_ready_on_a_peer_goes_to_the_peer(machine):
 def test_a_drained_engine_is_a_503_with_a_reason_and_only_an_unknown_name_a_404(machine):
     beta_front = free_port()
     m = machine("solo", extra=f'[engines.beta]\nfront = "127.0.0.1:{beta_front}"\n')
-    m.run("alpha")
+    # alpha's run exits on its drain (its front goes too); a run that keeps its front is
+    # routed to it (tests/gateway/test_drained_front.py)
+    m.run("alpha", "--exit-on-drain")
     m.run("beta", front=beta_front)
     m.serving("alpha")
     m.serving("beta")

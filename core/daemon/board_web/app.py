@@ -14,7 +14,8 @@ the page's URLs are relative so either works):
                           then ``board`` at each change; ``retry: 1000`` so a page reconnects
                           within a second of berthd coming back
 ``POST /login``           ``{"name", "key"}``: with the right key, starts an operator session and
-                          sets its cookie (403 otherwise)
+                          sets its cookie (403 otherwise; every error, a wrong method's too, is
+                          JSON ``{"error"}`` naming the field, and never says the key)
 ``POST /logout``          ends the session and forgets the cookie
 ``POST /operator/{op}``   ``{"target"}``: park, wake, drain, hold, release-hold. Needs the operator
                           cookie and the ``X-Berth-Board`` header (a cross-site form cannot set
@@ -66,18 +67,43 @@ SESSIONS = web.AppKey("board_sessions", dict)     # token -> (name, expires at, 
 SESSION_S = web.AppKey("board_session_s", float)
 
 
+#: The routes a script calls (the page's ``post``), whose errors are JSON ``{"error"}``.
+_ACTIONS = re.compile(r"/(login|logout|operator/[^/]*)$")
+#: The largest request body the board takes, bytes (a sign-in or an action is a few).
+MAX_BODY_BYTES = 64 << 10
+#: Seconds a request body may take to arrive (a sign-in's or an action's: a few bytes).
+_BODY_WAIT_S = 10.0
+
+
 @web.middleware
 async def _headers(request: web.Request, handler):
     try:
         resp = await handler(request)
     except web.HTTPException as e:
-        resp = e
+        resp = _json_error(request, e) if e.status >= 400 and _ACTIONS.search(request.path) \
+            else e
     resp.headers["Content-Security-Policy"] = CSP
     resp.headers["X-Content-Type-Options"] = "nosniff"
     resp.headers["Referrer-Policy"] = "no-referrer"
     resp.headers.setdefault("Cache-Control", "no-store")
     if isinstance(resp, web.HTTPException):
         raise resp
+    return resp
+
+
+def _json_error(request: web.Request, e: web.HTTPException) -> web.Response:
+    """aiohttp's own 4xx (a wrong method, a body over the limit, a body not read in time) as
+    the action routes answer every error: JSON ``{"error"}`` that names what is wrong."""
+    if isinstance(e, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(e.allowed_methods)) or "none"
+        resp = _err(405, f"method {request.method}: {request.path} takes {allowed}")
+        resp.headers["Allow"] = ",".join(sorted(e.allowed_methods))
+        return resp
+    if isinstance(e, web.HTTPRequestEntityTooLarge):
+        return _err(413, f"body: over this board's limit of {MAX_BODY_BYTES} bytes")
+    resp = _err(e.status, e.reason or f"HTTP {e.status}")
+    if e.status == 408:
+        resp.force_close()     # the rest of the body may still come: the connection ends
     return resp
 
 
@@ -184,12 +210,25 @@ async def events(request: web.Request) -> web.StreamResponse:
 
 
 async def _body(request: web.Request) -> dict:
+    """The body as a JSON object. Raises 400 (not JSON, not an object), 408 (not all in within
+    :data:`_BODY_WAIT_S`), 413 (over the app's limit); :func:`_headers` makes them JSON."""
     try:
-        doc = await request.json()
-    except (ValueError, UnicodeDecodeError, RecursionError):    # RecursionError: nested deep
-        raise web.HTTPBadRequest(reason="the body must be a JSON object") from None
+        async with asyncio.timeout(_BODY_WAIT_S):
+            doc = await request.json()
+    except TimeoutError:
+        got, length = request.content.total_bytes, request.content_length
+        log.warning("board: %s %s from %s: its body did not arrive in %g s (%d of %s bytes)",
+                    request.method, request.path, request.remote, _BODY_WAIT_S, got, length)
+        raise web.HTTPRequestTimeout(reason=f"body: {got} of {length} bytes arrived in "
+                                     f"{_BODY_WAIT_S:g} s") from None
+    except (ValueError, UnicodeDecodeError):
+        raise web.HTTPBadRequest(reason="body: expected a JSON object, got text that is not "
+                                 "JSON") from None
+    except RecursionError:
+        raise web.HTTPBadRequest(reason="body: JSON nested too deeply") from None
     if not isinstance(doc, dict):
-        raise web.HTTPBadRequest(reason="the body must be a JSON object")
+        raise web.HTTPBadRequest(reason=f"body: expected a JSON object, got a JSON "
+                                 f"{type(doc).__name__}")
     return doc
 
 
@@ -198,18 +237,29 @@ def _err(status: int, msg: str) -> web.Response:
 
 
 async def login(request: web.Request) -> web.Response:
+    """``{"name", "key"}`` -> a session cookie. Every error is JSON ``{"error"}`` naming the
+    field: 400 (body, name, key missing or not a string), 403 (no key set, wrong key); the key
+    given is never said back nor logged, even when it came as the name."""
     key = request.app[KEY]
     doc = await _body(request)
     name = doc.get("name")
+    if isinstance(name, str) and key and hmac.compare_digest(name, key):
+        return _err(400, "name: that is the board's key; it goes in the key field")
     if not isinstance(name, str) or not _NAME.match(name):
-        return _err(400, f"name: 1 to 40 letters, digits or ._@- , got {name!r}")
+        shown = "none" if name is None else repr(name)[:60]
+        return _err(400, f"name: 1 to 40 letters, digits or ._@- , got {shown}")
     if not key:
         return _err(403, "this board has no operator key ([board] key in berth.toml)")
     given = doc.get("key")
-    if not isinstance(given, str) or not hmac.compare_digest(given, key):
+    if not isinstance(given, str) or not given:
+        what = "none" if given is None else "an empty string" if given == "" else \
+            f"a JSON {type(given).__name__}"
+        return _err(400, f"key: the board's key ([board] key in berth.toml), a string, is "
+                    f"required; got {what}")
+    if not hmac.compare_digest(given, key):
         log.warning("board: operator login as %s from %s refused (wrong key)", name,
                     request.remote)
-        return _err(403, "wrong key")
+        return _err(403, "key: wrong key")
     log.info("board: operator %s logged in from %s", name, request.remote)
     resp = web.json_response({"operator": True, "who": name})
     resp.set_cookie(COOKIE, _new_session(request, name), httponly=True, samesite="Strict",
@@ -259,7 +309,7 @@ def board_app(hub: Hub, key: str | None = None, session_s: float = 8 * 3600.0
     """The board as an aiohttp application reading ``hub``; operator actions need ``key``
     (none: the board is read-only for everyone); a sign-in lasts ``session_s`` seconds. Its
     ``on_shutdown`` ends the streams."""
-    app = web.Application(middlewares=[_headers], client_max_size=64 << 10)
+    app = web.Application(middlewares=[_headers], client_max_size=MAX_BODY_BYTES)
     app[HUB] = hub
     app[KEY] = key or ""
     app[SESSIONS] = {}
