@@ -3,7 +3,7 @@ front waits (issue 35; the registry is :mod:`berth.daemon.drained`).
 
 =========================================  =================================================
 ``PUT /v1/drained/{engine}``               ``{"front"?, "holding", "why"?, "owner_pid"?,
-                                           "asking"?}``: the engine is drained and its run
+                                           "asking"?, "since"?}``: the engine is drained and its run
                                            waits → ``{"engine", "since"}``; sent again when
                                            ``holding`` changes and every few seconds (a
                                            restarted berthd learns it again)
@@ -46,6 +46,9 @@ class DrainedBody(_Body):
     # The drain is a move: the card (PCI address) it goes to, and those it leaves.
     move_to: str | None = Field(None, max_length=100)
     move_from: list[Annotated[str, Field(max_length=100)]] | None = Field(None, max_length=16)
+    # When the drain happened (seconds since the epoch, the run's clock): a restarted berthd
+    # learns the entry again and would otherwise say the engine was drained a moment ago.
+    since: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 def _owner(request: web.Request, body: DrainedBody) -> ProcessId | None:

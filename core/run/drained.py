@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from urllib.parse import quote
 
 from berth.client import ApiError, BerthdUnavailable, Client
@@ -41,6 +42,7 @@ class DrainedNote:
         self.is_asking = False
         self._task: asyncio.Task | None = None
         self._path = f"/v1/drained/{quote(engine, safe='')}"
+        self.since = time.time()         # when the drain happened, for a restarted berthd
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -63,7 +65,7 @@ class DrainedNote:
     async def _put(self, holding: int, asking: bool) -> bool:
         body = {"front": f"{self.front.host}:{self.front.port}", "holding": holding,
                 "why": self.why, "owner_pid": os.getpid(), "asking": asking,
-                "move_to": self.move_to, "move_from": self.move_from}
+                "move_to": self.move_to, "move_from": self.move_from, "since": self.since}
         try:
             await self.client.call("PUT", self._path, body)
             return True
