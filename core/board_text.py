@@ -257,7 +257,7 @@ def _seconds(text: str) -> float:
     except ValueError:
         v = float("nan")
     if not 0 < v <= 3600:
-        raise argparse.ArgumentTypeError(f"expected seconds between 0 and 3600, like 2 or "
+        raise argparse.ArgumentTypeError(f"expected seconds more than 0 and at most 3600, like 2 or "
                                          f"0.5, got {text!r}")
     return v
 

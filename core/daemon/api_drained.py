@@ -3,7 +3,7 @@ front waits (issue 35; the registry is :mod:`berth.daemon.drained`).
 
 =========================================  =================================================
 ``PUT /v1/drained/{engine}``               ``{"front"?, "holding", "why"?, "owner_pid"?,
-                                           "asking"?, "aliases"?}``: the engine is drained and its run
+                                           "asking"?, "aliases"?, "since"?}``: the engine is drained and its run
                                            waits → ``{"engine", "since"}``; sent again when
                                            ``holding`` changes and every few seconds (a
                                            restarted berthd learns it again)
@@ -55,6 +55,9 @@ class DrainedBody(_Body):
     aliases: list[Annotated[str, Field(min_length=1, max_length=200,
                                        pattern=r"^[^\s\x00-\x1f\x7f]+$")]] = \
         Field(default_factory=list, max_length=32)
+    # When the drain happened (seconds since the epoch, the run's clock): a restarted berthd
+    # learns the entry again and would otherwise say the engine was drained a moment ago.
+    since: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 def _owner(request: web.Request, body: DrainedBody) -> ProcessId | None:

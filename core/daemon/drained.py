@@ -63,9 +63,15 @@ class DrainedRuns:
     def put(self, engine: str, body, owner: ProcessId | None,
             caller: tuple[int | None, int, int] | None = None) -> DrainedRun:
         """Record (or refresh) ``engine``'s entry from a ``DrainedBody`` told by ``caller``
-        (``(pid, uid, gid)``); ``since`` stays while the same run refreshes it."""
+        (``(pid, uid, gid)``); ``since`` stays while the same run refreshes it, and is the
+        body's own (never later than now) when it gives one, so that a restarted berthd keeps
+        when the drain happened."""
         old = self.runs.get(engine)
-        since = old.since if old is not None and old.owner == owner else time.time()
+        now = time.time()
+        if old is not None and old.owner == owner:
+            since = old.since
+        else:
+            since = now if body.since is None else min(body.since, now)
         run = DrainedRun(engine, body.front, body.holding, body.why or "drained", since, owner,
                          body.asking, body.move_to, tuple(body.move_from or ()),
                          tuple(body.aliases or ()), caller)

@@ -347,6 +347,11 @@ class Scheduler:
         if op == Op.WAKE:
             return self.wake(lease_id, now)
         if op == Op.PARK:
+            sts = lease.states()
+            if lease.caps.can_park() and sts <= {S.PARKED, S.PARKING}:
+                # The wish already holds: say so, as a wake of an active engine does.
+                return [Note(lease_id, "park.none", f"{lease.engine} is already "
+                             f"{', '.join(sorted(st.value for st in sts))}; nothing to park")]
             _check_parkable(lease)
             return begin_park(self.state, lease, now, "operator") + rooms.admit(self.state, now)
         if op == Op.DRAIN:

@@ -26,6 +26,10 @@ MAX_DURATION_S = 10 * 365 * 86400.0
 #: Digits a number may be written with: enough for any bound above, with decimals.
 _MAX_DIGITS = 40
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+#: ``Kb``, ``Mb``, ``Gb``, ``Tb``: bits as network gear writes them, not bytes; refused by name
+#: rather than read as ``GB`` (``gb`` in lower case stays decimal bytes, as people type it).
+_BITS_RE = re.compile(r"^[KMGT]b$")
+_POWERS = {"K": 10, "M": 20, "G": 30, "T": 40}
 _DUR_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)")
 _DUR_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -46,7 +50,7 @@ def parse_size(text: str | int, *, field: str = "size", allow_card: bool = False
     Returns bytes as an ``int`` from 0 to :data:`MAX_BYTES`; returns ``None`` for the word
     ``card`` when ``allow_card``. Raises ``ValueError`` naming ``field`` and the value for
     anything else (negative numbers, more than :data:`MAX_BYTES` or than 40 digits, unknown
-    units, empty strings). Source: issue 36 "Huge numbers".
+    units, bits such as ``"14Gb"``, empty strings). Source: issue 36 "Huge numbers".
     """
     if isinstance(text, bool):
         raise ValueError(f"{field}: expected a size like '24GiB', got {text!r}")
@@ -67,6 +71,10 @@ def parse_size(text: str | int, *, field: str = "size", allow_card: bool = False
     m = _SIZE_RE.match(text)
     if not m:
         raise ValueError(f"{field}: expected a size like '24GiB' or '512MiB', got {text!r}")
+    if _BITS_RE.match(m.group(2)):
+        p = m.group(2)[0]
+        raise ValueError(f"{field}: {text!r}: {m.group(2)!r} reads as bits; write {p}iB "
+                         f"(2^{_POWERS[p]} bytes) or {p}B (10^{_POWERS[p] * 3 // 10} bytes)")
     number, unit = float(m.group(1)), m.group(2).lower()
     scale = _BINARY.get(unit) or _DECIMAL.get(unit)
     if scale is None:

@@ -88,6 +88,14 @@ class RequestPath(Answers):
     _notify: Callable[[], None]
 
     async def _handle(self, req: "Request", client: "ClientConnection") -> bool:
+        # A malformed X-Berth-Deadline is a 400 in every state, before anything is woken: a
+        # client's mistake must not show only once its engine sleeps (docs/hosts/llama-swap.md).
+        bad = bad_berth_deadline(req.headers)
+        if bad is not None:
+            req.conn.write(error_answer(
+                400, "bad_deadline", f"X-Berth-Deadline: expected seconds to wait, like 60 or "
+                f"0.5, got {bad!r}", "invalid_request_error", head=req.method == b"HEAD"))
+            return True
         st = self._state
         if st is F.OPEN:
             # A slot free goes to the oldest held write first (issue 34: arrival order).
@@ -118,13 +126,7 @@ class RequestPath(Answers):
     async def _hold(self, req: "Request", client: "ClientConnection") -> bool:
         """Wait for ``open`` (then forward), a failure, the client's deadline or the wait limit.
         A streaming request held long gets keep-alive bytes meanwhile (:mod:`.held`). A
-        malformed ``X-Berth-Deadline`` is a 400, before anything is woken."""
-        bad = bad_berth_deadline(req.headers)
-        if bad is not None:
-            req.conn.write(error_answer(
-                400, "bad_deadline", f"X-Berth-Deadline: expected seconds to wait, like 60 or "
-                f"0.5, got {bad!r}", "invalid_request_error", head=req.method == b"HEAD"))
-            return True
+        malformed ``X-Berth-Deadline`` was answered 400 by :meth:`_handle`."""
         stream = None
         if held.wants_stream(req):
             stream = held.HeldStream(req, client, self.name, self._held_for)

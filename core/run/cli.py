@@ -173,6 +173,10 @@ def _options(args, cmd: list[str]) -> RunOptions:
                          "run picks) or give --upstream URL")
     if args.park and not args.front:
         raise ValueError("--park needs --front (rule 3: an engine sleeps only behind a front)")
+    if args.lend and not args.front:
+        # Said here, as --park is, not by berthd after the run asked (or, berthd down, not at
+        # all while the run fails open).
+        raise ValueError("--lend needs --front (rule 3: an engine lends only behind a front)")
     return RunOptions(
         cmd=cmd, engine=engine, sizes=sizes,
         front=args.front, upstream=args.upstream, priority=args.priority, park=args.park,

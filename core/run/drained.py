@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from urllib.parse import quote
 
 from berth.client import ApiError, BerthdUnavailable, Client
@@ -43,6 +44,7 @@ class DrainedNote:
         self.is_asking = False
         self._task: asyncio.Task | None = None
         self._path = f"/v1/drained/{quote(engine, safe='')}"
+        self.since = time.time()         # when the drain happened, for a restarted berthd
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -65,7 +67,8 @@ class DrainedNote:
     async def _put(self, holding: int, asking: bool) -> bool:
         body = {"front": f"{self.front.host}:{self.front.port}", "holding": holding,
                 "why": self.why, "owner_pid": os.getpid(), "asking": asking,
-                "move_to": self.move_to, "move_from": self.move_from, "aliases": self.aliases}
+                "move_to": self.move_to, "move_from": self.move_from, "aliases": self.aliases,
+                "since": self.since}
         try:
             await self.client.call("PUT", self._path, body)
             return True

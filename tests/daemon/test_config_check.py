@@ -76,3 +76,19 @@ def test_config_check_without_a_path_checks_the_file_berthd_reads(tmp_path):
         assert "usual place" not in flat
     from berth.cli import CONFIG_PLACES
     assert CONFIG_PLACES == paths.CONFIG_PLACES
+
+
+def test_a_size_in_bits_is_refused_by_name(tmp_path):
+    """``size = "14Gb"`` read as 14 GB (13.0GiB) without a word, and ``berth run --size 14Gb``
+    alike: ``Gb`` is gigabits. It is refused with the field, the value and the units meant;
+    ``GB`` and ``gb`` stay decimal bytes and ``GiB`` binary."""
+    cfg = tmp_path / "berth.toml"
+    cfg.write_text('[engines.qwen]\nsize = "14Gb"\n[engines.coder]\nsize = "14gb"\n')
+    r = _check(tmp_path, cfg)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "engines.qwen.size" in r.stderr and "'14Gb'" in r.stderr, r.stderr
+    assert "bits" in r.stderr and "GiB" in r.stderr, r.stderr
+    assert "engines.coder" not in r.stderr, r.stderr
+    run = subprocess.run([BERTH, "run", "--engine", "x", "--size", "2Mb", "--", "true"],
+                         capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert run.returncode == 2 and "--size" in run.stderr and "'2Mb'" in run.stderr, run.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 from tests.berthd import Berthd, sim_config
 
@@ -83,3 +84,37 @@ def test_berth_size_of_a_drained_engine_says_it_is_drained(tmp_path):
         child.kill()
         child.wait()
         d.stop()
+
+
+def test_a_restarted_berthd_keeps_when_the_drain_happened(tmp_path):
+    """After a berthd restart the run puts its entry again, and ``berth status`` said
+    ``coder drained 2.54s ago`` for a drain 90 s old: the run sends when its drain happened
+    (``since``, seconds since the epoch) and berthd keeps it, never later than its own now."""
+    config = sim_config(tmp_path, [("gpu0", "24GiB")])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    drained_at = time.time() - 90.0
+    body = {"front": "127.0.0.1:5801", "holding": 0, "why": "room for W",
+            "owner_pid": child.pid, "since": drained_at}
+    try:
+        for _ in range(2):                      # the second berthd is the restarted one
+            d = Berthd(tmp_path, config).start()
+            try:
+                code, answer = d.call("PUT", "/v1/drained/B", body)
+                assert code == 200 and answer["since"] == drained_at, answer
+                [entry] = d.status()["drained"]
+                assert entry["drained_s"] >= 89.0, entry
+            finally:
+                d.stop()
+        d = Berthd(tmp_path, config).start()
+        try:
+            for bad in (-1, "soon"):
+                code, answer = d.call("PUT", "/v1/drained/C", {"since": bad})
+                assert code == 400 and "since" in answer["error"]["message"], answer
+            future = time.time() + 3600
+            code, answer = d.call("PUT", "/v1/drained/C", {"since": future})
+            assert code == 200 and answer["since"] <= time.time(), answer
+        finally:
+            d.stop()
+    finally:
+        child.kill()
+        child.wait()

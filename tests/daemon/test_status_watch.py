@@ -174,6 +174,8 @@ def test_watch_takes_seconds_and_says_what_is_wrong(serving):
         r = subprocess.run([BERTH, "status", "--watch", bad], env=serving.env,
                            capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and "--watch" in r.stderr and bad in r.stderr, r.stderr
+        # "between 0 and 3600" read as if 0 were taken (it never is: it would be a busy loop)
+        assert "more than 0 and at most 3600" in r.stderr, r.stderr
 
 
 def test_an_idle_holder_whose_client_waits_on_the_waiter_says_it_yields_at_once():

@@ -405,3 +405,24 @@ def test_a_malformed_berth_deadline_is_a_400_and_wakes_nothing(value: str):
             assert "X-Berth-Deadline" in text and repr(value) in text, text
             assert wakes == [] and front.held == 0
     scenario()
+
+
+@pytest.mark.parametrize("value", ["30s", "abc"])
+def test_a_malformed_berth_deadline_is_a_400_while_the_engine_serves_too(value: str):
+    """The header was checked only when the front held the request: while the engine served,
+    ``X-Berth-Deadline: 30s`` went to it unremarked, so a client's mistake showed only once its
+    engine slept. The llama-swap guide says any value but seconds is a 400: in every state."""
+    @run
+    async def scenario():
+        async with Upstream() as up, front_for(up) as front, aiohttp.ClientSession() as s:
+            up.route("POST", "/v1/completions", json_handler({"ok": True}))
+            async with s.post(front.url + "/v1/completions", json={},
+                              headers={"X-Berth-Deadline": value}) as r:
+                assert r.status == 400
+                text = (await r.json())["error"]["message"]
+            assert "X-Berth-Deadline" in text and repr(value) in text, text
+            assert up.seen == [] and front.state is F.OPEN
+            async with s.post(front.url + "/v1/completions", json={},
+                              headers={"X-Berth-Deadline": "30"}) as r:
+                assert r.status == 200 and await r.json() == {"ok": True}
+    scenario()

@@ -281,9 +281,17 @@ async def operator(request: web.Request) -> web.Response:
     hub = request.app[HUB]
     op = request.match_info["op"]
     who = operator_of(request)
-    if who is None or (who != "bearer key" and request.headers.get("X-Berth-Board") != "1"):
+    if who is None:
         log.warning("board: operator %s from %s refused (no key)", op, request.remote)
         return _err(403, "operator actions need the board's key ([board] key in berth.toml)")
+    if who != "bearer key" and request.headers.get("X-Berth-Board") != "1":
+        # Signed in, but without the header the board's page sends (the cross-site guard): a
+        # script is told what is missing, not that its key is (a new user's report).
+        log.warning("board: operator %s from %s refused (no X-Berth-Board header)", op,
+                    request.remote)
+        return _err(403, "a signed-in operator action needs the header X-Berth-Board: 1 (the "
+                         "board's page sends it; a guard against cross-site requests), or "
+                         "Authorization: Bearer with the key instead of the session")
     if op not in OPS:
         return _err(404, f"operator action {op!r}: expected one of {', '.join(OPS)}")
     doc = await _body(request)

@@ -28,7 +28,7 @@ log = logging.getLogger("berth.daemon.board_web")
 #: Timeline kinds the board lists as events (grants, parks, wakes, lends, drains, fallbacks and
 #: what an operator did); the rest (attach, touch-level notes) stay in ``berth timeline``.
 EVENT_KINDS = frozenset({
-    "request", "grant", "wait", "plan", "park", "parked", "park.off", "resume", "wake", "wake.none",
+    "request", "grant", "wait", "plan", "park", "parked", "park.off", "park.none", "resume", "wake", "wake.none",
     "lend", "lent", "return", "returning", "drain", "drain.overdue", "fallback", "never",
     "rejected", "exit", "freed", "hold", "ready", "over_lease", "lease.unparked", "extend",
     "operator"})

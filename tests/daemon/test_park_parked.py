@@ -1,0 +1,36 @@
+"""``berth park`` of an engine already parked: a no-op that says so, as ``berth wake`` of an
+engine already serving is (found by a new user trying the operator commands)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+from tests.berthd import BERTH, berth_run
+from tests.helpers import wait_for
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_parking_a_parked_engine_says_there_is_nothing_to_park(berthd, runs):
+    """The second ``berth park A`` answered ``lease A-...: A can only park when every share is
+    active; it is parked`` with exit 1, where ``berth wake A`` of an active A says ``nothing to
+    wake`` and exits 0: the operator's wish already holds, so the answer says so and succeeds."""
+    d = berthd(policy={"ram_budget": "64GiB"})
+    ck = ("--park", "checkpoint", "--checkpoint-path", str(BERTH) + "-sim-cuda-checkpoint")
+    runs.append(berth_run(d, "A", "--front", f"127.0.0.1:{_port()}", "--size", "4GiB", *ck,
+                          weights="3GiB"))
+    wait_for(lambda: d.state_of("A") == "active", what="A active")
+    first = subprocess.run([BERTH, "park", "A"], env=d.env, capture_output=True, text=True,
+                           timeout=60)
+    assert first.returncode == 0 and "A parks by checkpoint" in first.stdout, first
+    wait_for(lambda: d.state_of("A") == "parked", what="A parked")
+    again = subprocess.run([BERTH, "park", "A"], env=d.env, capture_output=True, text=True,
+                           timeout=60)
+    assert again.returncode == 0, again
+    assert "A is already parked; nothing to park" in again.stdout, again
+    assert d.state_of("A") == "parked"
