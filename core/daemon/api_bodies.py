@@ -44,8 +44,10 @@ MAX_START_TIME = float(1 << 40)
 
 class _Body(BaseModel):
     # Every number from outside is bounded before use (issue 36): no infinity, no NaN (JSON's
-    # 1e400 parses as infinity), and each field below has a range.
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # 1e400 parses as infinity), and each field below has a range. Each body's validator is
+    # built at its first request, not at berthd's start (a berthd serves few of the kinds:
+    # issue 38).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, defer_build=True)
 
 
 #: A front's key for a client (:mod:`berth.front.clients`): a hash, never an address.
