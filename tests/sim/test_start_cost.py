@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+
+import psutil
+from berth.sim.store import start_time
 
 from tests.berthd import BIN
 
 #: Nothing the stand-in cuda-checkpoint does needs an event loop, an HTTP library, the config
-#: schema or the decision model's dataclasses.
+#: schema or the decision model's dataclasses; nor psutil, whose import was a third of its start
+#: (a process's start time is read from /proc as psutil reads it).
 NOT_FOR_CHECKPOINT = ("asyncio", "aiohttp", "pydantic", "prometheus_client", "berth.decide.model",
-                      "berth.config.models")
+                      "berth.config.models", "psutil")
 
 
 def _imported(argv: list[str], env: dict) -> tuple[set[str], str]:
@@ -47,3 +52,23 @@ def test_sim_cards_loads_no_stand_in(kit):
     found, out = _imported([str(BIN / "berth"), "sim", "engine", "--help"], kit.env)
     assert "--weights SIZE" in out
     assert not _under(found, stand_ins[1:]), _under(found, stand_ins[1:])
+
+
+def test_a_start_time_is_psutils_to_the_bit_and_none_for_a_zombie_or_a_gone_process():
+    """The sim's keys (PID, start time) are written and read by processes that all call
+    :func:`berth.sim.store.start_time`; it reads /proc itself, and must still give psutil's
+    value (the key a reader of another version would compute)."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        assert start_time(child.pid) == psutil.Process(child.pid).create_time()
+        assert start_time(1) == psutil.Process(1).create_time()
+        child.stdin.close()
+        deadline = time.monotonic() + 60
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.01)
+        assert start_time(child.pid) is None           # exited, not yet reaped
+    finally:
+        child.wait(30)
+    assert start_time(child.pid) is None or psutil.pid_exists(child.pid)   # reaped: gone
