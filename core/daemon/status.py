@@ -10,12 +10,12 @@ import time
 from typing import TYPE_CHECKING
 
 from berth.decide.admission import Policy, WaitKind
-from berth.decide.ladder import idle_forecast, turn_end
 from berth.decide.ledger import RESIDUAL_SLACK_BYTES, counted_bytes
 from berth.decide.measures import reserve_fraction, suggested_reserve
 from berth.decide.model import Lease, Share, ShareState
 from berth.decide.moves import move_block
 from berth.decide.reports import contender
+from berth.decide.turns import idle_forecast, turn_end
 from berth.decide.units import format_size
 from berth.process import ProcessId, alive
 
@@ -192,11 +192,11 @@ def outlook(lease: Lease, policy: Policy, waiter: Lease | None = None,
 
 def protection(lease: Lease, policy: Policy, now: float, wall: float,
                waiter: Lease | None = None) -> dict:
-    """When an active holder's protections end, as ``berth.decide.ladder.displaceable`` (3)
+    """When an active holder's protections end, as ``berth.decide.turns.displaceable`` (3)
     and (4) apply them (a test holds the two together), like ``ollama ps``'s "until":
 
     - ``turn_left_s`` / ``turn_until``: its turn against an equal-priority waiter asking now
-      (:func:`berth.decide.ladder.turn_end`: the first-request window, an idle holder's rent,
+      (:func:`berth.decide.turns.turn_end`: the first-request window, an idle holder's rent,
       the minimum turn, a busy holder's turn up to ``max_turn``); ``idle``: nothing in flight;
     - ``keep_warm_left_s`` / ``keep_warm_until``: ``keep_warm`` after its last request; its
       priority keeps the card against lower priorities that long once idle (while it serves,

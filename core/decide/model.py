@@ -286,7 +286,7 @@ class Demand:
       one that asked for its wake or its grant) and when it arrived; ``None`` when none;
       ``asked_moved``: whether that client's last answer, as known when the request arrived,
       came from another engine (``True``: it moves between engines), ``None`` when not known
-      (issue 34, third pass: :func:`berth.decide.ladder.batches`);
+      (issue 34, third pass: :func:`berth.decide.turns.batches`);
     - ``gaps``: its last idle gaps, seconds from an answer's end to the next request's arrival;
     - ``moved``: for its last requests that arrived while another engine held its card, whether
       each came from the client that engine had just answered (``True``: a client that moves

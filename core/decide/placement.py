@@ -43,9 +43,10 @@ from typing import Callable
 
 from .admission import Policy, Waiter, WaitKind, reservation
 from .demand import recent
-from .ladder import Action, NoPlan, SwapLog, plan
+from .ladder import Action, NoPlan, plan
 from .ledger import Ledger
 from .model import Lease, Share, ShareState
+from .turns import SwapLog
 from .units import format_size
 
 __all__ = ["Ask", "PlacementError", "place", "shares_for", "movable_of", "Score", "Choice",

@@ -12,11 +12,11 @@ from __future__ import annotations
 from . import demand
 from .actions import after_use, fallback, freed, want_resume, want_return
 from .effects import CardRead, Effect, Note, Until, Watch
-from .ladder import idle_forecast, turn_start
 from .model import OPS, Lease, Op, ShareState
 from .restarts import exited
 from .rooms import admit
 from .state import State, awaited, bytes_on, card_name, residual_limit, step_done
+from .turns import idle_forecast, turn_start
 from .units import format_duration, format_size
 
 S = ShareState

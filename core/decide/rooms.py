@@ -11,11 +11,12 @@ from .actions import begin_lend, begin_park, stop, want_return
 from .admission import Waiter, WaitKind, admission_pass
 from .causes import jobs_words
 from .effects import Effect, Ended, Granted, Instruct, Note, ReadCards, Rejected
-from .ladder import Action, NoPlan, Plan, Rung, Step, idle_for, idle_forecast, plan, turn_end
+from .ladder import Action, NoPlan, Plan, Rung, Step, plan
 from .model import Lease, Op, ParkMechanism, ShareState
 from .moves import plan_moves
 from .placement import _cost_s, choose
 from .state import Moving, Room, State, awaited, card_name, drop
+from .turns import idle_for, idle_forecast, turn_end
 from .units import format_size
 
 S = ShareState
@@ -257,7 +258,7 @@ def _move_instead(st: State, w: Waiter, p: Plan | NoPlan, busy: frozenset[str]) 
 
 
 def _turns_end(st: State, waiter: Lease, now: float) -> float | None:
-    """The earliest time a turn in the waiter's way ends (:func:`~.ladder.turn_end` of each
+    """The earliest time a turn in the waiter's way ends (:func:`~.turns.turn_end` of each
     active holder of equal or higher priority on its cards), so the next pass comes then and
     not at the next driver read; ``None``: none ends."""
     ends = []

@@ -55,12 +55,12 @@ from .effects import (
     Until,
     Watch,
 )
-from .ladder import SwapLog
 from .ledger import Ledger
 from .measures import Counters, GrowthMeter
 from .model import Lease, Op, ShareState
 from .placement import Ask, movable_of, place, shares_for
 from .state import Room, State, card_name, find, wait_cause
+from .turns import SwapLog
 from .units import format_size
 
 S = ShareState

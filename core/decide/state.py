@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 
 from .admission import Policy, Queue
 from .causes import jobs_words
-from .ladder import Plan, SwapLog
+from .ladder import Plan
 from .ledger import Ledger
 from .ledger import max_residual as _max_residual
 from .measures import Counters, GrowthMeter
 from .model import Lease
+from .turns import SwapLog
 from .units import format_duration, format_size
 
 __all__ = ["State", "Room", "Moving", "awaited", "step_done", "residual_limit", "drop", "card_name",

@@ -160,7 +160,54 @@ class _Stop(Exception):
     """Raised from a parser callback: the request was refused; parse no further."""
 
 
-class ClientConnection(asyncio.BufferedProtocol):
+class _Refusals:
+    """A :class:`ClientConnection`'s answers to what it cannot take (a malformed head or body,
+    a request over the bounds): a 4xx in the request's turn, then a lingering close."""
+
+    def _refuse(self, status: int, reason: str, message: str) -> None:
+        """A request the server cannot take: a 4xx if nothing is being answered, then close.
+        A request whose head was taken and whose body turned out malformed is answered in its
+        turn (:meth:`_answer_bad`): the one being answered may be held, not yet sent."""
+        self._refused = True
+        req = self.current
+        if req is not None and (self.task is not None or self.exchange is not None) \
+                and req in self.queue:
+            self.body_at = None    # nothing more is read: the idle limit is not its to keep
+            req._fail(BadBody(status, reason, message))
+            return
+        if self.task is not None or self.exchange is not None or self.transport is None:
+            self.close()
+            return
+        self._linger(error_answer(status, reason, message, "invalid_request_error", close=True))
+
+    def _answer_bad(self, bad: BadBody, answered: bool) -> None:
+        """The request being answered has a malformed body: its 4xx, unless part of an answer
+        went to the client already (then only the close tells it); the connection closes."""
+        log.info("%s: %s (%d)", self.listener.name, bad.message, bad.status)
+        if answered or self.closed or self.transport is None:
+            self.close()
+            return
+        self._linger(error_answer(bad.status, bad.reason, bad.message, "invalid_request_error",
+                                  close=True))
+
+    def _linger(self, answer: bytes) -> None:
+        """Write ``answer``, end the sending side and close after :data:`_LINGER_S`: what the
+        client still sends is read and dropped meanwhile (closing with unread bytes would reset
+        the connection, and the client would lose the answer)."""
+        assert self.transport is not None
+        self.write(answer)
+        if self.listener.lingering >= _LINGER_MAX:
+            self.close()       # a flood: file descriptors count more than one lost answer
+            return
+        self.listener.lingering += 1
+        self._lingers = True
+        self.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.listener.loop.call_later(_LINGER_S, self.close)
+
+
+class ClientConnection(_Refusals, asyncio.BufferedProtocol):
     """One client's connection to a listener (:class:`berth.front.listen.Listener`). Parses
     requests, queues them, and runs them in order through the handler's ``_handle`` (or
     ``_fast``), which writes each answer with :meth:`write`.
@@ -455,48 +502,6 @@ class ClientConnection(asyncio.BufferedProtocol):
     @property
     def writing_paused(self) -> bool:
         return self._writing_paused
-
-    def _refuse(self, status: int, reason: str, message: str) -> None:
-        """A request the server cannot take: a 4xx if nothing is being answered, then close.
-        A request whose head was taken and whose body turned out malformed is answered in its
-        turn (:meth:`_answer_bad`): the one being answered may be held, not yet sent."""
-        self._refused = True
-        req = self.current
-        if req is not None and (self.task is not None or self.exchange is not None) \
-                and req in self.queue:
-            self.body_at = None    # nothing more is read: the idle limit is not its to keep
-            req._fail(BadBody(status, reason, message))
-            return
-        if self.task is not None or self.exchange is not None or self.transport is None:
-            self.close()
-            return
-        self._linger(error_answer(status, reason, message, "invalid_request_error", close=True))
-
-    def _answer_bad(self, bad: BadBody, answered: bool) -> None:
-        """The request being answered has a malformed body: its 4xx, unless part of an answer
-        went to the client already (then only the close tells it); the connection closes."""
-        log.info("%s: %s (%d)", self.listener.name, bad.message, bad.status)
-        if answered or self.closed or self.transport is None:
-            self.close()
-            return
-        self._linger(error_answer(bad.status, bad.reason, bad.message, "invalid_request_error",
-                                  close=True))
-
-    def _linger(self, answer: bytes) -> None:
-        """Write ``answer``, end the sending side and close after :data:`_LINGER_S`: what the
-        client still sends is read and dropped meanwhile (closing with unread bytes would reset
-        the connection, and the client would lose the answer)."""
-        assert self.transport is not None
-        self.write(answer)
-        if self.listener.lingering >= _LINGER_MAX:
-            self.close()       # a flood: file descriptors count more than one lost answer
-            return
-        self.listener.lingering += 1
-        self._lingers = True
-        self.resume_reading()
-        if self.transport.can_write_eof():
-            self.transport.write_eof()
-        self.listener.loop.call_later(_LINGER_S, self.close)
 
 
 # ---- handing a connection to another server ---------------------------------------------------

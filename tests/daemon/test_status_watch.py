@@ -14,8 +14,8 @@ import time
 import pytest
 from berth.daemon.status import protection
 from berth.decide.admission import Policy
-from berth.decide.ladder import displaceable
 from berth.decide.model import Lease, Share, ShareState
+from berth.decide.turns import displaceable
 
 from tests.berthd import BERTH, Berthd, berth_run, sim_config, stop_proc, wait_for
 

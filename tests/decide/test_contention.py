@@ -372,7 +372,7 @@ class TestStarting:
         lease = Lease("a", "A", {G0: Share(G0, 14 * GiB)}, caps=Capabilities(
             park=CKPT, front="127.0.0.1:1"))
         lease.requested_at = w.now + 1.0
-        from berth.decide.ladder import displaceable
+        from berth.decide.turns import displaceable
         lease.granted_at, lease.jobs_reported = w.now + 1.0, True
         since = w.now
         assert displaceable(lease, w.s.ledger.leases["b"], turns(), w.now + 2.0,

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from berth.decide import demand
 from berth.decide.admission import Policy
-from berth.decide.ladder import displaceable, idle_forecast, turn_end
 from berth.decide.model import Capabilities, Lease, ParkMechanism, Share, ShareState
+from berth.decide.turns import displaceable, idle_forecast, turn_end
 
 from tests.decide.world import GiB, World, pci_of
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from berth.decide.admission import Policy
 from berth.decide.causes import holder_words
-from berth.decide.ladder import displaceable
 from berth.decide.model import Capabilities, Lease, ParkMechanism, Share
+from berth.decide.turns import displaceable
 
 from tests.decide.world import GiB, World, pci_of
 

@@ -191,7 +191,7 @@ def test_clients_that_move_between_engines(live, name):
 #: still loading; the simulator's default used to plan a park of the loading engine that took
 #: effect before its first request (held in the manager until its health poll) reached it,
 #: while live that engine served its request first. Since issue 34's starting rule
-#: (``berth.decide.ladder._starting_for_older``) a starting engine keeps its card against a
+#: (``berth.decide.turns._starting_for_older``) a starting engine keeps its card against a
 #: waiter that asked after its request, live and simulated alike, and o agrees. n's
 #: first-served order agrees too (comfy, chat-14, chat-8), but on a loaded machine its live run
 #: answered 9 requests with 6 parks against the simulator's 18 with 7 (load average 13): the
@@ -202,7 +202,7 @@ def test_clients_that_move_between_engines(live, name):
 #: the replay does not show: B keeps its card live for longer than the simulator says. Open
 #: (issue 34's note): until it is found, the figures of m in bench/policy are optimistic.
 #: o disagrees since a cold start's load counts towards the turn of a waiter that asked during
-#: it (``berth.decide.ladder._min_turn_end``; load average 3, cut at 60 s): live 5 parks in 10
+#: it (``berth.decide.turns._min_turn_end``; load average 3, cut at 60 s): live 5 parks in 10
 #: answered, the replay 5 in 15. The same parks in the same order, but live each checkpoint of
 #: 14 GiB took 3.3-6 s against the simulator's 2.03 s, and the first turns after the two cold
 #: starts now end at their first request, so the live run answers fewer per park. Open (the
