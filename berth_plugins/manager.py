@@ -285,10 +285,18 @@ def adapters(pm: pluggy.PluginManager) -> list[str]:
     return list(getattr(pm, "adapter_names", []))
 
 
+#: Seconds the bound of an action waits past ``ctx.timeout_s``: a plugin that bounds its own
+#: waits by ``ctx.timeout_s`` ends first, with its own error, which names what it waited for
+#: (Ollama's "still lists qwen3:8b"); this bound catches one that does not. Without it the two
+#: bounds raced, and on a loaded machine the plain "did not finish" won.
+BACKSTOP_S = 1.0
+
+
 async def run_action(pm: pluggy.PluginManager, hook_name: str, ctx: ActionContext) -> Any:
     """Carry out one action: call ``hook_name`` (one of :data:`ACTION_HOOKS`) for ``ctx``, take
     the one awaitable a plugin returned for ``ctx.mechanism``, await it under
-    ``asyncio.timeout(ctx.timeout_s)`` (seconds) and return its result (``berth_quiet``: a bool).
+    ``asyncio.timeout(ctx.timeout_s + BACKSTOP_S)`` (seconds) and return its result
+    (``berth_quiet``: a bool).
 
     Raises :class:`MechanismError` when no plugin or more than one carries the action out, when
     a wake or return comes without ``ctx.room_confirmed`` (rule 2), when it does not finish in
@@ -327,14 +335,15 @@ async def run_action(pm: pluggy.PluginManager, hook_name: str, ctx: ActionContex
                                    f"{', '.join(n for n, _ in found)}")
     plugin, awaitable = found[0]
     try:
-        async with asyncio.timeout(ctx.timeout_s) as bound:
+        async with asyncio.timeout(ctx.timeout_s + BACKSTOP_S) as bound:
             return await awaitable
     except (MechanismError, CalledOff):
         raise
     except TimeoutError as e:
         if bound.expired():
             raise MechanismError(mech, f"{hook_name} for engine {ctx.engine!r} did not finish "
-                                       f"within {ctx.timeout_s:g} s") from None
+                                       f"within {ctx.timeout_s:g} s (and {BACKSTOP_S:g} s "
+                                       "more)") from None
         raise MechanismError(mech, f"plugin {plugin!r} failed in {hook_name}: timed out: "
                                    f"{e}") from e
     except Exception as e:

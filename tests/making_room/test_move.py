@@ -14,7 +14,7 @@ import subprocess
 import threading
 
 from tests.berthd import BERTH, READ_INTERVAL, Berthd, berth_run, stop_proc
-from tests.helpers import free_port, stop_all, wait_for
+from tests.helpers import free_port, slowness, stop_all, wait_for
 from tests.run.world import chat
 
 CONFIG = """\
@@ -249,7 +249,10 @@ def test_status_and_the_board_show_a_move_by_restart_as_a_move(tmp_path):
     procs: dict = {}
     clients: list[Client] = []
     try:
-        d, ports, clients = _shape(tmp_path, procs, load_s=5.0)
+        # The move lasts the engine's load: long enough, scaled by the machine's slowness, for
+        # a `berth status` started after the JSON showed it to see it too (at load 13 a 5 s
+        # move ended before the text read began).
+        d, ports, clients = _shape(tmp_path, procs, load_s=5.0 * slowness())
         procs["W"] = berth_run(d, "W", "--front", f"127.0.0.1:{ports['W']}", "--size",
                                SIZES["W"][0], weights=SIZES["W"][1])
         engine, m = wait_for(lambda: _moving_run(d), 60, "a run moving by restart")
