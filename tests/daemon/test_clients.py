@@ -210,7 +210,6 @@ def test_two_sizes_without_a_card_on_one_card_are_refused_saying_why(berthd):
     (["--size", "1GiB", "--priority", "5000"], "--priority: Input should be less than or equal "
                                                "to 1000"),
     (["--size", "1GiB", "--alias", "a b"], "--alias a b: String should match"),
-    (["--size", "1GiB", "--lend"], "--front: park and lend need a front (rule 3); give --front"),
     ([], "--size: engine 'x' has no [engines.x] entry in berth.toml; give --size"),
 ])
 def test_berthds_refusal_names_the_flag_the_user_gave(berthd, args, said):
