@@ -109,10 +109,13 @@ def test_an_engine_whose_command_pins_its_card_is_never_moved_and_status_says_wh
         assert d.lease_of("free")["move"] == {"movable": True, "why": None, "restore_across": False}
         move = d.lease_of("pinned")["move"]
         assert not move["movable"] and "CUDA_VISIBLE_DEVICES=0" in move["why"], move
-        board = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True,
-                               timeout=30).stdout
-        assert "pinned" in board and "never moved: its command sets CUDA_VISIBLE_DEVICES=0" \
-            in board, board
+        # The board lists a lease once its card shows it (the fresh-clone suite read it once,
+        # right after the grant, and found only "free"): wait for the line.
+        said = "never moved: its command sets CUDA_VISIBLE_DEVICES=0"
+        board = wait_for(lambda: (b := subprocess.run(
+            [BERTH, "status"], env=d.env, capture_output=True, text=True, timeout=30).stdout)
+            and "pinned" in b and said in b and b, 60, "berth status naming the pinned run")
+        assert "pinned" in board and said in board, board
     finally:
         stop_all(procs, tmp_path)
 
