@@ -35,15 +35,12 @@ TARGET_EACH = 10
 def measure(tmp: Path) -> dict:
     """One live run of e-ping-pong; the figures as the module docstring lists them."""
     wl = workload("e-ping-pong")
-    start = wl.generator["clients_start_s"]
-    end = start + wl.generator["run_s"]
     lv = Live(tmp, wl).start()
     try:
         lv.run(limit_s=150)
         out = lv.outcome()
-        rows = [r for r in lv.rows if r.sent - lv.t0 >= start]
-        answered = {e: sum(1 for r in rows if r.engine == e and r.done is not None
-                           and r.done - lv.t0 <= end) for e in ("A", "B")}
+        window = lv.answered_in_window()
+        answered = {e: len(window.get(e, [])) for e in ("A", "B")}
         errors = sum(1 for r in lv.rows if r.status != "200")
         oom = lv.d.sim_oom()
     finally:

@@ -335,6 +335,16 @@ class Live:
     def timeline(self) -> list[dict]:
         return self.d.timeline()
 
+    def answered_in_window(self) -> dict[str, list[Row]]:
+        """Per engine, the requests its clients sent from the generator's ``clients_start_s``
+        that were answered by ``clients_start_s + run_s`` (the window the ping-pong's target
+        counts, issue 24)."""
+        start = self.wl.generator["clients_start_s"]
+        end = start + self.wl.generator["run_s"]
+        return {e: [r for r in self.rows if r.engine == e and r.sent - self.t0 >= start
+                    and r.done is not None and r.done - self.t0 <= end]
+                for e in _distinct(r.engine for r in self.rows)}
+
     def close(self) -> None:
         for m in self.models.values():
             m.kill()

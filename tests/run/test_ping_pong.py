@@ -34,8 +34,8 @@ def test_two_busy_clients_are_served_in_turns_not_one_switch_per_request(tmp_pat
         lv.run(limit_s=150)
         sim = simulate(wl)
         rows = [r for r in lv.rows if r.sent - lv.t0 >= start]
-        answered = {e: [r for r in rows if r.engine == e and r.done is not None
-                        and r.done - lv.t0 <= end] for e in ("A", "B")}
+        window = lv.answered_in_window()
+        answered = {e: window.get(e, []) for e in ("A", "B")}
         load = os.getloadavg()
         print(f"answered in {end - start:g}s: A {len(answered['A'])}, B {len(answered['B'])}; "
               f"live {lv.outcome()}, sim {sim}; load average {load[0]:.1f}")
