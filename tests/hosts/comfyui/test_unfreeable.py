@@ -77,4 +77,7 @@ def test_a_holder_berth_cannot_free_is_named_at_once(world):
     assert d.status()["counters"]["drains"] == 0 and d.sim_oom() == 0
     sim = simulate(wl)
     c_ = d.status()["counters"]
-    assert sim.first == served and sim.switches == c_["parks"] + c_["checkpoints"] == 0, sim
+    # On a failure, berthd's own account of what it parked and why (a CI run at load 17 once
+    # counted one park or checkpoint that the replay did not make).
+    assert sim.first == served and sim.switches == c_["parks"] + c_["checkpoints"] == 0, (
+        sim, c_, [(e["engine"], e["kind"], e.get("text")) for e in d.timeline()])
