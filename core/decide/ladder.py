@@ -332,7 +332,9 @@ def _victim_step(le: Lease, waiter: Lease, p: str, ram: int | None, allow_drain:
                  since: float | None = None) -> Step | None:
     """The holder's step: a park when parks are allowed (``park_ok``), it can park whole, is
     not preempted and the host RAM budget (``ram`` bytes left, ``None``: no limit) admits it;
-    else a drain when allowed. A busy holder's step is fenced at ``since`` (issue 34)."""
+    else a drain when allowed. A busy holder's step is fenced at ``since`` (issue 34) against
+    a waiter of its own priority or lower, whom it serves in arrival order; a higher priority
+    goes first, so its park closes the front at once and the holder's backlog stays held."""
     whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
     why = ""
     if park_ok and le.caps.can_park() and whole and not _preempts(le, waiter) and (
@@ -353,7 +355,7 @@ def _victim_step(le: Lease, waiter: Lease, p: str, ram: int | None, allow_drain:
         return None
     return Step(le.id, le.engine, action, tuple(le.shares), f, fallback=_FALLBACK[action],
                 why=why, quiet_s=_quiet(le, waiter, policy, now), jobs=le.in_flight,
-                fence_at=since if le.in_flight and not _preempts(le, waiter) else None)
+                fence_at=since if le.in_flight and le.priority >= waiter.priority else None)
 
 
 def _prune(trial: dict[str, Step], p: str, gap: int, got: int) -> dict[str, Step]:
