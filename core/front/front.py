@@ -203,6 +203,10 @@ class Front(FastPath):
                 f"front {self.name!r}: {old} -> {new} is not allowed; from {old} it may go to "
                 f"{', '.join(sorted(TRANSITIONS[old])) or 'nowhere'}")
         self._state, self.since = new, time.monotonic()
+        if self._fence is not None and new is not F.OPEN:
+            # Out of open by another way (stopped): a fenced close's wait ends with it.
+            self._fence = None
+            self._fenced.set()
         if new not in (F.ASLEEP, F.WAKING):
             self.engine_state = None
         self._notify()
