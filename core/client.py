@@ -250,16 +250,21 @@ class JobReporter:
     ``clients()``: ``(oldest, answered, answered_at)``, the client key of the oldest of those
     requests, and the client key of the front's last answer and when it ended (monotonic s;
     issue 34: berthd's forecast of whether an idle holder is asked again reads them; ``None``:
-    the front does not say). :meth:`kick` makes the next poll come at once (the front calls
-    it when its last request ends: the holder's idle spell is what a waiter waits on)."""
+    the front does not say). ``held()``: ``(held, oldest_held_at)``, how many of those
+    requests the front holds, not yet forwarded, and when the oldest of them arrived
+    (monotonic s; issue 34, the fence: a holder that holds requests is parked fenced at once;
+    reported at once when it starts or stops holding). :meth:`kick` makes the next poll come
+    at once (the front calls it when its last request ends: the holder's idle spell is what a
+    waiter waits on)."""
 
     def __init__(self, work: Callable[[], tuple[int, float | None]],
                  lease_id: Callable[[], str | None], client: Callable[[], "Client | None"], *,
                  served: Callable[[], int] | None = None,
                  clients: Callable[[], tuple[str | None, str | None, float | None]] | None = None,
+                 held: Callable[[], tuple[int, float | None]] | None = None,
                  poll_s: float = 0.05, every_s: float = 1.0):
         self.work, self.lease_id, self.client = work, lease_id, client
-        self.served, self.clients = served, clients
+        self.served, self.clients, self.held = served, clients, held
         self.poll_s, self.every_s = poll_s, every_s
         self.sent: tuple | None = None
         self._sent_at = float("-inf")
@@ -285,29 +290,32 @@ class JobReporter:
         n, oldest = self.work()
         served = None if self.served is None else self.served()
         who = (None, None, None) if self.clients is None else self.clients()
+        held = (None, None) if self.held is None else self.held()
         now = time.monotonic()
         lid = self.lease_id()
         if lid != self._lease:
             self.sent = None               # a new lease: berthd knows nothing of its jobs
         sent = self.sent
         edge = sent is None or (n == 0) != (sent[0] == 0) or (
-            sent[0] == 0 and served != sent[2]) or who[1:] != sent[3][1:]
-        if (n, oldest, served, who) == sent or not (
+            sent[0] == 0 and served != sent[2]) or who[1:] != sent[3][1:] or (
+            not held[0]) != (not sent[4][0])
+        if (n, oldest, served, who, held) == sent or not (
                 edge or now - self._sent_at >= self.every_s):
             return False
         try:
             await self.send(lid, n, None if oldest is None else max(0.0, now - oldest), served,
-                            who, now)
+                            who, now, held)
         except Exception as e:             # berthd away: it learns the count when back
             log.debug("could not report %s requests in flight: %s", n, e)
             return False
-        self.sent, self._sent_at, self._lease = (n, oldest, served, who), now, lid
+        self.sent, self._sent_at, self._lease = (n, oldest, served, who, held), now, lid
         return True
 
     async def send(self, lid: str | None, n: int, oldest_age_s: float | None = None,
                    served: int | None = None,
                    who: tuple[str | None, str | None, float | None] = (None, None, None),
-                   now: float = 0.0) -> None:
+                   now: float = 0.0,
+                   held: tuple[int | None, float | None] = (None, None)) -> None:
         client = self.client()
         if not lid or client is None:
             raise RuntimeError("no lease")
@@ -322,4 +330,8 @@ class JobReporter:
         if answered is not None and answered_at is not None:
             body["answered_client"] = answered
             body["answered_age_s"] = round(max(0.0, now - answered_at), 3)
+        if held[0] is not None:
+            body["held"] = held[0]
+            if held[0] and held[1] is not None:
+                body["oldest_held_age_s"] = round(max(0.0, now - held[1]), 3)
         await client.call("POST", f"/v1/leases/{lid}/jobs", body)

@@ -390,22 +390,25 @@ async def wake(request: web.Request) -> web.Response:
 
 async def jobs(request: web.Request) -> web.Response:
     """``{"in_flight": N, "oldest_age_s": S, "served": C, "client": K, "answered_client": K,
-    "answered_age_s": S}``: the requests the lease's front forwards or holds now (issue 12
+    "answered_age_s": S, "held": H, "oldest_held_age_s": S}``: the requests the lease's front
+    forwards or holds now (issue 12
     case 4), the age of the oldest (issue 16: FIFO turns), how many model requests it has
     started during this lease (issue 24: one answered between two reports still ends the
     first-request hold), and the clients of the oldest request and of the last answer, with
-    that answer's age (issue 34: the forecast of whether a request for it comes soon)."""
+    that answer's age (issue 34: the forecast of whether a request for it comes soon), and how
+    many of them it holds, with the oldest held one's age (issue 34: the fence)."""
     broker = request.app[BROKER]
     lid = request.match_info["id"]
     body: JobsBody = await parse_body(request, JobsBody)
     refused = _not_owner(_lease(broker, lid), request, "report the jobs of")
     if refused is not None:
         return refused
-    age, done = body.oldest_age_s, body.answered_age_s
+    age, done, held_age = body.oldest_age_s, body.answered_age_s, body.oldest_held_age_s
     # An age, not a time, crosses from the run: it becomes a time on berthd's own clock here.
     await broker.submit(lambda now: broker.sched.jobs(
         lid, body.in_flight, now, None if age is None else now - age, body.served,
-        body.client, body.answered_client, None if done is None else now - done))
+        body.client, body.answered_client, None if done is None else now - done, body.held,
+        None if held_age is None else now - held_age))
     return web.json_response({"id": lid, "in_flight": body.in_flight, "served": body.served})
 
 

@@ -117,6 +117,10 @@ class JobsBody(_Body):
     #: the client key of the front's last answer, and seconds since it ended (issue 34)
     answered_client: ClientKey | None = None
     answered_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
+    #: how many of ``in_flight`` the front holds, not yet forwarded, and seconds since the
+    #: oldest of them arrived (issue 34, the fence; ``None``: not said)
+    held: int | None = Field(None, ge=0, le=1_000_000)
+    oldest_held_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
 
 
 class WakeBody(_Body):

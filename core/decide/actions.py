@@ -38,12 +38,13 @@ def ending_fields(sh: Share) -> dict:
 
 
 def begin_park(st: State, lease: Lease, now: float, reason: str,
-               quiet_s: float | None = None) -> list[Effect]:
+               quiet_s: float | None = None, fence_at: float | None = None) -> list[Effect]:
     """Park: the front first waits up to ``quiet_s`` for the requests in flight (issue 12
-    case 4), so the release grace counts from after that wait."""
+    case 4), so the release grace counts from after that wait; ``fence_at`` (broker's clock):
+    meanwhile it forwards the held requests older than that (issue 34, the fence)."""
     seq = st.next_seq()
     fx: list[Effect] = [Instruct(lease.id, Op.PARK, tuple(lease.shares), seq, reason=reason,
-                                 quiet_s=quiet_s)]
+                                 quiet_s=quiet_s, fence_age_s=_age(fence_at, now))]
     for pci, sh in lease.shares.items():
         st.ledger.move(lease.id, pci, S.PARKING, now, parked_bytes=counted_bytes(sh))
         st.deadlines[(lease.id, pci, Op.PARK)] = now + (quiet_s or 0.0) \
@@ -70,10 +71,17 @@ def begin_lend(st: State, lease: Lease, pci: str, n: int, now: float, reason: st
                  f"{card_name(st, pci)} ({reason})", {"card": pci, "bytes": n})]
 
 
+def _age(at: float | None, now: float) -> float | None:
+    """A time on the broker's clock as an age at ``now`` (seconds): what crosses to a run."""
+    return None if at is None else max(0.0, now - at)
+
+
 def stop(st: State, lease: Lease, now: float, reason: str,
-         quiet_s: float | None = None, move_to: str | None = None) -> list[Effect]:
+         quiet_s: float | None = None, move_to: str | None = None,
+         fence_at: float | None = None) -> list[Effect]:
     """Drain: every live share -> draining, and tell the run to stop its engine, after its
-    requests in flight end if ``quiet_s`` allows (issue 12 case 4). ``move_to``: the drain is
+    requests in flight end if ``quiet_s`` allows (issue 12 case 4), and the held ones older
+    than ``fence_at`` (broker's clock; issue 34, the fence). ``move_to``: the drain is
     a move (issue 35): the run keeps its front holding requests and asks for a card again at
     once; it is counted as a move, not a drain."""
     fx: list[Effect] = []
@@ -94,7 +102,8 @@ def stop(st: State, lease: Lease, now: float, reason: str,
         else:
             st.counters.moves += 1
         fx.insert(0, Instruct(lease.id, Op.DRAIN, tuple(lease.shares), st.next_seq(),
-                              reason=reason, quiet_s=quiet_s, move_to=move_to))
+                              reason=reason, quiet_s=quiet_s, move_to=move_to,
+                              fence_age_s=_age(fence_at, now)))
         if move_to is None:
             fx.append(Note(lease.id, "drain", f"{lease.engine} drains ({reason})"))
         else:

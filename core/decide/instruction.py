@@ -38,7 +38,12 @@ class Instruction:
     flight first (seconds; ``None``: the run's own default, the release grace). ``call_off``:
     a wake that calls off the park in progress if its mechanism has not begun (the waiter it
     was for has gone; issue 24): the run answers the park ``called off`` and keeps serving, or,
-    once the checkpoint has begun, lets the park finish and does nothing more."""
+    once the checkpoint has begun, lets the park finish and does nothing more.
+    ``fence_age_s``: for a park or a drain of a busy holder (issue 34, the fence), while its
+    front waits for quiet it still forwards the held requests that arrived more than this many
+    seconds before the instruction was made (those older than the waiter's), and holds the
+    rest, so the park waits for the running and older requests only (``None``: the front
+    forwards nothing more)."""
 
     op: Op
     cards: tuple[str, ...]
@@ -50,13 +55,15 @@ class Instruction:
     #: For a drain that is a move (issue 35): the card (PCI address) the engine goes to; the run
     #: keeps its front holding requests and asks for its card again at once.
     move_to: str | None = None
+    fence_age_s: float | None = None
 
     def to_wire(self) -> dict:
         """The JSON object the control API sends: ``{"op", "seq", "cards": [pci], "bytes":
-        {pci: N}, "reason", "quiet_s", "call_off", "move_to"}``."""
+        {pci: N}, "reason", "quiet_s", "call_off", "move_to", "fence_age_s"}``."""
         return {"op": self.op.value, "seq": self.seq, "cards": list(self.cards),
                 "bytes": dict(self.bytes), "reason": self.reason, "quiet_s": self.quiet_s,
-                "call_off": self.call_off, "move_to": self.move_to}
+                "call_off": self.call_off, "move_to": self.move_to,
+                "fence_age_s": self.fence_age_s}
 
     @classmethod
     def from_wire(cls, d: object) -> Instruction:
@@ -80,7 +87,8 @@ class Instruction:
                                                           f"{move_to!r}")
         return cls(Op(op), _cards(d.get("cards", [])), _count("instruction.seq", d.get("seq")),
                    _bytes(d.get("bytes", {})), _reason(d.get("reason", "")),
-                   _seconds("instruction.quiet_s", d.get("quiet_s")), call_off, move_to)
+                   _seconds("instruction.quiet_s", d.get("quiet_s")), call_off, move_to,
+                   _seconds("instruction.fence_age_s", d.get("fence_age_s")))
 
 
 def read_poll(raw: object, after_seq: int

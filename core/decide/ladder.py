@@ -73,7 +73,7 @@ class Step:
     the step is not confirmed within the grace (``None`` for a drain). ``why``: for a drain of
     a holder that declared a park, why it is not parked (the host RAM budget). ``quiet_s``:
     how long its front may wait for its requests in flight first (seconds); ``jobs``: how many
-    it had when the plan was made."""
+    it had when the plan was made. ``fence_at``: see the field."""
 
     lease_id: str
     engine: str
@@ -86,6 +86,10 @@ class Step:
     quiet_s: float | None = None
     jobs: int = 0
     move_to: str | None = None      # a move's card (PCI address; issue 35)
+    #: for a park or drain of a busy holder: when the waiter's oldest request arrived (broker's
+    #: clock); while it waits for quiet its front forwards only the held requests older than
+    #: that (issue 34, the fence)
+    fence_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -136,12 +140,17 @@ def _ram_cost(lease: Lease, policy: Policy) -> int:
 
 
 def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
-         swaps: SwapLog | None = None, busy_cards: frozenset[str] = frozenset()) -> Plan | NoPlan:
+         swaps: SwapLog | None = None, busy_cards: frozenset[str] = frozenset(),
+         fence: bool = False) -> Plan | NoPlan:
     """Plan room for waiter ``w`` (its ``need`` already computed) by the cheapest rungs.
 
     ``busy_cards``: cards on which room is already being made for another waiter; no plan is
-    made on them. Returns :class:`Plan` (``rung`` ``fit``/``beside_residual`` with no steps when
-    nothing need move) or :class:`NoPlan` with the reason. Per short card, numbered as the
+    made on them. ``fence``: the plan is carried out (not only scored, as placement does), so
+    a busy holder's park or drain is fenced at the waiter's oldest request (issue 34,
+    :attr:`Step.fence_at`) and requests older than the waiter's keep no holder out of it;
+    scored plans keep the older-requests rule, a card whose holder serves an older request
+    being no room now. Returns :class:`Plan` (``rung`` ``fit``/``beside_residual`` with no
+    steps when nothing need move) or :class:`NoPlan` with the reason. Per short card, numbered as the
     rungs: (3) one holder lends; else (4) holders park, then (5) drain, greedily in victim order.
     """
     waiter = ledger.leases[w.lease_id]
@@ -153,7 +162,7 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
     if busy:
         return NoPlan(w.lease_id, "room is already being made on "
                       + ", ".join(ledger.cards[p].name for p in busy))
-    cands, refusals = _candidates(ledger, w, waiter, list(short), policy, now, swaps)
+    cands, refusals = _candidates(ledger, w, waiter, list(short), policy, now, swaps, fence)
     steps: dict[str, Step] = {}   # by lease id
     rung = Rung.FIT
     ram_left = ledger.ram_available_bytes()
@@ -163,7 +172,8 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
             steps[lend.lease_id] = lend
             rung = max(rung, Rung.LEND, key=RUNGS.index)
             continue
-        chosen = _park_or_drain(waiter, p, gap, cands[p], steps, ram_left, policy, now)
+        chosen = _park_or_drain(waiter, p, gap, cands[p], steps, ram_left, policy, now,
+                                _since(w, waiter) if fence else None)
         if chosen is None:
             causes = card_causes(ledger, p, waiter.id, gap, refusals.get(p, []))
             return NoPlan(w.lease_id, f"{ledger.cards[p].name}: short {format_size(gap)}; "
@@ -186,7 +196,7 @@ def _beside_residual(ledger: Ledger, w: Waiter) -> bool:
 
 
 def _candidates(ledger: Ledger, w: Waiter, waiter: Lease, cards: list[str], policy: Policy,
-                now: float, swaps: SwapLog | None
+                now: float, swaps: SwapLog | None, fence: bool = False
                 ) -> tuple[dict[str, list[Lease]], dict[str, list[tuple[Lease, str, bool]]]]:
     """Per card: the active holders that may be displaced, in victim order (idle before busy,
     then lowest priority, then least recently used, then the largest), and
@@ -195,7 +205,7 @@ def _candidates(ledger: Ledger, w: Waiter, waiter: Lease, cards: list[str], poli
     cands: dict[str, list[Lease]] = {}
     # The waiter has waited since its oldest request at its front (held while it sleeps),
     # which may be older than its place in the queue (a wake asked while it was parking).
-    since = w.since if waiter.oldest_job_at is None else min(w.since, waiter.oldest_job_at)
+    since = _since(w, waiter)
     ram = ledger.ram_available_bytes()
     for p in cards:
         found = []
@@ -204,7 +214,7 @@ def _candidates(ledger: Ledger, w: Waiter, waiter: Lease, cards: list[str], poli
                 continue
             why, lasting = _unfreeable(lease, ram, policy)
             if why is None:
-                why = displaceable(lease, waiter, policy, now, swaps, since)
+                why = displaceable(lease, waiter, policy, now, swaps, since, fence)
                 # An operator hold stays; a turn and the guard run out, and so does a higher
                 # priority's keep_warm when shorter than a held request's wait (counted from
                 # now for a busy holder: its last request has not ended yet).
@@ -220,6 +230,12 @@ def _candidates(ledger: Ledger, w: Waiter, waiter: Lease, cards: list[str], poli
                                    -counted_bytes(le.shares[p])))
         cands[p] = found
     return cands, refusals
+
+
+def _since(w: Waiter, waiter: Lease) -> float:
+    """When the waiter's oldest request arrived (broker's clock): its place in the queue, or
+    its front's oldest request when older (a wake asked while it was parking)."""
+    return w.since if waiter.oldest_job_at is None else min(w.since, waiter.oldest_job_at)
 
 
 def _beyond_reach(ledger: Ledger, p: str, need: int,
@@ -283,7 +299,8 @@ def _lend_step(waiter: Lease, p: str, need: int, gap: int, cands: list[Lease],
 
 
 def _park_or_drain(waiter: Lease, p: str, gap: int, cands: list[Lease], steps: dict[str, Step],
-                   ram_left: int | None, policy: Policy, now: float) -> list[Step] | None:
+                   ram_left: int | None, policy: Policy, now: float,
+                   since: float | None = None) -> list[Step] | None:
     """Rungs (4) then (5) on card ``p``: victims in order until ``gap`` bytes are freed, by
     parks alone if they can, else with drains, and last by draining every victim, for a card
     where the parks would leave residuals the waiter needs too; ``None`` when even that falls
@@ -298,7 +315,7 @@ def _park_or_drain(waiter: Lease, p: str, gap: int, cands: list[Lease], steps: d
                 break
             if le.id in steps:
                 continue
-            st = _victim_step(le, waiter, p, ram, allow_drain, park_ok, policy, now)
+            st = _victim_step(le, waiter, p, ram, allow_drain, park_ok, policy, now, since)
             if st is None:
                 continue
             if st.action is Action.PARK and ram is not None:
@@ -311,10 +328,13 @@ def _park_or_drain(waiter: Lease, p: str, gap: int, cands: list[Lease], steps: d
 
 
 def _victim_step(le: Lease, waiter: Lease, p: str, ram: int | None, allow_drain: bool,
-                 park_ok: bool, policy: Policy, now: float) -> Step | None:
+                 park_ok: bool, policy: Policy, now: float,
+                 since: float | None = None) -> Step | None:
     """The holder's step: a park when parks are allowed (``park_ok``), it can park whole, is
     not preempted and the host RAM budget (``ram`` bytes left, ``None``: no limit) admits it;
-    else a drain when allowed."""
+    else a drain when allowed. A busy holder's step is fenced at ``since`` (issue 34) against
+    a waiter of its own priority or lower, whom it serves in arrival order; a higher priority
+    goes first, so its park closes the front at once and the holder's backlog stays held."""
     whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
     why = ""
     if park_ok and le.caps.can_park() and whole and not _preempts(le, waiter) and (
@@ -334,7 +354,8 @@ def _victim_step(le: Lease, waiter: Lease, p: str, ram: int | None, allow_drain:
     if f.get(p, 0) <= 0:
         return None
     return Step(le.id, le.engine, action, tuple(le.shares), f, fallback=_FALLBACK[action],
-                why=why, quiet_s=_quiet(le, waiter, policy, now), jobs=le.in_flight)
+                why=why, quiet_s=_quiet(le, waiter, policy, now), jobs=le.in_flight,
+                fence_at=since if le.in_flight and le.priority >= waiter.priority else None)
 
 
 def _prune(trial: dict[str, Step], p: str, gap: int, got: int) -> dict[str, Step]:

@@ -354,6 +354,11 @@ class Lease:
     ``oldest_job_at``: when the oldest request its front has now (held or forwarded) arrived,
     as the front reports it (``None``: not reported); a busy holder keeps its card for a waiter
     that asked later than that (issue 16: no engine waits longer than under FIFO swapping).
+    ``held_jobs``: how many of ``in_flight`` its front holds, not yet forwarded (its slots
+    are full), and ``oldest_held_at`` when the oldest of those arrived (``None``: none held, or
+    not said): a holder that holds requests is parked fenced at once rather than kept for its
+    older ones, since the instant they end its front would forward the held ones, newer than
+    the waiter's, and the park would wait for them (issue 34, the fence).
     ``idle_since``: when its front last reported nothing in flight (``None`` while busy or
     before any report); ``last_job_at``: when it last reported a request. ``served``: how many
     model requests its front has reported started during this lease (a count that moves between
@@ -400,6 +405,8 @@ class Lease:
     may_preempt: bool = False
     switch_cost_s: float = 0.0
     oldest_job_at: float | None = None
+    held_jobs: int = 0
+    oldest_held_at: float | None = None
     idle_since: float | None = None
     last_job_at: float | None = None
     served: int = 0

@@ -209,9 +209,10 @@ def _released(st: State, lease: Lease, op: str, ok: bool, now: float,
 
 def jobs(st: State, lease_id: str, in_flight: int, now: float, oldest_at: float | None,
          served: int | None, client: str | None = None, answered_client: str | None = None,
-         answered_at: float | None = None) -> list[Effect]:
+         answered_at: float | None = None, held: int | None = None,
+         oldest_held_at: float | None = None) -> list[Effect]:
     """See :meth:`~.scheduler.Scheduler.jobs`."""
-    for name, n in (("in_flight", in_flight), ("served", served)):
+    for name, n in (("in_flight", in_flight), ("served", served), ("held", held)):
         if n is not None and n < 0:
             raise ValueError(f"{name}: expected a count >= 0, got {n}")
     lease = st.ledger.leases[lease_id]
@@ -237,13 +238,18 @@ def jobs(st: State, lease_id: str, in_flight: int, now: float, oldest_at: float 
     # Its older requests ended: a waiter that asked before the ones left may go now.
     moved_on = lease.oldest_job_at is not None and (
         oldest_at is None or oldest_at > lease.oldest_job_at)
+    # It holds requests now: a waiter's fenced park need not wait for its older ones to end.
+    holds = bool(held) and not lease.held_jobs
+    lease.held_jobs = min(held or 0, in_flight)
+    lease.oldest_held_at = oldest_held_at if lease.held_jobs else None
     lease.in_flight, lease.jobs_reported = in_flight, True
     lease.served = lease.served if served is None else served
     lease.oldest_job_at = oldest_at if in_flight else None
     if not in_flight:
         lease.demand.asked_client = lease.demand.asked_at = lease.demand.asked_moved = None
     lease.last_used_at = now
-    return fx + (admit(st, now) if (went_idle or moved_on or moved) and len(st.queue) else [])
+    return fx + (admit(st, now) if (went_idle or moved_on or moved or holds) and len(st.queue)
+                 else [])
 
 
 def asked(st: State, lease: Lease, client: str | None, at: float) -> None:

@@ -197,7 +197,7 @@ def make_room(st: State, w: Waiter, now: float) -> list[Effect]:
         st.finished[w.lease_id] = st.rooms.pop(w.lease_id)
         st.ledger.earmark(w.lease_id, {})
     busy = frozenset(p for r in st.rooms.values() if r.pending for p in r.cards)
-    p = plan(st.ledger, w, st.policy, now, st.swaps, busy)
+    p = plan(st.ledger, w, st.policy, now, st.swaps, busy, fence=True)
     lease = st.ledger.leases[w.lease_id]
     p = _move_instead(st, w, p, busy) or p
     st.recheck.pop(w.lease_id, None)
@@ -304,11 +304,11 @@ def _begin_steps(st: State, p: Plan, lease: Lease, now: float) -> list[Effect]:
         if step.action is Action.LEND:
             fx += begin_lend(st, victim, step.cards[0], step.lend_bytes, now, reason, quiet)
         elif step.action is Action.PARK:
-            fx += begin_park(st, victim, now, reason, quiet)
+            fx += begin_park(st, victim, now, reason, quiet, step.fence_at if quiet else None)
         elif step.action is Action.MOVE:
             fx += _move(st, victim, step, now, reason)
         else:
-            fx += stop(st, victim, now, reason, step.quiet_s)
+            fx += stop(st, victim, now, reason, step.quiet_s, fence_at=step.fence_at)
     return fx
 
 

@@ -208,7 +208,8 @@ class Scheduler:
     def jobs(self, lease_id: str, in_flight: int, now: float, oldest_at: float | None = None,
              served: int | None = None, client: str | None = None,
              answered_client: str | None = None,
-             answered_at: float | None = None) -> list[Effect]:
+             answered_at: float | None = None, held: int | None = None,
+             oldest_held_at: float | None = None) -> list[Effect]:
         """The holder's front forwards ``in_flight`` requests now (its run reports each change).
         A holder that goes idle yields to anyone waiting once its idle spell outlasts a switch
         back (rent or buy, issue 24), so the admission pass runs then; a busy one's park or
@@ -221,10 +222,13 @@ class Scheduler:
         ``client``: the client key of the oldest of those requests; ``answered_client`` /
         ``answered_at``: the client key of the last answer the front delivered and when it
         ended (``None``: not said): the forecast of whether a request comes for it within a
-        switch back learns from them (issue 34, :mod:`.demand`). Raises ``ValueError`` for a
-        negative count."""
+        switch back learns from them (issue 34, :mod:`.demand`). ``held``: how many of those
+        requests the front holds, not yet forwarded (its slots are full; ``None``: not said),
+        and ``oldest_held_at`` when the oldest of them arrived: a holder that holds requests is
+        parked fenced at once (issue 34, the fence: :attr:`~.model.Lease.held_jobs`). Raises
+        ``ValueError`` for a negative count."""
         return reports.jobs(self.state, lease_id, in_flight, now, oldest_at, served, client,
-                            answered_client, answered_at)
+                            answered_client, answered_at, held, oldest_held_at)
 
     def touch(self, lease_id: str, now: float) -> list[Effect]:
         """The engine served a request (for least-recently-used victim order)."""

@@ -47,7 +47,8 @@ class SwapLog:
 
 
 def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
-                 swaps: SwapLog | None = None, since: float | None = None) -> str | None:
+                 swaps: SwapLog | None = None, since: float | None = None,
+                 fence: bool = False) -> str | None:
     """``None`` if ``holder`` may be made to give room to ``waiter`` now, else the reason.
 
     Numbered as in the code: (1) never itself; (2) an operator hold protects; (3) a holder of
@@ -63,7 +64,10 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
     against a waiter whose request is older than any it expects; a higher priority's rent is
     its ``keep_warm``); (5) the juggle guard: two busy engines swap a card at most
     ``juggle_max_swaps`` times inside ``juggle_window_s``. ``since``: when the waiter's oldest
-    request arrived (default: what its lease says, :func:`asked_since`).
+    request arrived (default: what its lease says, :func:`asked_since`). ``fence``: the caller's
+    park or drain fences the holder's front at ``since`` (issue 34: it forwards only the held
+    requests older than the waiter's, and the park waits for those), so requests older than the
+    waiter's no longer keep the card from being planned.
     """
     if holder.id == waiter.id:                                               # (1)
         return "itself"
@@ -74,7 +78,7 @@ def displaceable(holder: Lease, waiter: Lease, policy: Policy, now: float,
             not idle or now - holder.last_used_at < holder.keep_warm_s):     # (3)
         return f"{holder.engine} has higher priority ({holder.priority} > {waiter.priority})"
     if holder.priority >= waiter.priority:                                   # (4)
-        why = _turn(holder, waiter, policy, now, since)
+        why = _turn(holder, waiter, policy, now, since, fence)
         if why is not None:
             return why
     if not idle and swaps is not None and policy.juggle_max_swaps >= 0:      # (5)
@@ -235,7 +239,7 @@ _STARTING = "{} is starting: it has not said it serves yet (given up to {} after
 
 
 def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
-          since: float | None) -> str | None:
+          since: float | None, fence: bool = False) -> str | None:
     """Step (4) of :func:`displaceable`: why the holder's turn keeps its card, or ``None``."""
     start, said = turn_start(holder, policy)
     longest = max(policy.max_turn_s, policy.min_turn_s, holder.switch_cost_s)
@@ -272,8 +276,12 @@ def _turn(holder: Lease, waiter: Lease, policy: Policy, now: float,
     if now < _min_turn_end(holder, policy, start, since, waiter):
         return f"{holder.engine} is inside its minimum turn"
     # Older requests keep the card only while the oldest is younger than the holder's max_job
-    # (a job that outlived it protects nothing, as in the park's wait for quiet).
-    if since is not None and holder.oldest_job_at is not None and \
+    # (a job that outlived it protects nothing, as in the park's wait for quiet). A holder
+    # whose front holds requests is parked fenced instead, the park waiting for the older
+    # ones: the instant they end its front would forward the held ones, newer than the
+    # waiter's, and a park decided then would wait for those too (issue 34, the fence).
+    if not (fence and holder.held_jobs) and since is not None and \
+            holder.oldest_job_at is not None and \
             holder.oldest_job_at < since and \
             now - holder.oldest_job_at < max_job_s(holder, policy.max_job_s):
         return f"{holder.engine} serves requests older than {waiter.engine}'s"

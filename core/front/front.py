@@ -97,6 +97,11 @@ class Front(FastPath):
         self.in_flight = self._holding = 0
         self._arrived: dict = {}                # request -> when it reached the front (monotonic s)
         self._line: collections.deque = collections.deque()   # held requests, in arrival order
+        # A fenced close (issue 34): while a request that arrived before this time (monotonic
+        # s) is held or forwarded, the front stays open; set when none is left.
+        self._fence: float | None = None
+        self._fenced = asyncio.Event()
+        self._fence_why = ""
         self.clients = ClientLog()              # who its requests are from (issue 34)
         self.forwarded = self.served = 0
         self.held = self.held_timeouts = self.client_gone = self.errors = 0
@@ -179,6 +184,13 @@ class Front(FastPath):
         """Requests held now."""
         return self._holding
 
+    @property
+    def oldest_held_at(self) -> float | None:
+        """When the oldest request held now (not forwarded) arrived (``time.monotonic``
+        seconds; ``None``: none held). berthd parks a holder that holds requests fenced
+        (issue 34)."""
+        return self._arrived.get(self._line[0]) if self._line else None
+
     def _move(self, new: FrontState, why: str = "") -> bool:
         """The only place the state changes: check the edge, record the time, wake every held
         request, emit one event. Moving to the current state does nothing and returns False."""
@@ -191,6 +203,10 @@ class Front(FastPath):
                 f"front {self.name!r}: {old} -> {new} is not allowed; from {old} it may go to "
                 f"{', '.join(sorted(TRANSITIONS[old])) or 'nowhere'}")
         self._state, self.since = new, time.monotonic()
+        if self._fence is not None and new is not F.OPEN:
+            # Out of open by another way (stopped): a fenced close's wait ends with it.
+            self._fence = None
+            self._fenced.set()
         if new not in (F.ASLEEP, F.WAKING):
             self.engine_state = None
         self._notify()
@@ -216,25 +232,53 @@ class Front(FastPath):
         and ``RuntimeError`` before :meth:`set_upstream`."""
         if self._upstream is None:
             raise RuntimeError(f"front {self.name!r}: set_upstream() before open()")
+        self._fence = None      # a fenced close called off
         return self._move(F.OPEN)
 
-    async def close_and_drain(self, timeout_s: float, why: str = "") -> bool:
+    async def close_and_drain(self, timeout_s: float, why: str = "",
+                              fence_at: float | None = None) -> bool:
         """``open -> closing``: hold new requests and wait up to ``timeout_s`` seconds for the
         in-flight ones to finish. Returns True when none is left. The state stays ``closing``:
         the caller then calls :meth:`sleep` (park done), :meth:`open` (called off) or
         :meth:`stopped` (seed 002: "Only then does the park, checkpoint or lend begin").
         In a state that forwards nothing (starting, asleep, waking, stopped) nothing is in flight:
-        it returns True at once and leaves the state as it is."""
+        it returns True at once and leaves the state as it is.
+
+        ``fence_at`` (``time.monotonic`` seconds; issue 34, the fence): the front stays open,
+        forwarding as its slots allow and the oldest held first, while any request that
+        arrived before that time is held or forwarded; the instant none is left it closes, so
+        a newer request held for a slot stays held, and the wait is for what runs then. A
+        waiter's park thus waits for the requests older than the waiter's, never for a backlog
+        that came after it."""
         if self._state is F.OPEN:
-            self._move(F.CLOSING, why)
+            if fence_at is not None:
+                self._fence, self._fence_why = fence_at, why
+                self._fenced.clear()
+                self._fence_check()
+            else:
+                self._move(F.CLOSING, why)
         elif self._state is not F.CLOSING:
             return True
         try:
             async with asyncio.timeout(timeout_s):
+                if self._fence is not None:
+                    await self._fenced.wait()
                 await self._idle.wait()
             return True
         except TimeoutError:
             return False
+
+    def _fence_check(self) -> None:
+        """A fenced close goes ``open -> closing`` once no request older than its fence is
+        held or forwarded; called, before any held request may take a freed slot, wherever one
+        leaves (:meth:`close_and_drain`)."""
+        at = self._fence
+        if at is None or any(t < at for t in self._arrived.values()):
+            return
+        self._fence = None
+        if self._state is F.OPEN:
+            self._move(F.CLOSING, self._fence_why)
+        self._fenced.set()
 
     def sleep(self, engine: str | None = None) -> bool:
         """``closing -> asleep`` (or ``waking -> asleep`` when a wake is refused). Writes held
@@ -296,6 +340,7 @@ class Front(FastPath):
         """A held write leaves without being forwarded."""
         self._arrived.pop(req, None)
         self.clients.left(req, False, False)
+        self._fence_check()
 
     def _ask_wake(self) -> None:
         if self._on_wake is None:

@@ -84,6 +84,7 @@ class RequestPath(Hold, Answers):
     _on_unwanted: Callable[[], None] | None
     _ask_wake: Callable[[], None]
     _notify: Callable[[], None]
+    _fence_check: Callable[[], None]
 
     async def _handle(self, req: "Request", client: "ClientConnection") -> bool:
         # A malformed X-Berth-Deadline is a 400 in every state, before anything is woken: a
@@ -219,6 +220,7 @@ class RequestPath(Hold, Answers):
         self._arrived.pop(req, None)
         self.in_flight -= 1
         self.clients.left(req, True, self.in_flight == 0)
+        self._fence_check()     # before a held request may take the slot (issue 34)
         if self.in_flight == 0:
             self._idle.set()
         if self.max_in_flight is not None and self._holding:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,14 @@ _FREEING = frozenset({Op.PARK, Op.LEND})
 _RESTORING = frozenset({Op.WAKE, Op.RETURN})
 
 
+def fence_at(ins: Instruction) -> float | None:
+    """The instruction's fence on this run's clock (``time.monotonic`` seconds; issue 34):
+    requests that reached the front before it are older than the waiter's (berthd sends the
+    fence as an age, ``fence_age_s``, counted when it made the instruction; the trip here
+    makes it at most that much later)."""
+    return None if ins.fence_age_s is None else time.monotonic() - ins.fence_age_s
+
+
 class Busy(RuntimeError):
     """The front could not go quiet in time: the park never began."""
 
@@ -73,6 +82,8 @@ class Actions:
         self.move_to: str | None = None
         #: how long the stop may wait for the requests in flight (berthd's quiet_s, issue 12)
         self.drain_quiet_s: float | None = None
+        #: the drain's fence (``time.monotonic`` seconds; issue 34), or None
+        self.drain_fence_at: float | None = None
         #: bytes this run's engine has lent and not yet grown back, by card
         self.lent: dict[str, int] = {}
         #: set while a park or lend runs (its quiet wait, then its mechanism): berthd's
@@ -121,6 +132,7 @@ class Actions:
             self.stop_event.set()
             self.drained = ins.reason or "drained"
             self.drain_quiet_s = ins.quiet_s
+            self.drain_fence_at = fence_at(ins)
             self.move_to = ins.move_to
             return
         ok, detail = True, ""
@@ -211,7 +223,8 @@ class Actions:
         called = self._call_off or asyncio.Event()
         drained = asyncio.ensure_future(self.front.close_and_drain(
             self.lease.limit("release_grace_s") if wait_s is None else wait_s,
-            why=f"a {op} begins: the requests in flight finish first"))
+            why=f"a {op} begins: the requests in flight finish first",
+            fence_at=fence_at(ins) if op is Op.PARK else None))
         off = asyncio.ensure_future(called.wait())
         try:
             await asyncio.wait({drained, off}, return_when=asyncio.FIRST_COMPLETED)

@@ -372,7 +372,8 @@ class EngineRun:
             # max_job (berthd's quiet_s; issue 12 case 4); a plain stop gives them stop_grace.
             grace = max(self.o.stop_grace_s, self.actions.drain_quiet_s or 0.0)
             with contextlib.suppress(Exception):
-                await self.front.close_and_drain(grace, why=f"the engine stops ({why})")
+                await self.front.close_and_drain(grace, why=f"the engine stops ({why})",
+                                                 fence_at=self.actions.drain_fence_at)
             if not self._keeps():
                 self.front.stopped(f"engine stopped: {why}")
         code = await self.engine.kill()

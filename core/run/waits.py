@@ -42,7 +42,8 @@ def job_reporter(front, lease, served_from: int = 0, **kw) -> JobReporter:
                            lambda: lease.lease_id, lambda: lease.client,
                            served=lambda: front.served - served_from,
                            clients=lambda: (front.oldest_client, front.clients.answered_client,
-                                            front.clients.answered_at), **kw)
+                                            front.clients.answered_at),
+                           held=lambda: (front.holding, front.oldest_held_at), **kw)
     front.clients.on_quiet = reporter.kick
     return reporter
 

@@ -124,3 +124,40 @@ def test_a_higher_priority_stops_a_job_only_where_its_entry_allows_it(berthd, ru
         assert job.error is None and job.tokens == 2 * TOKENS and job.finish == "length", \
             (job.tokens, job.finish, job.error)
     assert d.status()["counters"]["drains"] == 1
+
+
+def test_a_waiters_park_waits_for_older_requests_not_for_newer_ones(berthd, runs):
+    """Issue 34, the fence, live: A (one slot, a checkpoint park) runs a 20 s request older than
+    B's ask; two more of A's requests come after B asked and are held at A's front. A parks as
+    soon as its older request ends, and B serves while A's newer requests are still held (they
+    go after A's wake). Before, A's older request kept the card and the instant it ended A's
+    front forwarded the next one, so the park waited for a newer request (6 s) too. The turns
+    are short here (2 s) so that they do not cover the race; the default's turns batch a
+    holder's own requests first, by design."""
+    d = berthd(policy={"release_grace": "10s", "ram_budget": "64GiB", "min_turn": "2s",
+                       "max_turn": "2s"})
+    port = free_port()
+    engine_run(d, runs, "A", front=port, park=True, tokens_per_s=RATE, weights="2GiB",
+               run_args=("--max-in-flight", "1"))
+    wait_for(lambda: serving(d, "A"), 60, "A serving")
+    older = Chat(port, max_tokens=400, stream=True, timeout_s=120)      # 20 s
+    t_older = in_thread(older)
+    wait_for(lambda: older.tokens > 0, 30, "A's older request running")
+    engine_run(d, runs, "B")
+    wait_for(lambda: (d.status()["waiting"] or [{}])[0].get("why"), 30, "B waiting")
+    newer = [Chat(port, max_tokens=120, stream=True, timeout_s=120) for _ in range(2)]
+    threads = [in_thread(j) for j in newer]
+    wait_for(lambda: (d.lease_of("A") or {}).get("in_flight") == 3, 10,
+             "A's newer requests held at its front, known to berthd")
+    assert older.finish is None, "the older request must still run when the newer ones come"
+    wait_for(lambda: serving(d, "B"), 60, "B serving once A's older request ended")
+    assert [j.tokens for j in newer] == [0, 0], "B waited for a request newer than its own"
+    t_older.join(60)
+    assert older.status == 200 and older.finish == "length", (older.status, older.error)
+    for t in threads:
+        t.join(90)
+    assert [(j.status, j.finish) for j in newer] == [(200, "length")] * 2, \
+        [(j.status, j.error) for j in newer]
+    c = d.status()["counters"]
+    # A parked once for B (no fallback); B, which cannot park, drains for A's wake.
+    assert c["fallbacks_to_drain"] == 0 and c["checkpoints"] >= 1, c

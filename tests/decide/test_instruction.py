@@ -19,8 +19,11 @@ def test_what_berthd_sends_reads_back_the_same():
     ins = Instruction(Op.LEND, (G0,), 7, {G0: 2 * GiB}, reason="room for b", quiet_s=3.5)
     wire = json.loads(json.dumps(ins.to_wire()))
     assert wire == {"op": "lend", "seq": 7, "cards": [G0], "bytes": {G0: 2 * GiB},
-                    "reason": "room for b", "quiet_s": 3.5, "call_off": False, "move_to": None}
+                    "reason": "room for b", "quiet_s": 3.5, "call_off": False, "move_to": None,
+                    "fence_age_s": None}
     assert Instruction.from_wire(wire) == ins
+    fenced = Instruction(Op.PARK, (G0,), 10, reason="room for b", quiet_s=60.0, fence_age_s=2.5)
+    assert Instruction.from_wire(json.loads(json.dumps(fenced.to_wire()))) == fenced
     move = Instruction(Op.DRAIN, (G0,), 9, reason="room for w", move_to="0000:02:00.0")
     assert Instruction.from_wire(json.loads(json.dumps(move.to_wire()))) == move
     off = Instruction(Op.WAKE, (G0,), 8, reason="the waiter has gone", call_off=True)

@@ -239,6 +239,41 @@ class TestCostAwareTurns:
         assert state(w, "a") is S.PARKING
 
 
+    def test_a_holder_that_holds_newer_requests_is_parked_fenced_at_once(self):
+        """Issue 34, the fence: a one-slot holder runs a request older than the waiter's and its
+        front holds one that came after. Before, its older request kept the card, and the
+        instant it ended the front forwarded the newer one, so the park decided then waited
+        for that one too (``bench/policy``'s d and n: an image job of 29 s). Now the park
+        begins at once, fenced at the waiter's request: the front forwards only what is older
+        than that, and the park waits for the older request alone."""
+        from berth.decide.effects import Instruct
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0, max_turn_s=0))
+        w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        w.advance(5)
+        w.apply(w.s.jobs("a", 1, w.now, oldest_at=1.0, held=0))   # one request, since t = 1
+        w.request("b", "B", {G0: 10 * GiB})                         # b asks at t = 5
+        assert state(w, "a") is S.ACTIVE and "older than B's" in texts(w)[-1]
+        w.advance(2)
+        # A request that came after b's is held at a's front: its one slot is taken.
+        w.apply(w.s.jobs("a", 2, w.now, oldest_at=1.0, held=1, oldest_held_at=6.0))
+        assert state(w, "a") is S.PARKING
+        [park] = [e for e in w.effects if isinstance(e, Instruct) and e.op == "park"]
+        assert park.fence_age_s == 2.0 and park.quiet_s, park    # fenced at b's t = 5
+
+    def test_a_higher_priority_waiters_park_is_not_fenced(self):
+        """A higher priority goes first, not in arrival order: its park closes the holder's
+        front at once and the backlog older than its request stays held (with a fence it went
+        before the park: ``tests/broker/test_front_slots.py``)."""
+        from berth.decide.effects import Instruct
+        w = World([24 * GiB], Policy(min_turn_s=0, juggle_window_s=0, max_turn_s=0))
+        w.request("a", "A", {G0: 20 * GiB}, park=CKPT)
+        w.advance(5)
+        w.apply(w.s.jobs("a", 3, w.now, oldest_at=1.0, held=2, oldest_held_at=2.0))
+        w.request("b", "B", {G0: 10 * GiB}, priority=5)
+        assert state(w, "a") is S.PARKING
+        [park] = [e for e in w.effects if isinstance(e, Instruct) and e.op == "park"]
+        assert park.fence_age_s is None and park.quiet_s, park
+
     def test_older_requests_keep_the_card_no_longer_than_max_job(self):
         """A job older than its engine's max_job protects nothing: before, the FIFO rule kept a
         holder whose 40 s stream had outlived max_job = 1 s for the whole stream."""

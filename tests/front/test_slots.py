@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 
 import aiohttp
 import pytest
@@ -209,3 +210,39 @@ async def test_a_stream_held_for_a_slot_says_it_waits_for_one():
             a2.set()
             assert b"data: [DONE]" in await r.content.read()
         assert (await busy).status == 200
+
+
+@run
+async def test_a_fenced_close_forwards_the_older_held_writes_and_holds_the_newer():
+    """Issue 34, the fence: a one-slot engine runs "one"; "two" is held, then the waiter asks
+    (the fence), then "three" is held. The fenced close forwards "two" when "one" ends (it is
+    older than the waiter's request), and closes the instant "two" ends, so "three" stays held
+    and the drain waited for "one" and "two" only. Before, a park closed at once ("two" waited
+    across it) or, decided once the older writes ended, waited for "three" too."""
+    async with _RawEngine() as engine, front_for(engine, max_in_flight=1) as front, \
+            aiohttp.ClientSession() as http:
+        url = front.url + "/v1/completions"
+        first = asyncio.create_task(http.post(url, data="one"))
+        _, w1, a1 = await asyncio.wait_for(engine.waiting.get(), 10)
+        second = asyncio.create_task(http.post(url, data="two"))
+        await until(lambda: front.holding == 1, "two held for the slot")
+        fence = time.monotonic()                    # the waiter asks now
+        held_at = front.oldest_held_at
+        assert held_at is not None and held_at < fence
+        third = asyncio.create_task(http.post(url, data="three"))
+        await until(lambda: front.holding == 2, "three held for the slot")
+        drain = asyncio.create_task(front.close_and_drain(10.0, "a park", fence_at=fence))
+        await asyncio.sleep(0)
+        assert front.state is FrontState.OPEN      # "one" and "two" are older than the fence
+        _answer(w1, a1)
+        body, w2, a2 = await asyncio.wait_for(engine.waiting.get(), 10)
+        assert body == b"two" and front.state is FrontState.OPEN and not drain.done()
+        _answer(w2, a2)
+        assert await asyncio.wait_for(drain, 10)
+        assert front.state is FrontState.CLOSING and front.holding == 1
+        assert engine.bodies == [b"one", b"two"]   # "three" never reached the engine
+        assert (await first).status == 200 and (await second).status == 200
+        front.open()
+        _, w3, a3 = await asyncio.wait_for(engine.waiting.get(), 10)
+        _answer(w3, a3)
+        assert (await third).status == 200 and engine.bodies[-1] == b"three"

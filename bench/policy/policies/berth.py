@@ -171,6 +171,9 @@ class BerthPolicy(SimPolicy):
         self.reported: dict[str, tuple] = {}
         #: per engine, the client key of its front's last answer and when it ended (issue 34)
         self.answered: dict[str, tuple[str | None, float]] = {}
+        #: per engine whose park or drain is fenced (issue 34): the fence (world seconds) and
+        #: the action that follows once no held request older than it is left
+        self.fence: dict[str, tuple[float, str]] = {}
 
     # -- figures ---------------------------------------------------------------------------
     def floor_bytes(self, pci: str) -> int:
@@ -199,7 +202,8 @@ class BerthPolicy(SimPolicy):
 
     def _jobs(self, engine: str) -> None:
         """As ``berth run --front`` does: report the requests its front has (forwarded and
-        running, forwarded and queued inside the engine, held) each time the count changes."""
+        running, forwarded and queued inside the engine, held), and how many of them it holds,
+        each time the counts change."""
         lid = self.lease_of.get(engine)
         if lid not in self.sched.ledger.leases:
             return
@@ -212,15 +216,20 @@ class BerthPolicy(SimPolicy):
         first = min(jobs, key=lambda j: j.arrival_s, default=None)
         oldest = None if first is None else first.arrival_s
         answered = self.answered.get(engine, (None, None))
-        if self.reported.get(lid) != (n, oldest, answered):
-            self.reported[lid] = (n, oldest, answered)
+        # Of those, the ones held at the front, not forwarded (issue 34, the fence).
+        oldest_held = min((j.arrival_s for j in held), default=None)
+        if self.reported.get(lid) != (n, oldest, answered, len(held), oldest_held):
+            self.reported[lid] = (n, oldest, answered, len(held), oldest_held)
             self._apply(self.sched.jobs(lid, n, self.world.now, oldest,
                                         client=None if first is None else client_key(first),
                                         answered_client=answered[0],
-                                        answered_at=answered[1]))
+                                        answered_at=answered[1], held=len(held),
+                                        oldest_held_at=oldest_held))
 
     def _pump(self, engine: str) -> None:
         """Move the engine's held requests along: forward, ask for a wake, or ask for a lease."""
+        if engine in self.fence:
+            self._fenced(engine)
         if not self.held[engine]:
             return
         now = self.world.now
@@ -246,6 +255,35 @@ class BerthPolicy(SimPolicy):
         elif sts & _ASLEEP:
             first = self.held[engine][0]
             self._apply(self.sched.wake(lid, now, client_key(first), first.arrival_s))
+
+    def _fence(self, f: Instruct, proc, act: str) -> None:
+        """As ``berth run`` does with a fenced park or drain (issue 34): its front forwards as
+        when open (its slots, the oldest held first) while any request older than the fence
+        (the waiter's oldest request) is held or running; the instant none is, it closes, so a
+        newer request held for a slot stays held and the park (or stop) waits only for what
+        runs."""
+        if f.fence_age_s is None:
+            (self.world.park if act == "park" else self.world.stop)(proc)
+            return
+        self.fence[proc.engine] = (self.world.now - f.fence_age_s, act)
+        self._fenced(proc.engine)
+
+    def _fenced(self, engine: str) -> None:
+        at, act = self.fence[engine]
+        proc = self.proc_of.get(self.lease_of.get(engine))
+        if proc is None or not proc.alive:
+            del self.fence[engine]
+            return
+        held = self.held[engine]
+        if not any(j.arrival_s < at for j in
+                   itertools.chain(held, proc.running, proc.queue)):
+            del self.fence[engine]
+            (self.world.park if act == "park" else self.world.stop)(proc)
+            return
+        cap = proc.spec.slots if self.max_in_flight == "slots" else (
+            math.inf if self.max_in_flight is None else self.max_in_flight)
+        while held and len(proc.running) + len(proc.queue) < cap:
+            self.world.forward(held.popleft(), proc)
 
     def _new_lease(self, engine: str) -> None:
         spec = self.world.specs[engine]
@@ -351,11 +389,11 @@ class BerthPolicy(SimPolicy):
             return      # it died; the exit reaches the scheduler as its own event
         w = self.world
         if f.op == Op.PARK:
-            w.park(proc)
+            self._fence(f, proc, "park")
         elif f.op == Op.WAKE and f.call_off:
             # As berth run does: a park still waiting for its requests is called off; one
             # whose checkpoint has begun finishes, and the call-off does nothing more.
-            if proc.after == "park":
+            if proc.after == "park" or self.fence.pop(proc.engine, None) is not None:
                 proc.after = None
                 w.loop.soon(self._called_off, f.lease_id)
         elif f.op == Op.WAKE:
@@ -363,6 +401,7 @@ class BerthPolicy(SimPolicy):
                 w.restore(proc, self._cards(proc.engine, f))
             else:
                 # "lease.unparked": the engine holds memory again; it must not go on to park.
+                self.fence.pop(proc.engine, None)
                 if proc.after == "park":
                     proc.after = None
                 w.loop.soon(self._report, f.lease_id, Op.WAKE)
@@ -371,7 +410,7 @@ class BerthPolicy(SimPolicy):
                 # A move (issue 35): as berth run does, the front holds requests and the run
                 # asks for its card again as soon as its engine is gone.
                 self.moving.add(proc.engine)
-            w.stop(proc)
+            self._fence(f, proc, "stop")
         elif f.op == Op.LEND:
             for pci in f.cards:
                 w.lend(proc, pci, f.bytes[pci])
