@@ -27,12 +27,15 @@ A lease over several cards is ranked by demand first (issue 35, :func:`_rank`): 
 cards from every engine on them, so a set whose holders are asked for more than the waiter
 itself (:func:`.demand.recent`: requests in the last quarter hour) comes after a set where no
 room can be made *now* (it waits for the cards of holders in less demand), and sets with room
-are ranked by the demand they displace before their measured cost. It lasts while the waiter
+are ranked by the demand they displace before their measured cost; a holder that serves
+requests now counts each as :data:`SERVING_WEIGHT` requests asked for lately
+(:func:`displaced`). It lasts while the waiter
 has waited less than :data:`DEFER_LIMIT_S`, so no multi-card waiter waits on demand for ever.
 Measured on ``bench/policy``'s four-card workload (a 60 GiB engine over three of four cards
 beside seven one-card engines; bench/policy/README.md, issue 35): the two busy chat engines
 wait less (their p95s summed) on 15 of 20 seeds, the p95 on the committed trace falls from 1.05x swap-matrix's to
-0.56x, and rises on seed 9 from 0.87x to 1.15x.
+0.56x, and rises on seed 9 from 0.87x to 1.15x; with requests in flight weighed
+(:data:`SERVING_WEIGHT`) seed 9 is at 0.79x and every seed 1-10 at or under swap-matrix's.
 """
 
 from __future__ import annotations
@@ -50,10 +53,15 @@ from .turns import SwapLog
 from .units import format_size
 
 __all__ = ["Ask", "PlacementError", "place", "shares_for", "movable_of", "Score", "Choice",
-           "choose", "MAX_SETS", "DEFER_LIMIT_S"]
+           "choose", "displaced", "MAX_SETS", "DEFER_LIMIT_S", "SERVING_WEIGHT"]
 
 #: The most candidate card sets scored for one waiter (8 cards, any 4: 70 sets).
 MAX_SETS = 256
+#: How many requests asked for lately one request in flight weighs, in the demand a park or a
+#: drain displaces (:func:`displaced`). Measured on ``bench/policy``'s four-card workload
+#: (bench/policy/README.md, issue 35, third pass): 1 and 2 change nothing, 5 and 10 bring seed
+#: 9 under swap-matrix's p95, 50 puts seed 5 over it.
+SERVING_WEIGHT = 10
 #: How long a lease over several cards waits for holders in less demand than itself before
 #: the ladder's plain ranking comes back (seconds; twice a front's 120 s hold by default).
 DEFER_LIMIT_S = 240.0
@@ -166,8 +174,8 @@ class Score:
     start back; 0 where never measured). ``moved_bytes``: what the steps move. ``left_bytes``:
     room left over once the waiter is in (best fit: least first); for tiers 5 and 6 the room
     still missing (least first). ``demand``: how much the holders the steps park or drain
-    are asked for (:func:`.demand.recent`, summed; ranked first for a lease over several
-    cards, :func:`_rank`, last for any other)."""
+    are asked for (:func:`displaced`, summed: lately, and more for each request they serve
+    now; ranked first for a lease over several cards, :func:`_rank`, last for any other)."""
 
     tier: int
     cost_s: float
@@ -281,12 +289,22 @@ def _score(ledger: Ledger, w: Waiter, need: dict[str, int], policy: Policy, now:
     tier, cost, moved, demand = 0, 0.0, 0, 0
     for step in p.steps:
         victim = ledger.leases[step.lease_id]
-        demand += recent(victim, now)
+        demand += displaced(victim, now)
         cannot_park = step.action is Action.DRAIN and not victim.caps.can_park()
         tier = max(tier, _TIER[step.action] + cannot_park)
         cost += _cost_s(victim, step.action)
         moved += sum(step.frees_bytes.values())
     return Score(tier, cost, moved, left, demand)
+
+
+def displaced(victim: Lease, now: float) -> int:
+    """The demand a park or a drain of ``victim`` displaces (issue 35): what it was asked for
+    lately (:func:`.demand.recent`), and :data:`SERVING_WEIGHT` more for each request it serves
+    now. A holder caught mid-session is dearer than one asked for as often that is idle: its
+    park or drain waits for those requests (the waiter with it), and its client's next one
+    follows within the session, so it asks back at once and takes the one card the lease
+    leaves from whoever stands there."""
+    return recent(victim, now) + SERVING_WEIGHT * victim.in_flight
 
 
 def _cost_s(victim: Lease, action: Action) -> float:

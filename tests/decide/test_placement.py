@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from berth.decide.admission import Policy
+from berth.decide.demand import recent
 from berth.decide.model import Capabilities, Lease, ParkMechanism, ShareState
 from berth.decide.placement import Ask, PlacementError, Score, place
 from berth.decide.scheduler import Granted, Instruct, Note
@@ -288,6 +289,28 @@ class TestDemandOverSeveralCards:
         w.advance(DEFER_LIMIT_S)
         assert _cards_of(w, "T") == ["gpu0", "gpu3"]
         assert [(e.op, e.lease_id) for e in w.pending] == [("park", "H")]
+
+    def test_a_holder_serving_now_weighs_more_than_one_asked_for_lately(self):
+        # T has waited (its front holds a request from before), so S's later requests do not
+        # keep S's card; every set displaces more than T's own demand. H was asked for five
+        # times in the last minutes and is idle; S was asked for twice and serves two
+        # requests now: its park waits for them, and its client's next request follows.
+        w = self._four()
+        s = w.s.ledger.leases["S"]
+        for _ in range(2):
+            w.apply(w.s.jobs("S", 1, w.now, oldest_at=w.now))
+            w.advance(2.0)
+            w.apply(w.s.jobs("S", 0, w.now))
+            w.advance(2.0)
+        t = Lease("T", "T", {}, caps=Capabilities())
+        w.s.place(t, [Ask(None, 12 * GiB)] * 3, {})
+        t.oldest_job_at = w.now - 30.0
+        w.apply(w.s.jobs("S", 2, w.now, oldest_at=w.now))
+        assert recent(s, w.now) < recent(w.s.ledger.leases["H"], w.now)
+        w.apply(w.s.request(t, w.now))
+        # By demand asked for lately alone: gpu1+gpu2+gpu3 (S and F); S serves two now.
+        assert _cards_of(w, "T") == ["gpu0", "gpu2", "gpu3"]
+        assert sorted(e.lease_id for e in w.pending if e.op == "park") == ["F", "H"]
 
     def test_a_one_card_waiter_keeps_the_plain_ranking(self):
         w = self._four()
