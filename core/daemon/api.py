@@ -252,7 +252,7 @@ def _new_lease(broker: Broker, body: LeaseBody, adopted: ProcessId | None,
                  reaper=body.reaper and owner is not None,
                  pid=adopted.pid if adopted else None,
                  start_time=adopted.start_time if adopted else None,
-                 restart_grace_s=body.restart_grace,
+                 restart_grace_s=body.restart_grace, makes_room=body.makes_room,
                  max_job_s=entry.max_job if entry is not None else None,
                  may_preempt=entry.preempt if entry is not None else False)
 

@@ -95,6 +95,9 @@ class LeaseBody(_Body):
     # The owner is a child subreaper (``berth run``): every descendant of it other than itself
     # is the engine's, one that double-forked out of the engine's tree included (issue 36).
     reaper: StrictBool = False
+    # False: no holder makes room for it; it is granted when room frees by itself (a drained
+    # run with no front asking for its card again; issue 35).
+    makes_room: StrictBool = True
 
 
 class AttachBody(_Body):
