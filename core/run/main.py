@@ -336,8 +336,9 @@ class EngineRun:
         if exited is None:
             code = await self._stop("stop signal")
             if self.signalled:
-                log.info("%s stopped with exit code %s; the run exits %s (stopped by %s)",
-                         self.o.engine, code, self._signal_code(),
+                how = f"exit code {code}" if code >= 0 else signal.Signals(-code).name
+                log.info("%s stopped with %s; the run exits %s (stopped by %s)",
+                         self.o.engine, how, self._signal_code(),
                          signal.Signals(self.signum or signal.SIGTERM).name)
             return code
         log.info("%s exited on its own with %s", self.o.engine, exited)
