@@ -353,11 +353,13 @@ class Scheduler:
                 return [Note(lease_id, "park.none", f"{lease.engine} is already "
                              f"{', '.join(sorted(st.value for st in sts))}; nothing to park")]
             _check_parkable(lease)
-            return begin_park(self.state, lease, now, "operator") + rooms.admit(self.state, now)
+            return _overrides(lease, "park") + begin_park(self.state, lease, now, "operator") \
+                + rooms.admit(self.state, now)
         if op == Op.DRAIN:
             if lease.is_waiting():
                 return self.withdraw(lease_id, now, "drained by the operator while waiting")
-            return stop(self.state, lease, now, "operator") + rooms.admit(self.state, now)
+            return _overrides(lease, "drain") + stop(self.state, lease, now, "operator") \
+                + rooms.admit(self.state, now)
         raise ValueError(f"op: expected park, wake, drain, hold or release-hold, got {op!r}")
 
     # -- lookups ---------------------------------------------------------------------------------
@@ -385,6 +387,18 @@ def _asked(st: State, lease: Lease, pci: str) -> str:
         return card_name(st, pci)
     sh = lease.shares[pci]
     return "a whole card" if sh.whole_card else f"{format_size(sh.size_bytes)} on any card"
+
+
+def _overrides(lease: Lease, op: str) -> list[Effect]:
+    """The note that an operator's park or drain overrides the lease's hold (a hold protects
+    it from being displaced for a waiter, not from the operator): berthd's log, its timeline
+    and the CLI's answer say so, with what stays. ``[]`` when it is not held."""
+    if not lease.held:
+        return []
+    after = ("the hold stays: the engine is protected again once it wakes; `berth release-hold "
+             f"{lease.engine}` ends it") if op == "park" else "the hold ends with the lease"
+    return [Note(lease.id, "hold.override", f"{lease.engine} is held by the operator: this "
+                 f"{op} overrides the hold ({after})")]
 
 
 def _check_parkable(lease: Lease) -> None:
