@@ -9,15 +9,15 @@ prompts included.
    (``[api] operator_group``). Root and berthd's own user always may (they run the broker).
 2. Any other name is owned by the first live lease that holds it (its engine name or one of its
    aliases), until that lease ends; another user's lease for it is refused. Operators may.
-3. One live run per engine name: a lease whose engine name a live lease of another process
+3. A front must be on this machine (loopback, an unspecified address, or one of this machine's
+   own addresses) or on a configured peer's host (``[network] peers``); the front an engine's
+   entry names in berth.toml is the operator's and always may.
+4. One live run per engine name: a lease whose engine name a live lease of another process
    holds (its owner, else its engine, still the process berthd recorded), or a live drained
    run (issue 35: it asks for its card again), is refused with a 409 naming the name and that
    process; two runs of one name made berthd's log and ``berth status`` ambiguous. The same
    process may ask again (a drained run's new lease, a host's lease per program); a run that
    died leaves its name free at once.
-4. A front must be on this machine (loopback, an unspecified address, or one of this machine's
-   own addresses) or on a configured peer's host (``[network] peers``); the front an engine's
-   entry names in berth.toml is the operator's and always may.
 
 A lease's holder is the caller that asked for it (its peer credentials, remembered by the API
 for the daemon's life); for a lease restored from the state file, the Unix user of its owner
@@ -249,7 +249,7 @@ def names_refused(broker, request: web.Request, engine: str, names: list[str],
 
 
 def second_run(broker, engine: str, owner_pid: int | None) -> web.Response | None:
-    """Rule 3: a 409 when a live process other than ``owner_pid`` (the asking run) holds a
+    """Rule 4: a 409 when a live process other than ``owner_pid`` (the asking run) holds a
     lease of ``engine`` or is its drained run, else ``None``. The message starts with the
     field (``engine: ...``), as ``berth run`` says it in its flags (``--engine ...``)."""
     for le in broker.sched.ledger.leases.values():

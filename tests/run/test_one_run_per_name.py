@@ -1,4 +1,4 @@
-"""One live run per engine name (owners.py rule 3). Two ``berth run``s of one name made berthd's
+"""One live run per engine name (owners.py rule 4). Two ``berth run``s of one name made berthd's
 log and ``berth status`` ambiguous (two leases "A", lines that could be either); now berthd
 refuses the second with a 409 that names the name and the holder's PID, and the second run
 exits 1 saying so in its flags' words. A run that died leaves its name free at once."""
