@@ -90,6 +90,32 @@ async def _cancel(task: asyncio.Task) -> None:
         await task
 
 
+def signal_code(signum: int | None) -> int:
+    """A run's exit code after the stop signal ``signum``: 128 + its number (130 SIGINT, 143
+    SIGTERM), as a shell reports a command ended by it, whatever the run was doing."""
+    return 128 + (signum or signal.SIGTERM)
+
+
+def _say_stopped(engine: str, code: int, signum: int | None) -> None:
+    """Log the engine's own exit code (or the signal that ended it), which the run's code,
+    the signal's, no longer carries."""
+    how = f"exit code {code}" if code >= 0 else signal.Signals(-code).name
+    log.info("%s stopped with %s; the run exits %s (stopped by %s)", engine, how,
+             signal_code(signum), signal.Signals(signum or signal.SIGTERM).name)
+
+
+def _ran_on(lease: LeaseClient) -> list[str]:
+    """The PCI addresses of the cards this round's engine ran on (a move's from)."""
+    return [c["pci"] for c in lease.cards or [] if isinstance(c, dict) and "pci" in c]
+
+
+def _declared_slots(engine: str) -> int | None:
+    """The slots the engine's entry in berth.toml declares (``--slots`` wins), if any."""
+    from berth.config import load_config
+    entry = load_config()[0].engines.get(engine)
+    return entry.slots if entry is not None else None
+
+
 class EngineRun:
     """One run of one engine: its front, lease, engine process and actions. :meth:`main`
     returns the exit code."""
@@ -135,18 +161,13 @@ class EngineRun:
                     self.front.stopped(f"berth run cannot start: {e}")
                 return 2
             code = await self._serve(stack)
-        return self._signal_code() if self.signalled else code
+        return signal_code(self.signum) if self.signalled else code
 
     def _signalled(self, signum: int = signal.SIGTERM) -> None:
         if self.signum is None:
             self.signum = signum
         self.signalled = True
         self.stop_event.set()
-
-    def _signal_code(self) -> int:
-        """The run's exit code after a stop signal: 128 + its number (130 SIGINT, 143
-        SIGTERM), as a shell reports a command ended by it, whatever the run was doing."""
-        return 128 + (self.signum or signal.SIGTERM)
 
     async def _listen(self, stack: contextlib.AsyncExitStack) -> bool:
         """The front listens on ``--front``, state ``starting`` (reads 503, writes held). The
@@ -177,7 +198,7 @@ class EngineRun:
 
         from berth_plugins.manager import is_write, make_plugin_manager
         paths.client_socket()       # the config loads, or the run ends here (not fail-open)
-        self._declared_slots()
+        self.slots.declare(_declared_slots(self.o.engine))
         self._pm = pm = make_plugin_manager()
         stack.push_async_callback(self._close_lease)
         self._new_lease()
@@ -186,12 +207,6 @@ class EngineRun:
         stack.push_async_callback(self.engine.http.close)
         self._is_write = lambda method, path: is_write(pm, self.o.engine, method, path)
         self._wire()
-
-    def _declared_slots(self) -> None:
-        """The engine's entry in berth.toml may declare its slots (``--slots`` wins)."""
-        from berth.config import load_config
-        entry = load_config()[0].engines.get(self.o.engine)
-        self.slots.declare(entry.slots if entry is not None else None)
 
     def _new_lease(self) -> None:
         from berth.run.lease import LeaseClient
@@ -243,20 +258,16 @@ class EngineRun:
             from berth.run.drained import DrainedNote
             await self._note_done()
             self._note = DrainedNote(self.o.engine, self.front, self.actions.drained,
-                                     self.actions.move_to, self._cards(), self.o.aliases)
+                                     self.actions.move_to, _ran_on(self.lease), self.o.aliases)
             self._note.start()
             if not await self._drained():
-                return self._signal_code()
+                return signal_code(self.signum)
             self._note.asking()
             await self.lease.close()
             self._new_lease()
             # With no front no request shows it is wanted: it waits for room, making none.
             self.lease.makes_room = self.front is not None
             self._wire()
-
-    def _cards(self) -> list[str]:
-        """The PCI addresses of the cards this round's engine ran on (a move's from)."""
-        return [c["pci"] for c in self.lease.cards or [] if isinstance(c, dict) and "pci" in c]
 
     async def _note_done(self) -> None:
         """The engine serves again, or the run ends: berthd's board drops it from drained."""
@@ -309,7 +320,7 @@ class EngineRun:
                 # run started gets the reason, not a refused connection: issue 36).
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop_event.wait(), REFUSED_LINGER_S)
-            return self._signal_code() if self.stop_event.is_set() else 1
+            return signal_code(self.signum) if self.stop_event.is_set() else 1
         try:
             ident = await self.engine.spawn(self.lease.cards, self.lease.lease_id,
                                              self.lease.driver)
@@ -336,10 +347,7 @@ class EngineRun:
         if exited is None:
             code = await self._stop("stop signal")
             if self.signalled:
-                how = f"exit code {code}" if code >= 0 else signal.Signals(-code).name
-                log.info("%s stopped with %s; the run exits %s (stopped by %s)",
-                         self.o.engine, how, self._signal_code(),
-                         signal.Signals(self.signum or signal.SIGTERM).name)
+                _say_stopped(self.o.engine, code, self.signum)
             return code
         log.info("%s exited on its own with %s", self.o.engine, exited)
         if self.front is not None:
