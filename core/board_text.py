@@ -183,7 +183,8 @@ def _drained_lines(drained: list[dict]) -> list[str]:
         waiters = r.get("waiters") or 0
         held = (f", {waiters} request(s) waiting" + (", asking for a card" if r.get("asking")
                                                      else "")) if waiters else ""
-        front = f", front {r['front']}" if r.get("front") else ""
+        front = f", front {r['front']}" if r.get("front") else \
+            (", no front: asking for a card again" if r.get("asking") else ", no front")
         lines.append(f"    {r['engine']:<20} drained {format_duration(r['drained_s'])} ago"
                      f"{held}{front}")
         lines.append(f"        {r['why']}")

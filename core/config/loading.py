@@ -12,7 +12,7 @@ from berth import paths
 from pydantic import ValidationError
 
 from .cross import RAW, RULES_OFF, UNKNOWN
-from .errors import ConfigError
+from .errors import ConfigError, in_words
 from .models import CROSS, Config
 from .words import is_secret, key_str, loc_str, unknown_key
 
@@ -107,7 +107,7 @@ def _in_words(data: Any, errors: list[dict]) -> list[tuple[str, str]]:
     problems = []
     for err in errors:
         loc = _loc(err)
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = in_words(err)
         value = err.get("input")
         if err["type"] == "extra_forbidden":
             loc, msg = unknown_key(loc, value, Config)
@@ -117,7 +117,6 @@ def _in_words(data: Any, errors: list[dict]) -> list[tuple[str, str]]:
         elif loc and is_secret(loc[-1]):
             # a key or password is never written back (berthd's log, a terminal, a paste),
             # not even where a validator's own words quote it
-            msg = msg.replace("String should have at least", "must be at least")
             if isinstance(value, str) and value:
                 msg = msg.replace(repr(value), "its value")
                 if len(value) >= 6:         # a shorter one would match inside words

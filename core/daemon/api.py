@@ -165,7 +165,8 @@ async def request_lease(request: web.Request) -> web.Response:
     if refused is not None:
         return refused
     peer = peer_of(request)
-    refusal = _over_priority_cap(broker, body, peer)
+    refusal = _over_priority_cap(broker, body, peer) or owners.second_run(
+        broker, body.engine, body.owner_pid or (peer[0] if peer else None))
     if refusal is not None:
         return refusal
     if (body.park or body.lend) and not body.front:
@@ -252,7 +253,7 @@ def _new_lease(broker: Broker, body: LeaseBody, adopted: ProcessId | None,
                  reaper=body.reaper and owner is not None,
                  pid=adopted.pid if adopted else None,
                  start_time=adopted.start_time if adopted else None,
-                 restart_grace_s=body.restart_grace,
+                 restart_grace_s=body.restart_grace, makes_room=body.makes_room,
                  max_job_s=entry.max_job if entry is not None else None,
                  may_preempt=entry.preempt if entry is not None else False)
 
@@ -500,8 +501,10 @@ async def operator(request: web.Request) -> web.Response:
     lease = find_target(broker, body.target)
     fx = await broker.submit(lambda now: broker.sched.operator(op, lease.id, now))
     peer = peer_of(request)         # every operator action is logged with who did it (issue 15)
-    log.info("operator %s %s by %s", op, lease.engine,
-             f"pid {peer[0]} uid {peer[1]}" if peer else f"{request.remote} with the TCP key")
+    log.info("operator %s %s by %s%s", op, lease.engine,
+             f"pid {peer[0]} uid {peer[1]}" if peer else f"{request.remote} with the TCP key",
+             ", overriding its hold" if any(getattr(e, "kind", "") == "hold.override"
+                                            for e in fx) else "")
     return web.json_response({"lease": lease.id, "engine": lease.engine, "op": op,
                               "notes": [e.text for e in fx if hasattr(e, "text")]})
 

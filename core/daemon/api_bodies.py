@@ -13,7 +13,7 @@ import reprlib
 from typing import Annotated, Any
 
 from aiohttp import web
-from berth.config.errors import said_once
+from berth.config.errors import in_words, said_once
 from berth.config.words import is_secret
 from berth.daemon.broker import LeaseGone
 from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
@@ -95,6 +95,9 @@ class LeaseBody(_Body):
     # The owner is a child subreaper (``berth run``): every descendant of it other than itself
     # is the engine's, one that double-forked out of the engine's tree included (issue 36).
     reaper: StrictBool = False
+    # False: no holder makes room for it; it is granted when room frees by itself (a drained
+    # run with no front asking for its card again; issue 35).
+    makes_room: StrictBool = True
 
 
 class AttachBody(_Body):
@@ -233,9 +236,9 @@ def _problem(err: dict) -> str:
     repeated only for a field the body knows whose name is not a secret's: a misspelled field
     may be a key sent under the wrong name, and it would land in the log (issue 36)."""
     key = ".".join(str(x) for x in err["loc"]) or "(body)"
-    said = said_once(key, err["msg"].removeprefix("Value error, "))
+    said = said_once(key, in_words(err))
     last = err["loc"][-1] if err["loc"] else ""
-    if err["type"] == "extra_forbidden" or is_secret(last):
+    if err["type"] in ("extra_forbidden", "missing") or is_secret(last):
         return f"{key}: {said}"
     shown = _show(err.get("input"))
     return f"{key}: {said}" if said.endswith(f"got {shown}") else f"{key}: {said} (got {shown})"

@@ -12,6 +12,12 @@ prompts included.
 3. A front must be on this machine (loopback, an unspecified address, or one of this machine's
    own addresses) or on a configured peer's host (``[network] peers``); the front an engine's
    entry names in berth.toml is the operator's and always may.
+4. One live run per engine name: a lease whose engine name a live lease of another process
+   holds (its owner, else its engine, still the process berthd recorded), or a live drained
+   run (issue 35: it asks for its card again), is refused with a 409 naming the name and that
+   process; two runs of one name made berthd's log and ``berth status`` ambiguous. The same
+   process may ask again (a drained run's new lease, a host's lease per program); a run that
+   died leaves its name free at once.
 
 A lease's holder is the caller that asked for it (its peer credentials, remembered by the API
 for the daemon's life); for a lease restored from the state file, the Unix user of its owner
@@ -41,7 +47,7 @@ from berth.daemon.api_claims import caller_of_request, groups_of, is_operator
 from berth.decide.model import Lease
 
 __all__ = ["Caller", "caller_of", "name_refusal", "front_refusal", "first_holders", "checked",
-           "drained_checked", "names_refused"]
+           "drained_checked", "names_refused", "second_run"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -240,3 +246,30 @@ def names_refused(broker, request: web.Request, engine: str, names: list[str],
         return None
     log.warning("lease for %s by uid %s refused: %s", engine, caller[1], why)
     return error(403, f"lease refused: {why}", "forbidden")
+
+
+def second_run(broker, engine: str, owner_pid: int | None) -> web.Response | None:
+    """Rule 4: a 409 when a live process other than ``owner_pid`` (the asking run) holds a
+    lease of ``engine`` or is its drained run, else ``None``. The message starts with the
+    field (``engine: ...``), as ``berth run`` says it in its flags (``--engine ...``)."""
+    for le in broker.sched.ledger.leases.values():
+        if le.engine != engine or owner_pid is not None and le.owner_pid == owner_pid:
+            continue
+        pid = caller_of(le)[0]
+        if pid is not None and pid != owner_pid:
+            return _second(engine, pid, f"lease {le.id}")
+    run = getattr(broker, "drained", None) and broker.drained.runs.get(engine)
+    if run and run.owner is not None and run.owner.pid != owner_pid:
+        from berth.process import alive
+        if alive(run.owner):
+            return _second(engine, run.owner.pid, "its drained run, which waits to start it "
+                                                  "again")
+    return None
+
+
+def _second(engine: str, pid: int, what: str) -> web.Response:
+    why = (f"engine: {engine!r} is already run by pid {pid} ({what}); one live run per engine "
+           f"name, so berthd's log and `berth status` name one run: stop pid {pid} first, or "
+           f"give this run another --engine name")
+    log.warning("lease for %s refused: %s", engine, why)
+    return error(409, why, "conflict", holder_pid=pid)

@@ -97,6 +97,7 @@ def _lease_dict(le: Lease) -> dict:
         "restart_grace_s": le.restart_grace_s, "restarting_until": le.restarting_until,
         "max_job_s": le.max_job_s, "may_preempt": le.may_preempt,
         "frees_nothing": le.frees_nothing, "movable": sorted(le.movable),
+        "makes_room": le.makes_room,
         # What was measured of it: without them a restarted berthd would give a holder a
         # turn and a rent of 0 s (it yields at once) and read its front's next count of
         # requests served as a new request.
@@ -193,7 +194,7 @@ def _lease_from(d: dict) -> Lease:
         restarting_until=d.get("restarting_until"),
         max_job_s=float(d["max_job_s"]) if d.get("max_job_s") is not None else None,
         may_preempt=bool(d.get("may_preempt", False)),
-        frees_nothing=d.get("frees_nothing"),
+        frees_nothing=d.get("frees_nothing"), makes_room=d.get("makes_room", True) is not False,
         movable=frozenset(p for p in movable if p in {s.card for s in shares}),
         served=max(0, d.get("served", 0)), switch_cost_s=float(d.get("switch_cost_s", 0.0)),
         park_cost_s=float(d.get("park_cost_s", 0.0)), last_job_at=d.get("last_job_at"))

@@ -158,6 +158,12 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
     short = {p: s for p, s in short.items() if s > 0}
     if not short:                                                                # (1), (2)
         return Plan(w.lease_id, Rung.BESIDE_RESIDUAL if _beside_residual(ledger, w) else Rung.FIT)
+    if not waiter.makes_room:
+        return NoPlan(w.lease_id, "; ".join(
+            f"{ledger.cards[p].name}: short {format_size(gap)}" for p, gap in short.items())
+            + f"; {waiter.engine} was drained and has no front to show a request for it: it "
+              f"makes no room, and is granted when room frees (a holder stops or is drained "
+              f"for another)")
     busy = [p for p in short if p in busy_cards]
     if busy:
         return NoPlan(w.lease_id, "room is already being made on "

@@ -374,6 +374,11 @@ class Lease:
     granted lease keeps its cards; a parked one wakes on them.
     ``demand``: what its front saw of its clients, for the forecast of whether a request for it
     comes within a switch back (:class:`Demand`, issue 34).
+    ``makes_room``: ``False`` for a waiter that no holder makes room for (no lend, park, drain
+    or move): it is granted when room frees by itself. A drained run with no front asks so
+    when it asks for its card again (issue 35): no request shows that it is wanted, so a drain
+    back would only swap the two engines (supervisord's programs, endlessly at ``min_turn``
+    0s).
     """
 
     id: str
@@ -415,6 +420,7 @@ class Lease:
     frees_nothing: str | None = None
     movable: frozenset[str] = frozenset()
     demand: Demand = field(default_factory=Demand)
+    makes_room: bool = True
 
     def idle(self) -> bool:
         """Nothing in flight at its front, as its front last reported (issue 16: turns protect

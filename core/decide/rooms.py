@@ -226,7 +226,8 @@ def _move_instead(st: State, w: Waiter, p: Plan | NoPlan, busy: frozenset[str]) 
     (:func:`.moves.plan_moves`), when the ladder has no plan or only a park or a drain that
     costs as much or more (each by its measured cost, :func:`.placement._cost_s`). The waiter
     goes to the card the moves empty (:meth:`~.ledger.Ledger.rehome`). ``None``: no move."""
-    if w.kind is not WaitKind.GRANT or (isinstance(p, Plan) and (
+    if w.kind is not WaitKind.GRANT or not st.ledger.leases[w.lease_id].makes_room or (
+            isinstance(p, Plan) and (
             not p.steps or any(s.action is Action.LEND for s in p.steps))):
         return None
     lease = st.ledger.leases[w.lease_id]

@@ -350,18 +350,10 @@ class Scheduler:
                 + rooms.admit(self.state, now)
         if op == Op.WAKE:
             return self.wake(lease_id, now)
-        if op == Op.PARK:
-            sts = lease.states()
-            if lease.caps.can_park() and sts <= {S.PARKED, S.PARKING}:
-                # The wish already holds: say so, as a wake of an active engine does.
-                return [Note(lease_id, "park.none", f"{lease.engine} is already "
-                             f"{', '.join(sorted(st.value for st in sts))}; nothing to park")]
-            _check_parkable(lease)
-            return begin_park(self.state, lease, now, "operator") + rooms.admit(self.state, now)
-        if op == Op.DRAIN:
-            if lease.is_waiting():
-                return self.withdraw(lease_id, now, "drained by the operator while waiting")
-            return stop(self.state, lease, now, "operator") + rooms.admit(self.state, now)
+        if op == Op.DRAIN and lease.is_waiting():
+            return self.withdraw(lease_id, now, "drained by the operator while waiting")
+        if op in (Op.PARK, Op.DRAIN):
+            return _park_or_drain(self.state, lease, op, now)
         raise ValueError(f"op: expected park, wake, drain, hold or release-hold, got {op!r}")
 
     # -- lookups ---------------------------------------------------------------------------------
@@ -389,6 +381,33 @@ def _asked(st: State, lease: Lease, pci: str) -> str:
         return card_name(st, pci)
     sh = lease.shares[pci]
     return "a whole card" if sh.whole_card else f"{format_size(sh.size_bytes)} on any card"
+
+
+def _park_or_drain(st: State, lease: Lease, op: Op, now: float) -> list[Effect]:
+    """The operator's park or drain of a lease that holds its card (a hold is overridden, and
+    said so). Raises ``ValueError`` for a park the lease cannot do (rule 3)."""
+    if op == Op.DRAIN:
+        return _overrides(lease, "drain") + stop(st, lease, now, "operator") + rooms.admit(st, now)
+    sts = lease.states()
+    if lease.caps.can_park() and sts <= {S.PARKED, S.PARKING}:
+        # The wish already holds: say so, as a wake of an active engine does.
+        return [Note(lease.id, "park.none", f"{lease.engine} is already "
+                     f"{', '.join(sorted(s.value for s in sts))}; nothing to park")]
+    _check_parkable(lease)
+    return _overrides(lease, "park") + begin_park(st, lease, now, "operator") \
+        + rooms.admit(st, now)
+
+
+def _overrides(lease: Lease, op: str) -> list[Effect]:
+    """The note that an operator's park or drain overrides the lease's hold (a hold protects
+    it from being displaced for a waiter, not from the operator): berthd's log, its timeline
+    and the CLI's answer say so, with what stays. ``[]`` when it is not held."""
+    if not lease.held:
+        return []
+    after = ("the hold stays: the engine is protected again once it wakes; `berth release-hold "
+             f"{lease.engine}` ends it") if op == "park" else "the hold ends with the lease"
+    return [Note(lease.id, "hold.override", f"{lease.engine} is held by the operator: this "
+                 f"{op} overrides the hold ({after})")]
 
 
 def _check_parkable(lease: Lease) -> None:

@@ -201,5 +201,6 @@ class Peers:
 def _first(e: ValidationError) -> str:
     err = e.errors()[0]
     where = ".".join(str(x) for x in err["loc"])
-    return f"{where}: {err['msg']} (got {str(err.get('input'))[:60]!r})" + \
+    from berth.config.errors import in_words
+    return f"{where}: {in_words(err)} (got {str(err.get('input'))[:60]!r})" + \
         (f", and {e.error_count() - 1} more" if e.error_count() > 1 else "")

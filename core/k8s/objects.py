@@ -177,7 +177,8 @@ def deserialise(model, doc: dict, w: str):
         loc = ".".join(str(x) for x in err.get("loc", ()))
         value = err.get("input")
         shown = reprlib.repr(value)
-        raise K8sInputError(f"{w}: {e.title}.{loc}: {err.get('msg', 'invalid')} "
+        from berth.config.errors import in_words
+        raise K8sInputError(f"{w}: {e.title}.{loc}: {in_words(err)} "
                             f"(got {shown})") from None
 
 

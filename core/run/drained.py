@@ -35,7 +35,7 @@ class DrainedNote:
     """berthd's entry for one drained run: :meth:`start` it after the drain, :meth:`asking`
     once a write made the run ask for a new grant, :meth:`close` once the engine serves."""
 
-    def __init__(self, engine: str, front: Front, why: str, move_to: str | None = None,
+    def __init__(self, engine: str, front: Front | None, why: str, move_to: str | None = None,
                  move_from: list[str] | None = None, aliases: list[str] | None = None):
         self.engine, self.front, self.why, self.move_to = engine, front, why, move_to
         self.move_from = list(move_from or [])
@@ -58,14 +58,15 @@ class DrainedNote:
         since = 0.0
         loop = asyncio.get_running_loop()
         while True:
-            now = (self.front.holding, self.is_asking)
+            now = (self.front.holding if self.front is not None else 0, self.is_asking)
             if now != sent or loop.time() - since >= REFRESH_S:
                 if await self._put(*now):
                     sent, since = now, loop.time()
             await asyncio.sleep(_LOOK_S)
 
     async def _put(self, holding: int, asking: bool) -> bool:
-        body = {"front": f"{self.front.host}:{self.front.port}", "holding": holding,
+        front = f"{self.front.host}:{self.front.port}" if self.front is not None else None
+        body = {"front": front, "holding": holding,
                 "why": self.why, "owner_pid": os.getpid(), "asking": asking,
                 "move_to": self.move_to, "move_from": self.move_from, "aliases": self.aliases,
                 "since": self.since}

@@ -66,13 +66,16 @@ async def _cancel(task: asyncio.Task) -> None:
         await task
 
 
-def request_body(o: RunOptions, restore_across: bool = False) -> dict:
+def request_body(o: RunOptions, restore_across: bool = False, makes_room: bool = True) -> dict:
     """The ``POST /v1/leases`` body for a run line: what its flags give; berthd fills the rest
     from the engine's ``[engines.<name>]`` entry. ``restore_across``: its checkpoint restores
-    onto another card (:func:`berth.run.across.detect`; issue 35)."""
+    onto another card (:func:`berth.run.across.detect`; issue 35). ``makes_room``: ``False``
+    for a drained run with no front asking for its card again (no holder makes room for it)."""
     body: dict = {"engine": o.engine, "owner_pid": os.getpid(), "lend": o.lend}
     if restore_across:
         body["restore_across"] = True
+    if not makes_room:
+        body["makes_room"] = False
     from berth.run.reaper import is_subreaper
     if is_subreaper():
         # Its descendants are the engine's, daemonized ones included: berthd counts them for
@@ -163,6 +166,8 @@ class LeaseClient(FrontCallbacks):
         #: Set when the engine starts unleased (berthd down): it holds the fail-open lock
         #: until the engine's memory shows (:meth:`FailOpen.hold`).
         self.unleased: FailOpen | None = None
+        #: False: no holder makes room for this lease (a drained run with no front; issue 35)
+        self.makes_room = True
 
     async def close(self) -> None:
         self.let_go("the run ends")
@@ -194,7 +199,8 @@ class LeaseClient(FrontCallbacks):
         while True:
             try:
                 across = await detect(self.o.park, self.o.checkpoint_path, self.o.options)
-                r = await self.client.request_lease(request_body(self.o, across))
+                r = await self.client.request_lease(request_body(self.o, across,
+                                                                 self.makes_room))
                 break
             except BerthdUnavailable as e:
                 room = await fail_open.step(e)

@@ -20,10 +20,16 @@ stage A1; reference/llama-swap.md ("Consequences for a cmd wrapper").
    release with a driver read (rule 1); the run's word is never proof. After a drain the run
    and its front stay (issue 35; ``--exit-on-drain`` exits instead): berthd's board lists it as
    drained, the next write asks for a new grant, and the engine starts again on the card given.
+   A run with no front stays too (a supervisord program that exits 0 is not restarted): it
+   asks for its card again at once, as a waiter no holder makes room for (no drain back, so
+   two programs never swap a card endlessly), and starts the engine again when granted.
 5. On SIGTERM/SIGINT (llama-swap's stop): close the front, wait for in-flight requests up to a
    grace, SIGTERM the engine's group, then SIGKILL, wait for the driver to confirm the memory
-   free, release the lease, exit with the engine's code. The defaults fit llama-swap's
-   ``unloadTimeout`` of 10 s (1 s + 4 s + 3 s + a little).
+   free, release the lease, exit. The defaults fit llama-swap's ``unloadTimeout`` of 10 s
+   (1 s + 4 s + 3 s + a little). A run stopped by a signal exits 128 + its number in every
+   state (waiting for a grant, starting, serving, drained): 130 for SIGINT (Ctrl-C), 143 for
+   SIGTERM; the engine's own code is logged. A run whose engine exits on its own exits with
+   the engine's code.
 
 The engine never outlives the run: the child gets a parent-death SIGKILL, and a watchdog in its
 own session kills the engine's whole group when the run dies by any path, SIGKILL included.
@@ -84,6 +90,32 @@ async def _cancel(task: asyncio.Task) -> None:
         await task
 
 
+def signal_code(signum: int | None) -> int:
+    """A run's exit code after the stop signal ``signum``: 128 + its number (130 SIGINT, 143
+    SIGTERM), as a shell reports a command ended by it, whatever the run was doing."""
+    return 128 + (signum or signal.SIGTERM)
+
+
+def _say_stopped(engine: str, code: int, signum: int | None) -> None:
+    """Log the engine's own exit code (or the signal that ended it), which the run's code,
+    the signal's, no longer carries."""
+    how = f"exit code {code}" if code >= 0 else signal.Signals(-code).name
+    log.info("%s stopped with %s; the run exits %s (stopped by %s)", engine, how,
+             signal_code(signum), signal.Signals(signum or signal.SIGTERM).name)
+
+
+def _ran_on(lease: LeaseClient) -> list[str]:
+    """The PCI addresses of the cards this round's engine ran on (a move's from)."""
+    return [c["pci"] for c in lease.cards or [] if isinstance(c, dict) and "pci" in c]
+
+
+def _declared_slots(engine: str) -> int | None:
+    """The slots the engine's entry in berth.toml declares (``--slots`` wins), if any."""
+    from berth.config import load_config
+    entry = load_config()[0].engines.get(engine)
+    return entry.slots if entry is not None else None
+
+
 class EngineRun:
     """One run of one engine: its front, lease, engine process and actions. :meth:`main`
     returns the exit code."""
@@ -98,6 +130,7 @@ class EngineRun:
         self._is_write = default_is_write        # the plugins' rule once they are loaded
         self._pm = None                          # the plugin manager, once loaded
         self.signalled = False                   # a stop signal came (not a drain)
+        self.signum: int | None = None           # the first stop signal's number
         # set: a write came for a drained engine (or it moves); it stays, set, until the
         # engine serves again, so a write meanwhile asks for nothing more (issue 35)
         self._again: asyncio.Event | None = None
@@ -106,15 +139,17 @@ class EngineRun:
 
     async def main(self) -> int:
         """Start, serve until the engine exits or a stop signal (SIGTERM, SIGINT) or a drain,
-        stop. The exit code: the engine's; 2 when the front cannot listen or the config does
-        not load; 1 when berthd refused the lease; 143 when stopped while waiting for it."""
+        stop. The exit code: 128 + the signal's number when a stop signal ended the run, in
+        any state (130 SIGINT, 143 SIGTERM); else the engine's when it exited on its own (0
+        after a drain with ``--exit-on-drain``); 2 when the front cannot listen or the config
+        does not load; 1 when berthd refused the lease."""
         async with contextlib.AsyncExitStack() as stack:
             loop = asyncio.get_running_loop()
             # An engine that double-forks stays in the run's tree (issue 36).
             from berth.run.reaper import become_subreaper
             become_subreaper()
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._signalled)
+                loop.add_signal_handler(sig, self._signalled, sig)
                 stack.callback(loop.remove_signal_handler, sig)
             if self.o.front and not await self._listen(stack):
                 return 2
@@ -125,9 +160,12 @@ class EngineRun:
                 if self.front is not None:
                     self.front.stopped(f"berth run cannot start: {e}")
                 return 2
-            return await self._serve(stack)
+            code = await self._serve(stack)
+        return signal_code(self.signum) if self.signalled else code
 
-    def _signalled(self) -> None:
+    def _signalled(self, signum: int = signal.SIGTERM) -> None:
+        if self.signum is None:
+            self.signum = signum
         self.signalled = True
         self.stop_event.set()
 
@@ -160,7 +198,7 @@ class EngineRun:
 
         from berth_plugins.manager import is_write, make_plugin_manager
         paths.client_socket()       # the config loads, or the run ends here (not fail-open)
-        self._declared_slots()
+        self.slots.declare(_declared_slots(self.o.engine))
         self._pm = pm = make_plugin_manager()
         stack.push_async_callback(self._close_lease)
         self._new_lease()
@@ -169,12 +207,6 @@ class EngineRun:
         stack.push_async_callback(self.engine.http.close)
         self._is_write = lambda method, path: is_write(pm, self.o.engine, method, path)
         self._wire()
-
-    def _declared_slots(self) -> None:
-        """The engine's entry in berth.toml may declare its slots (``--slots`` wins)."""
-        from berth.config import load_config
-        entry = load_config()[0].engines.get(self.o.engine)
-        self.slots.declare(entry.slots if entry is not None else None)
 
     def _new_lease(self) -> None:
         from berth.run.lease import LeaseClient
@@ -226,18 +258,16 @@ class EngineRun:
             from berth.run.drained import DrainedNote
             await self._note_done()
             self._note = DrainedNote(self.o.engine, self.front, self.actions.drained,
-                                     self.actions.move_to, self._cards(), self.o.aliases)
+                                     self.actions.move_to, _ran_on(self.lease), self.o.aliases)
             self._note.start()
             if not await self._drained():
-                return 0
+                return signal_code(self.signum)
             self._note.asking()
             await self.lease.close()
             self._new_lease()
+            # With no front no request shows it is wanted: it waits for room, making none.
+            self.lease.makes_room = self.front is not None
             self._wire()
-
-    def _cards(self) -> list[str]:
-        """The PCI addresses of the cards this round's engine ran on (a move's from)."""
-        return [c["pci"] for c in self.lease.cards or [] if isinstance(c, dict) and "pci" in c]
 
     async def _note_done(self) -> None:
         """The engine serves again, or the run ends: berthd's board drops it from drained."""
@@ -249,17 +279,21 @@ class EngineRun:
         """berthd drained the engine (no stop signal), and the run keeps its front (issue 35:
         the default; ``--exit-on-drain`` opts out): the run and its front stay, whether the
         engine served or was drained while it still started."""
-        return bool(self.o.keep_front and self.front is not None and self.actions is not None
+        return bool(self.o.keep_front and self.actions is not None
                     and self.actions.drained and not self.signalled
-                    and self.front.state is not FrontState.STOPPED)
+                    and (self.front is None or self.front.state is not FrontState.STOPPED))
 
     async def _drained(self) -> bool:
         """After a drain the front sleeps, holding writes; True when one arrives (the run asks
         for a new grant and starts the engine again on the card it is given), False on a stop
-        signal."""
+        signal. With no front: True at once (unless signalled)."""
         self.stop_event.clear()
         if self.signalled:
             return False
+        if self.front is None:
+            log.info("%s drained; with no front it asks berthd for its card again now and waits "
+                     "for room (it makes none)", self.o.engine)
+            return True
         self._again = again = asyncio.Event()
         if self.front.holding and self.front.state in (FrontState.ASLEEP, FrontState.STARTING):
             again.set()                 # drained with writes held (parked, or still starting)
@@ -286,7 +320,7 @@ class EngineRun:
                 # run started gets the reason, not a refused connection: issue 36).
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stop_event.wait(), REFUSED_LINGER_S)
-            return 143 if self.stop_event.is_set() else 1
+            return signal_code(self.signum) if self.stop_event.is_set() else 1
         try:
             ident = await self.engine.spawn(self.lease.cards, self.lease.lease_id,
                                              self.lease.driver)
@@ -311,7 +345,10 @@ class EngineRun:
             self.front.set_upstream(self.engine.url)
         exited = await self._until_done()
         if exited is None:
-            return await self._stop("stop signal")
+            code = await self._stop("stop signal")
+            if self.signalled:
+                _say_stopped(self.o.engine, code, self.signum)
+            return code
         log.info("%s exited on its own with %s", self.o.engine, exited)
         if self.front is not None:
             self.front.stopped("engine exited")

@@ -374,7 +374,7 @@ def test_a_sim_card_without_total_is_named_and_the_rest_still_checked():
     # This raised a TypeError out of the old raw-document cross-checks.
     probs = _problems({"driver": {"kind": "sim", "cards": [{"pci": "0000:03:00.0", "name": "g"}]},
                        "engines": {"e": {"size": "600MiB", "need": "24GiB"}}})
-    assert probs["driver.cards.0.total"] == "Field required", probs
+    assert probs["driver.cards.0.total"] == "missing: this key is required", probs
     assert "'24GiB'" in probs["engines.e.need"] and "'600MiB'" in probs["engines.e.need"]
 
 

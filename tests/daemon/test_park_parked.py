@@ -34,3 +34,28 @@ def test_parking_a_parked_engine_says_there_is_nothing_to_park(berthd, runs):
     assert again.returncode == 0, again
     assert "A is already parked; nothing to park" in again.stdout, again
     assert d.state_of("A") == "parked"
+
+
+def test_parking_a_held_engine_says_it_overrides_the_hold(berthd, runs):
+    """``berth hold A`` then ``berth park A``: the park goes ahead (the operator's word is the
+    last), and the CLI's answer and berthd's log say that it overrode the hold; before, both
+    said only the park."""
+    d = berthd(policy={"ram_budget": "64GiB"})
+    ck = ("--park", "checkpoint", "--checkpoint-path", str(BERTH) + "-sim-cuda-checkpoint")
+    runs.append(berth_run(d, "A", "--front", f"127.0.0.1:{_port()}", "--size", "4GiB", *ck,
+                          weights="3GiB"))
+    wait_for(lambda: d.state_of("A") == "active", what="A active")
+    hold = subprocess.run([BERTH, "hold", "A"], env=d.env, capture_output=True, text=True,
+                          timeout=60)
+    assert hold.returncode == 0, hold
+    park = subprocess.run([BERTH, "park", "A"], env=d.env, capture_output=True, text=True,
+                          timeout=60)
+    assert park.returncode == 0 and "A parks by checkpoint" in park.stdout, park
+    assert "A is held by the operator: this park overrides the hold" in park.stdout, park
+    assert "berth release-hold A" in park.stdout, park
+    wait_for(lambda: "operator park A by pid" in d.log.read_text(), what="the operator's park logged")
+    line = next(x for x in d.log.read_text().splitlines() if "operator park A by pid" in x)
+    assert line.endswith(", overriding its hold"), line
+    assert "this park overrides the hold" in d.log.read_text()
+    wait_for(lambda: d.state_of("A") == "parked", what="A parked")
+    assert d.lease_of("A")["held"] is True

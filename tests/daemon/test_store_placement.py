@@ -63,3 +63,11 @@ def test_a_reaper_owners_lease_stays_one_and_a_wrong_type_is_refused(tmp_path):
     path.write_text(path.read_text().replace('engine = "Y"', 'engine = "Y"\nreaper = "yes"'))
     snap = store.load(path)
     assert snap is not None and snap.leases == [] and "reaper" in snap.refused[0], snap.refused
+
+
+def test_a_waiter_that_makes_no_room_still_makes_none_after_a_restart(tmp_path):
+    """A drained run with no front waits as a lease that makes no room (issue 35); a restarted
+    berthd that forgot it would drain a holder for it and start the swap it prevents."""
+    lease = Lease("x-1", "X", {G0: Share(G0, 1 << 30)}, makes_room=False)
+    assert _roundtrip(tmp_path, lease).makes_room is False
+    assert _roundtrip(tmp_path, Lease("y-1", "Y", {G0: Share(G0, 1 << 30)})).makes_room is True

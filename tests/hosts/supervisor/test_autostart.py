@@ -25,9 +25,9 @@ from .conftest import PY, REPO, Prog, engine_cmd, free_port
 BERTH = f"{PY} -m berth.cli"
 
 
-def _run_cmd(engine: str) -> str:
-    return (f"{BERTH} run --engine {engine} --size 6GiB -- {BERTH} sim engine --port {{port}} "
-            f"--weights 5GiB --load-s 0.3")
+def _run_cmd(engine: str, size: str = "6GiB", weights: str = "5GiB") -> str:
+    return (f"{BERTH} run --engine {engine} --size {size} -- {BERTH} sim engine --port {{port}} "
+            f"--weights {weights} --load-s 0.3")
 
 
 def _reasons_named(waiting: list[dict]) -> None:
@@ -139,3 +139,51 @@ def test_an_observed_program_that_dies_for_lack_of_memory_is_named(stack_factory
     line = next(x for x in board.splitlines() if x.startswith(f"! {dead} ("))
     assert "died for lack of memory" in line and "OutOfMemoryError" in line, board
     assert s.oom_events() >= 1
+
+
+def _drained_waiter(s, names: list[str]) -> str | None:
+    """The one program whose run was drained and asks for its card again: it waits in
+    berthd's queue and its run is listed as drained (issue 35), while the other two hold the
+    card and have said they serve (their turns have begun: a drain back would be planned
+    now)."""
+    gone = {n: s.info(n).statename for n in names} if s.status()["counters"]["drains"] else {}
+    assert not {n for n, state in gone.items() if state != "RUNNING"}, gone
+    st = s.status()
+    waiting = [w["engine"] for w in st["waiting"]]
+    drained = [r["engine"] for r in st["drained"] if r.get("asking")]
+    active = [n for n in names if s.active(n)]
+    ready = [le["engine"] for le in st["leases"] if le.get("ready")]
+    if len(waiting) == 1 and drained == waiting and len(active) == 2 \
+            and set(active) <= set(ready):
+        return waiting[0]
+    return None
+
+
+def test_a_drained_program_without_a_front_stays_running_and_waits_its_turn(stack_factory):
+    """docs/hosts/supervisord.md's example (min_turn 0s, three frontless programs of 10 GiB on
+    a card that fits two, supervisord's default ``autorestart=unexpected``): the waiter drains
+    a holder, and that holder's run, with no front to hold a request, stays and asks berthd for
+    its card again at once. Before, it exited 0 and supervisord left it EXITED for good. It
+    waits its turn: it makes no room for itself (no drain back, so no thrash), and is granted
+    when a holder stops; it exits only when signalled."""
+    names = ["p1", "p2", "p3"]
+    s = stack_factory([Prog(n, _run_cmd(n, size="10GiB", weights="9GiB"), startsecs=1,
+                            autorestart="unexpected") for n in names],
+                      policy={"min_turn": "0s"})
+    waiter = wait_for(lambda: _drained_waiter(s, names), 120,
+                      "one drained program asking again, two serving")
+    why = s.waiting(waiter)["why"]
+    assert "drained" in why and "no front" in why, why
+    # No drain back: the one drain was the first waiter's (the juggle guard would allow 4).
+    assert s.status()["counters"]["drains"] == 1, s.status()["counters"]
+    assert all(s.info(n).statename == "RUNNING" for n in names), \
+        {n: s.info(n).statename for n in names}
+    board = s.berth("status").stdout
+    assert waiter in board.split("waiting:")[1] and "needs gpu0 10.0GiB" in board, board
+    # A holder stops: the drained program is granted and its engine starts again.
+    s.ctl("stop", next(n for n in names if n != waiter and s.active(n)))
+    wait_for(lambda: s.active(waiter) and s.active(waiter)["ready"], 120,
+             f"{waiter} granted and serving again")
+    assert s.info(waiter).statename == "RUNNING"
+    assert "exited on its own" not in s.log(f"{waiter}.log")
+    assert s.oom_events() == 0
