@@ -234,7 +234,7 @@ class _Installed:
 def arguments(p) -> None:
     """Fill ``berth run``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.description = USAGE
-    p.epilog = ("exit codes: 130 on SIGINT (Ctrl-C) and 143 on SIGTERM, whatever the run was "
+    p.epilog = ("exit codes: 130 on SIGINT (Ctrl-C) and 0 on SIGTERM (a manager's stop), whatever the run was "
                 "doing (waiting for its grant, serving, drained; the engine's own code is "
                 "logged); the engine's code when it exits on its own; 1 when berthd refused "
                 "the lease; 2 for bad input or a front that cannot listen")

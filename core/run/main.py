@@ -26,9 +26,9 @@ stage A1; reference/llama-swap.md ("Consequences for a cmd wrapper").
 5. On SIGTERM/SIGINT (llama-swap's stop): close the front, wait for in-flight requests up to a
    grace, SIGTERM the engine's group, then SIGKILL, wait for the driver to confirm the memory
    free, release the lease, exit. The defaults fit llama-swap's ``unloadTimeout`` of 10 s
-   (1 s + 4 s + 3 s + a little). A run stopped by a signal exits 128 + its number in every
-   state (waiting for a grant, starting, serving, drained): 130 for SIGINT (Ctrl-C), 143 for
-   SIGTERM; the engine's own code is logged. A run whose engine exits on its own exits with
+   (1 s + 4 s + 3 s + a little). A run stopped by a signal exits one code in every state
+   (waiting for a grant, starting, serving, drained): 130 for SIGINT (Ctrl-C), 0 for SIGTERM
+   (a manager's stop, carried out); the engine's own code is logged. A run whose engine exits on its own exits with
    the engine's code.
 
 The engine never outlives the run: the child gets a parent-death SIGKILL, and a watchdog in its
@@ -91,9 +91,11 @@ async def _cancel(task: asyncio.Task) -> None:
 
 
 def signal_code(signum: int | None) -> int:
-    """A run's exit code after the stop signal ``signum``: 128 + its number (130 SIGINT, 143
-    SIGTERM), as a shell reports a command ended by it, whatever the run was doing."""
-    return 128 + (signum or signal.SIGTERM)
+    """A run's exit code after the stop signal ``signum``, whatever the run was doing: 130 for
+    SIGINT (Ctrl-C), as a shell tool interrupted; 0 for SIGTERM, a manager's stop carried out.
+    llama-swap logs any other code as "process exited with error" at every swap, and systemd
+    marks a unit failed on 143 unless told ``SuccessExitStatus=143``."""
+    return 130 if signum == signal.SIGINT else 0
 
 
 def _say_stopped(engine: str, code: int, signum: int | None) -> None:
@@ -139,8 +141,8 @@ class EngineRun:
 
     async def main(self) -> int:
         """Start, serve until the engine exits or a stop signal (SIGTERM, SIGINT) or a drain,
-        stop. The exit code: 128 + the signal's number when a stop signal ended the run, in
-        any state (130 SIGINT, 143 SIGTERM); else the engine's when it exited on its own (0
+        stop. The exit code when a stop signal ended the run, in any state: 130 for SIGINT, 0
+        for SIGTERM (:func:`signal_code`); else the engine's when it exited on its own (0
         after a drain with ``--exit-on-drain``); 2 when the front cannot listen or the config
         does not load; 1 when berthd refused the lease."""
         async with contextlib.AsyncExitStack() as stack:
@@ -164,8 +166,7 @@ class EngineRun:
         return signal_code(self.signum) if self.signalled else code
 
     def _signalled(self, signum: int = signal.SIGTERM) -> None:
-        if self.signum is None:
-            self.signum = signum
+        self.signum = self.signum or signum        # the first stop signal names the code
         self.signalled = True
         self.stop_event.set()
 
@@ -209,9 +210,11 @@ class EngineRun:
         self._wire()
 
     def _new_lease(self) -> None:
+        """This round's lease client; after a drain, one with no front makes no room (step 4)."""
         from berth.run.lease import LeaseClient
         self.lease = LeaseClient(self.o, self.stop_event)
         self.lease.front = self.lease.waits.front = self.front
+        self.lease.makes_room = self.front is not None or self.actions is None
         if self.front is not None:
             self.front.wait_limit_s = self.lease.limit("wait_limit_s")
 
@@ -265,8 +268,6 @@ class EngineRun:
             self._note.asking()
             await self.lease.close()
             self._new_lease()
-            # With no front no request shows it is wanted: it waits for room, making none.
-            self.lease.makes_room = self.front is not None
             self._wire()
 
     async def _note_done(self) -> None:

@@ -35,7 +35,7 @@ def test_berthd_down_at_start_the_run_warns_and_serves_unleased(world):
     ans = chat(a.port, "A", max_tokens=6)
     assert ans.content_chunks == 6 and ans.finish_reason == "length", ans
     st = a.stop()
-    assert st.exit_code == 143 and not st.killed and st.elapsed_s < UNLOAD_TIMEOUT_S, st
+    assert st.exit_code == 0 and not st.killed and st.elapsed_s < UNLOAD_TIMEOUT_S, st
 
 
 def test_berthd_killed_the_run_keeps_serving_and_reattaches_when_it_is_back(world):
@@ -63,7 +63,7 @@ def test_berthd_killed_the_run_keeps_serving_and_reattaches_when_it_is_back(worl
     wait_for(lambda: d.state_of("A") == "active", 30, "A's wake reported")
     assert [c.oom_events for c in world.sim().cards] == [0]
     st = a.stop()
-    assert st.exit_code == 143 and not st.killed and st.elapsed_s < UNLOAD_TIMEOUT_S, st
+    assert st.exit_code == 0 and not st.killed and st.elapsed_s < UNLOAD_TIMEOUT_S, st
 
 
 def _sim_card(world) -> None:
@@ -146,7 +146,7 @@ def test_berthd_down_two_runs_started_together_do_not_both_start(world, size, ru
     assert len(world.sim().cards[0].processes) == 1, world.sim().cards[0]
     assert [c.oom_events for c in world.sim().cards] == [0]
     st = runs[first].stop()
-    assert st.exit_code == 143 and not st.killed, st
+    assert st.exit_code == 0 and not st.killed, st
     runs[second].wait_ready()               # it measures again: the card is free, it starts
     assert "UNLEASED (fail-open)" in world.log(second), world.log(second)
     assert chat(runs[second].port, second, max_tokens=4).content_chunks == 4

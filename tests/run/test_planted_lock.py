@@ -138,7 +138,7 @@ def test_berthd_down_a_planted_lock_the_run_goes_on_unleased(world, kind):
     assert took < 5, (took, said)
     a.wait_ready()
     st = a.stop()
-    assert st.exit_code == 143 and not st.killed, st
+    assert st.exit_code == 0 and not st.killed, st
 
 
 def test_real_cards_lock_in_dev_shm_planted_the_run_does_not_hang(world):

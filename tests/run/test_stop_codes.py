@@ -1,7 +1,8 @@
-"""``berth run`` stopped by a signal exits 128 + its number in every state (core/run/main.py
-step 5): 130 for SIGINT (Ctrl-C), 143 for SIGTERM, whether it waits for its grant, serves, or
-was drained. Before, a waiting run exited 143 on either signal, a serving one with its engine's
-code (0 for the stub engine), and a drained one 0."""
+"""``berth run`` stopped by a signal exits one code per signal in every state (core/run/main.py
+step 5): 130 for SIGINT (Ctrl-C), 0 for SIGTERM (a manager's stop: llama-swap logs any other
+code as "process exited with error", systemd marks the unit failed), whether it waits for its
+grant, serves, or was drained. Before, a waiting run exited 143 on either signal, a serving one
+with its engine's code (0 for the stub engine), and a drained one 0."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def test_sigint_and_sigterm_give_one_code_each_in_every_state(tmp_path):
         procs.append(w)
         wait_for(lambda: d.state_of("W") == "waiting", 60, "W waiting")
         assert stop_proc(w, signal.SIGINT) == 130
+        w2 = berth_run(d, "W2", "--size", "20GiB", "--priority", "-1")
+        procs.append(w2)
+        wait_for(lambda: d.state_of("W2") == "waiting", 60, "W2 waiting")
+        assert stop_proc(w2, signal.SIGTERM) == 0
         # Serving.
         wait_for(lambda: (d.lease_of("A") or {}).get("ready"), 60, "A serving")
         assert stop_proc(a, signal.SIGINT) == 130
@@ -35,7 +40,7 @@ def test_sigint_and_sigterm_give_one_code_each_in_every_state(tmp_path):
         wait_for(lambda: any(r["engine"] == "B" for r in d.status()["drained"]), 60,
                  "B listed as drained")
         assert b.poll() is None
-        assert stop_proc(b, signal.SIGTERM) == 143
+        assert stop_proc(b, signal.SIGTERM) == 0
         assert "Traceback" not in (tmp_path / "run-B.log").read_text()
     finally:
         stop_all(procs, tmp_path)
