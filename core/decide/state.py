@@ -154,6 +154,10 @@ def wait_cause(st: State, lease_id: str) -> tuple[str | None, bool]:
                 continue
             victim = st.ledger.leases.get(step.lease_id)
             jobs = victim.in_flight if victim is not None else 0
+            if victim is not None and step.fence_at is not None:
+                # Fenced (issue 34): the park waits for what runs, not for the newer requests
+                # its front holds for after the wake.
+                jobs -= victim.held_jobs
             part = f"{step.action} {step.engine}"
             if jobs and step.quiet_s:
                 part += (f" once its {jobs_words(jobs)} end (at most "

@@ -259,6 +259,9 @@ class TestCostAwareTurns:
         assert state(w, "a") is S.PARKING
         [park] = [e for e in w.effects if isinstance(e, Instruct) and e.op == "park"]
         assert park.fence_age_s == 2.0 and park.quiet_s, park    # fenced at b's t = 5
+        # B's wait names the one request the park waits for, not the one held for after.
+        why = w.s.why_waiting("b")
+        assert "once its 1 request in flight end" in why, why
 
     def test_a_higher_priority_waiters_park_is_not_fenced(self):
         """A higher priority goes first, not in arrival order: its park closes the holder's
