@@ -182,7 +182,7 @@ async def request_lease(request: web.Request) -> web.Response:
     request.app[CALLERS][lease.id] = caller_of_request(request)
     asks = [Ask(sb.card, sb.size, sb.need) for sb in body.shares]
     try:
-        await broker.request(lease, asks)
+        await broker.request(lease, asks, body.client, body.client_age_s)
     except PlacementError as e:
         raise web.HTTPBadRequest(reason=str(e)) from None
     except DriverError as e:

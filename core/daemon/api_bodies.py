@@ -98,6 +98,10 @@ class LeaseBody(_Body):
     # False: no holder makes room for it; it is granted when room frees by itself (a drained
     # run with no front asking for its card again; issue 35).
     makes_room: StrictBool = True
+    # The client key of the held request it asks for, and seconds since it arrived: a drained
+    # run asks again for a request its front holds, as a wake does (issue 34).
+    client: ClientKey | None = None
+    client_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
 
 
 class AttachBody(_Body):

@@ -274,11 +274,13 @@ class Broker(ReadLoops):
             if lid not in self.sched.ledger.leases:
                 return lid
 
-    async def request(self, lease: Lease, asks: Sequence[Ask] = ()) -> list[Effect]:
+    async def request(self, lease: Lease, asks: Sequence[Ask] = (), client: str | None = None,
+                      client_age_s: float | None = None) -> list[Effect]:
         """Queue a new lease. Inside the single writer, in one step: a process the lease adopts
         (``lease.pid``) is measured on every card, the shares ``asks`` names are placed
         (:meth:`Scheduler.place`) on that read and the ledger as it is then, and the scheduler
-        takes the request. Raises :class:`~berth.decide.placement.PlacementError`,
+        takes the request (``client``, ``client_age_s``: the held request it asks for, as for
+        :meth:`Scheduler.request`). Raises :class:`~berth.decide.placement.PlacementError`,
         :class:`DriverError`, ``ValueError`` or ``KeyError``; nothing changes then."""
         self.channels[lease.id] = Channel.new()
         self.engines[lease.id] = lease.engine
@@ -286,7 +288,8 @@ class Broker(ReadLoops):
         def step(now: float) -> list[Effect]:
             held = self.reads.tree_use(lease.pid) if lease.pid is not None else {}
             self.sched.place(lease, list(asks), held)
-            return self.reads.unbaseline(lease) + self.sched.request(lease, now)
+            asked_at = None if client_age_s is None else now - client_age_s
+            return self.reads.unbaseline(lease) + self.sched.request(lease, now, client, asked_at)
         try:
             return await self.submit(step)
         except Exception:

@@ -132,8 +132,12 @@ class Scheduler:
         lease.need_bytes.update(need)
         lease.movable = movable_of(asks, cards, held)
 
-    def request(self, lease: Lease, now: float) -> list[Effect]:
-        """Queue a new lease (all shares ``waiting``). Raises ``ValueError``/``KeyError``."""
+    def request(self, lease: Lease, now: float, client: str | None = None,
+                asked_at: float | None = None) -> list[Effect]:
+        """Queue a new lease (all shares ``waiting``). ``client``: the client key of a request
+        it asks for, which arrived at ``asked_at`` (default ``now``): a drained run asks again
+        for a request its front holds, and an idle holder whose last answer went to that client
+        yields at once, as for :meth:`wake` (issue 34). Raises ``ValueError``/``KeyError``."""
         if lease.id in self.ledger.leases:
             raise ValueError(f"lease {lease.id}: already known")
         if not lease.shares:
@@ -143,6 +147,8 @@ class Scheduler:
         lease.requested_at = now
         lease.last_used_at = now
         self.ledger.add_lease(lease)
+        if client is not None:
+            reports.asked(self.state, lease, client, now if asked_at is None else asked_at)
         self.queue.push(Waiter(lease.id, WaitKind.GRANT, lease.priority, now, {}))
         fx: list[Effect] = [Note(lease.id, "request", f"{lease.engine} asks for "
                                  + ", ".join(_asked(self.state, lease, p)
@@ -341,13 +347,8 @@ class Scheduler:
         Raises ``ValueError`` when the lease cannot do it (a park needs a declared park and a
         front; rule 3)."""
         lease = self.ledger.leases[lease_id]
-        if op == Hold.HOLD:
-            lease.held = True
-            return [Note(lease_id, "hold", f"{lease.engine} held by the operator")]
-        if op == Hold.RELEASE:
-            lease.held = False
-            return [Note(lease_id, "hold", f"{lease.engine} no longer held")] \
-                + rooms.admit(self.state, now)
+        if op in (Hold.HOLD, Hold.RELEASE):
+            return _hold(self.state, lease, op == Hold.HOLD, now)
         if op == Op.WAKE:
             return self.wake(lease_id, now)
         if op == Op.DRAIN and lease.is_waiting():
@@ -396,6 +397,15 @@ def _park_or_drain(st: State, lease: Lease, op: Op, now: float) -> list[Effect]:
     _check_parkable(lease)
     return _overrides(lease, "park") + begin_park(st, lease, now, "operator") \
         + rooms.admit(st, now)
+
+
+def _hold(st: State, lease: Lease, held: bool, now: float) -> list[Effect]:
+    """An operator's hold (the lease is never displaced for a waiter) or its release, which
+    lets the waiters it kept out try again."""
+    lease.held = held
+    if held:
+        return [Note(lease.id, "hold", f"{lease.engine} held by the operator")]
+    return [Note(lease.id, "hold", f"{lease.engine} no longer held")] + rooms.admit(st, now)
 
 
 def _overrides(lease: Lease, op: str) -> list[Effect]:

@@ -20,7 +20,7 @@ from berth.front import Front
 if TYPE_CHECKING:
     from berth.run.waits import WaitWords
 
-__all__ = ["FrontCallbacks"]
+__all__ = ["FrontCallbacks", "held_asker"]
 
 log = logging.getLogger("berth.run")
 
@@ -42,7 +42,7 @@ class FrontCallbacks:
             raise RuntimeError("berthd is unavailable, so the engine cannot be woken safely")
         try:
             # Whose request asks, and since when (issue 34: a holder that answered it yields).
-            r = await self.client.wake(self.lease_id, *_asker(self.front))
+            r = await self.client.wake(self.lease_id, *held_asker(self.front))
             self.waits.update(r.get("wait"))
         except BerthdUnavailable as e:
             raise RuntimeError(f"berthd is unavailable ({e}); the engine stays parked") from None
@@ -89,7 +89,7 @@ async def _wake_again(lease: FrontCallbacks) -> None:
         lease.front.fail_held(f"wake failed: {e}")
 
 
-def _asker(front: "Front | None") -> tuple[str | None, float | None]:
+def held_asker(front: "Front | None") -> tuple[str | None, float | None]:
     """The client key of the oldest request ``front`` holds, and its age in seconds."""
     at = front.oldest_at if front is not None else None
     return (front.oldest_client if at is not None else None,

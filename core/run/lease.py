@@ -41,7 +41,7 @@ from berth.process import ProcessId
 from berth.run.across import detect
 from berth.run.engine import EngineProcess
 from berth.run.failopen import FailOpen, Room
-from berth.run.front_calls import FrontCallbacks
+from berth.run.front_calls import FrontCallbacks, held_asker
 from berth.run.pins import pinned
 from berth.run.waits import WaitWords
 
@@ -66,12 +66,18 @@ async def _cancel(task: asyncio.Task) -> None:
         await task
 
 
-def request_body(o: RunOptions, restore_across: bool = False, makes_room: bool = True) -> dict:
+def request_body(o: RunOptions, restore_across: bool = False, makes_room: bool = True,
+                 asker: tuple[str | None, float | None] = (None, None)) -> dict:
     """The ``POST /v1/leases`` body for a run line: what its flags give; berthd fills the rest
     from the engine's ``[engines.<name>]`` entry. ``restore_across``: its checkpoint restores
     onto another card (:func:`berth.run.across.detect`; issue 35). ``makes_room``: ``False``
-    for a drained run with no front asking for its card again (no holder makes room for it)."""
+    for a drained run with no front asking for its card again (no holder makes room for it).
+    ``asker``: the client key of the oldest request its front holds and that request's age in
+    seconds, as a wake says them: a drained run asks again for a held request, and a holder
+    whose last answer went to that client yields at once (issue 34)."""
     body: dict = {"engine": o.engine, "owner_pid": os.getpid(), "lend": o.lend}
+    if asker[0] is not None and asker[1] is not None:
+        body["client"], body["client_age_s"] = asker[0], round(max(0.0, asker[1]), 3)
     if restore_across:
         body["restore_across"] = True
     if not makes_room:
@@ -199,8 +205,8 @@ class LeaseClient(FrontCallbacks):
         while True:
             try:
                 across = await detect(self.o.park, self.o.checkpoint_path, self.o.options)
-                r = await self.client.request_lease(request_body(self.o, across,
-                                                                 self.makes_room))
+                r = await self.client.request_lease(request_body(
+                    self.o, across, self.makes_room, held_asker(self.front)))
                 break
             except BerthdUnavailable as e:
                 room = await fail_open.step(e)

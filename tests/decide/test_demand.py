@@ -72,6 +72,28 @@ class TestCausality:
         ask(w, ME)
         assert state(w, "a") is S.PARKING
 
+    def test_a_drained_runs_new_lease_says_its_client_and_the_holder_yields_at_once(self):
+        """A drained run whose front holds a request asks for a new lease, not a wake: the
+        request names the client as a wake does. Before, the new lease said nothing, and the
+        holder kept its card inside its minimum turn, 'expecting a request within a switch
+        back' from the very client now waiting on B (a new user's alternation, 5 s a switch)."""
+        w = World([24 * GiB], policy())
+        holder(w)
+        w.advance(0.01)
+        lease = Lease("b", "B", {G0: Share(G0, 14 * GiB)},
+                      caps=Capabilities(park=CKPT, front="127.0.0.1:2"))
+        w.apply(w.s.request(lease, w.now, client=ME, asked_at=w.now - 0.005))
+        assert state(w, "a") is S.PARKING
+
+    def test_a_new_lease_that_names_no_client_keeps_the_turn(self):
+        w = World([24 * GiB], policy())
+        holder(w)
+        w.advance(0.01)
+        lease = Lease("b", "B", {G0: Share(G0, 14 * GiB)},
+                      caps=Capabilities(park=CKPT, front="127.0.0.1:2"))
+        w.apply(w.s.request(lease, w.now))
+        assert state(w, "a") is S.ACTIVE
+
     def test_a_waiter_that_waited_while_the_holder_served_is_ping_pong(self):
         """Not causality (the waiter was already waiting), but its request is older than any
         the idle holder may get: it goes first, as under a FIFO peer (issue 34's yardstick;

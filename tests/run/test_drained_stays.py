@@ -148,3 +148,37 @@ def test_whether_a_run_may_move_survives_a_berthd_restart(tmp_path):
         assert not move["movable"] and "CUDA_VISIBLE_DEVICES=0" in move["why"], move
     finally:
         stop_all(procs, tmp_path)
+
+
+def test_a_drained_runs_request_from_the_holders_last_client_ends_the_holders_turn(tmp_path):
+    """One person alternating two drain-only engines (no park: the RAM budget has no room for
+    a second checkpoint, as a new user found on the llama-swap page's set-up). The drained run
+    asks for a new lease for the request its front holds, and says whose it is, as a wake
+    does: the holder's last answer went to that very client, so it yields at once (issue 34).
+    Before, the new lease named no client and the holder kept its card inside its minimum
+    turn, as long as a switch back would cost: 'B is inside its minimum turn and expects a
+    request within a switch back'."""
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")],
+                                    policy={"min_turn": "120s"})).start()
+    pa, pb = free_port(), free_port()
+    a = berth_run(d, "A", "--front", f"127.0.0.1:{pa}", "--size", "14GiB", weights="13GiB")
+    procs = [a, d.proc]
+    try:
+        wait_for(lambda: d.state_of("A") == "active", 60, "A granted")
+        assert chat(pa, "A").finish_reason is not None
+        b = berth_run(d, "B", "--front", f"127.0.0.1:{pb}", "--size", "14GiB", weights="13GiB")
+        procs.append(b)
+        # A is idle and B's start names no client: A yields (drained; its run stays).
+        wait_for(lambda: _drained(d, "A"), 60, "A drained for B")
+        wait_for(lambda: (d.lease_of("B") or {}).get("ready"), 60, "B serving")
+        for _ in range(3):      # B's client asks back to back: B expects more of it
+            assert chat(pb, "B").finish_reason is not None  # B's last answer: to this client
+        # The same client now asks A: inside B's 120 s turn, only the forecast ends it.
+        answer = chat(pa, "A", timeout_s=100)
+        assert answer.finish_reason is not None, answer
+        kept = [e.get("text", "") for e in d.timeline() if e["engine"] == "A"
+                and "minimum turn" in e.get("text", "")]
+        assert not kept, kept
+        assert d.sim_oom() == 0
+    finally:
+        stop_all(procs, tmp_path)
