@@ -55,3 +55,22 @@ def test_malformed_request_is_one_line_and_a_json_400(berthd, name):
     assert len([ln for ln in new.splitlines() if "malformed request" in ln]) == 1, new
     # berthd still answers a good call after it
     assert berthd.status()["leases"] == []
+
+
+@pytest.mark.parametrize("path, name, value", [
+    ("/v1/timeline?since=abc", "since", "abc"),          # the report: the parameter is after
+    ("/v1/timeline?after=1&timout=5", "timout", "5"),
+    ("/v1/status?watch=1", "watch", "1"),
+    ("/v1/timeline?after=1.5", "after", "1.5"),          # a sequence number is whole
+])
+def test_a_query_parameter_berthd_does_not_take_is_a_400_naming_it(berthd, path, name, value):
+    code, body = berthd.call("GET", path)
+    assert code == 400, (path, code, body)
+    msg = body["error"]["message"]
+    assert name in msg and repr(value) in msg, msg
+
+
+def test_the_query_parameters_berthd_takes_still_pass(berthd):
+    code, body = berthd.call("GET", "/v1/timeline?after=0&timeout=0")
+    assert code == 200 and "entries" in body, body
+    assert berthd.call("GET", "/metrics?name[]=berth_grants_total")[0] == 200
