@@ -13,6 +13,7 @@ import sys
 import time
 
 from berth.client import ApiError, BerthdUnavailable, Client, ConfigUnusable
+from berth.decide.measures import REJECTED_WITH_FREE_WORDS
 from berth.decide.units import format_duration, format_size
 
 __all__ = ["status_arguments", "operator_arguments", "render"]
@@ -74,7 +75,7 @@ def render(st: dict) -> str:
         ("grants", "grants"), ("parks", "parks by hook"), ("checkpoints", "parks by checkpoint"),
         ("wakes", "wakes"), ("lends", "lends"), ("drains", "drains"), ("moves", "moves"),
         ("fallbacks_to_drain", "fallbacks to drain"), ("unparked", "unparked"),
-        ("admissions_rejected_with_free", "refused while memory was free"))))
+        ("admissions_rejected_with_free", REJECTED_WITH_FREE_WORDS))))
     lines.append(f"reserve: {k['reserve_fraction']:.1%} of the cards")
     if "adapters" in st:            # berthd's registry of adapters (issue 38)
         lines.append("adapters: " + (", ".join(st["adapters"]) or "none"))
