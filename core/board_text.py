@@ -290,7 +290,8 @@ def _run(coro_fn):
 
 def status_arguments(p) -> None:
     """Fill ``berth status``'s parser (:data:`berth.cli.COMMANDS`)."""
-    p.add_argument("--json", action="store_true", help="machine-readable (DESIGN.md keys)")
+    p.add_argument("--json", action="store_true", help="the board as JSON: cards, leases, waiting, counters; the keys "
+                   "each has are listed in docs/DESIGN.md (\"berth status --json\")")
     p.add_argument("--watch", nargs="?", const=2.0, type=_seconds, metavar="SECONDS",
                    help="print the board again every SECONDS (default 2) until Ctrl-C")
     p.set_defaults(func=_run(_status))
