@@ -77,11 +77,11 @@ DEADLINE_MARGIN_S = 0.1
 #: ``Retry-After`` (seconds) of a 503 whose cause may pass soon (a park, a wake, a slot).
 RETRY_AFTER_S = 1
 #: ``Retry-After`` (seconds) of a lasting ``no_room`` 503: nothing under way can end the wait (a
-#: higher-priority holder, a card too small), so a retry every second only loops. The front
-#: knows no deadline for such a cause (a holder's keep-warm end or turn is berthd's, and may move),
-#: so this is a bound, not a promise: long enough to stop a tight loop, short enough that a
-#: client comes back soon after a holder leaves. A client that would rather wait sends
-#: ``X-Berth-Deadline``.
+#: higher-priority holder, a hold, a stowaway), so a retry every second only loops. A lasting
+#: cause has no known end by definition (:mod:`berth.decide.causes`: a minimum turn or juggle
+#: guard that runs out is not lasting, and its 503 keeps 1 s), so this is a bound, not a
+#: deadline: long enough to stop a tight loop, short enough that a client comes back soon after
+#: the holder leaves. A client that would rather wait sends ``X-Berth-Deadline``.
 RETRY_LASTING_S = 30
 
 
