@@ -13,6 +13,7 @@ import sys
 import time
 
 from berth.client import ApiError, BerthdUnavailable, Client, ConfigUnusable
+from berth.decide.measures import REJECTED_WITH_FREE_WORDS
 from berth.decide.units import format_duration, format_size
 
 __all__ = ["status_arguments", "operator_arguments", "render"]
@@ -74,7 +75,7 @@ def render(st: dict) -> str:
         ("grants", "grants"), ("parks", "parks by hook"), ("checkpoints", "parks by checkpoint"),
         ("wakes", "wakes"), ("lends", "lends"), ("drains", "drains"), ("moves", "moves"),
         ("fallbacks_to_drain", "fallbacks to drain"), ("unparked", "unparked"),
-        ("admissions_rejected_with_free", "refused while memory was free"))))
+        ("admissions_rejected_with_free", REJECTED_WITH_FREE_WORDS))))
     lines.append(f"reserve: {k['reserve_fraction']:.1%} of the cards")
     if "adapters" in st:            # berthd's registry of adapters (issue 38)
         lines.append("adapters: " + (", ".join(st["adapters"]) or "none"))
@@ -289,7 +290,8 @@ def _run(coro_fn):
 
 def status_arguments(p) -> None:
     """Fill ``berth status``'s parser (:data:`berth.cli.COMMANDS`)."""
-    p.add_argument("--json", action="store_true", help="machine-readable (DESIGN.md keys)")
+    p.add_argument("--json", action="store_true", help="the board as JSON: cards, leases, waiting, counters; the keys "
+                   "each has are listed in docs/DESIGN.md (\"berth status --json\")")
     p.add_argument("--watch", nargs="?", const=2.0, type=_seconds, metavar="SECONDS",
                    help="print the board again every SECONDS (default 2) until Ctrl-C")
     p.set_defaults(func=_run(_status))

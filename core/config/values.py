@@ -82,7 +82,14 @@ def _rate(v: Any) -> int:
 
 
 def _ram(v: Any) -> int | str:
-    return "auto" if v == "auto" else parse_size(_with_unit(v, "ram_budget"), field="ram_budget")
+    if v == "auto":
+        return v
+    try:
+        return parse_size(_with_unit(v, "ram_budget"), field="ram_budget")
+    except ValueError as e:
+        # the size's own error, and the word a user who wrote a share or a percentage wants
+        raise ValueError(f"{e}; or 'auto' (the default: 80% of the host RAM available when "
+                         "berthd starts)") from None
 
 
 def _parse_dur(v: Any, field: str) -> float:

@@ -37,6 +37,10 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 ``GET  /metrics``                          Prometheus text
 =========================================  =================================================
 
+A query parameter a route does not take (``/v1/timeline?since=...``) is a 400 naming it and
+its value, and so is a sequence number (``after``, ``wait_version``) that is not whole
+(:func:`~berth.daemon.api_bodies.known_query`).
+
 Names are owned (issue 26, :mod:`berth.daemon.owners`): a lease for a name or a front the
 caller may not use is a 403, and the status says of each lease whether it passes
 (``owner_checked``, ``front_checked``). Every lease verb is its owner's or an operator's (403).
@@ -75,6 +79,7 @@ from berth.daemon.api_bodies import (
     WakeBody,
     error,
     errors,
+    known_query,
     parse_body,
     query_number,
 )
@@ -561,7 +566,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 def make_app(broker: Broker, key: str | None = None, waits=None) -> web.Application:
-    app = web.Application(middlewares=[errors, auth(key)], client_max_size=1 << 20)
+    app = web.Application(middlewares=[errors, auth(key), known_query], client_max_size=1 << 20)
     app[BROKER] = broker
     # A body still arriving is bounded like a silent one on the listeners (issue 36's limits)
     app[BODY_WAIT_S] = float(broker.cfg.listeners.idle_timeout)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 __all__ = ["AttachBody", "JobsBody", "LeaseBody", "NoteBody", "OperatorBody", "ReleaseBody",
            "ReportBody", "ShareBody", "WakeBody", "ClientKey", "BODY_WAIT_S", "error", "errors",
-           "parse_body", "query_number", "read_json"]
+           "known_query", "parse_body", "query_number", "read_json"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -257,7 +257,40 @@ _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 120, 120
 
 
+#: The query parameters each route takes (``(method, route)``); a route not named takes none.
+#: ``/metrics`` is left out: Prometheus's ``name[]`` filter is prometheus-client's to read.
+QUERY = {
+    ("GET", "/v1/leases/{id}/grant"): {"timeout", "wait_version"},
+    ("GET", "/v1/leases/{id}/instructions"): {"after", "timeout", "wait_version"},
+    ("POST", "/v1/leases/{id}/release"): {"wait"},
+    ("GET", "/v1/timeline"): {"after", "timeout"},
+}
+#: Sequence numbers (``after``): whole, not a number of any kind.
+WHOLE = {"after", "wait_version"}
+
+
+@web.middleware
+async def known_query(request: web.Request, handler):
+    """A query parameter the route does not take is a 400 naming it and its value (a new user's
+    ``/v1/timeline?since=abc`` was a 200 with the whole timeline), and so is a sequence
+    number that is not whole."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "/metrics"   # a 404 stays a 404
+    if route != "/metrics":
+        takes = QUERY.get((request.method, route), set())
+        for name, raw in request.query.items():
+            if name not in takes:
+                said = f"it takes {', '.join(sorted(takes))}" if takes else "it takes none"
+                raise web.HTTPBadRequest(reason=f"{name}: not a query parameter of "
+                                                f"{request.method} {route} ({said}); got {raw!r}")
+            if name in WHOLE and not raw.isdigit():
+                raise web.HTTPBadRequest(reason=f"{name}: expected a whole number, got {raw!r}")
+    return await handler(request)
+
+
 def query_number(request: web.Request, name: str, default: float, lo: float, hi: float) -> float:
+    """The query parameter ``name`` as a number in ``[lo, hi]`` (``default`` when absent).
+    Raises :class:`aiohttp.web.HTTPBadRequest` naming it and the value otherwise."""
     raw = request.query.get(name)
     if raw is None:
         return default

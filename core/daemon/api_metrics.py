@@ -8,8 +8,14 @@ Source: issue 4 "The control API" (``GET /metrics``).
 from __future__ import annotations
 
 from berth.daemon.broker import Broker
+from berth.decide.measures import REJECTED_WITH_FREE_WORDS
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+#: Counters whose name alone misleads: their help says what they count.
+_HELP = {"admissions_rejected_with_free":
+         f"Waits begun with some memory free above the reserve, not enough for the waiter, and "
+         f"no room being made ({REJECTED_WITH_FREE_WORDS}); each waiter counts once"}
 
 __all__ = ["registry"]
 
@@ -62,7 +68,7 @@ class _BoardCollector:
             if k == "reserve_fraction":
                 yield GaugeMetricFamily("berth_reserve_fraction", "Reserve / total", value=v)
             else:
-                c = CounterMetricFamily(f"berth_{k}", f"Count of {k.replace('_', ' ')}")
+                c = CounterMetricFamily(f"berth_{k}", _HELP.get(k, f"Count of {k.replace('_', ' ')}"))
                 c.add_metric([], v)
                 yield c
         kept = getattr(self.broker, "costs", None)      # issue 14's measured switch costs

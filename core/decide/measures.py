@@ -1,6 +1,8 @@
 """What to measure (seed 000 "Measuring whether the policy works").
 
-- admissions rejected while free bytes stood above the watermark (too conservative);
+- waits begun while some memory stood free above the watermark, not enough for the waiter, and
+  nothing was done to make room (too conservative when it climbs; a higher-priority holder's
+  waiter counts once): ``admissions_rejected_with_free``, worded :data:`REJECTED_WITH_FREE_WORDS`;
 - preemptions by kind, and fallbacks to drain (too aggressive);
 - the reserve as a fraction of the cards (paying throughput for a guarantee);
 - a suggested minimum reserve: the growth between two driver reads plus the largest single step
@@ -20,7 +22,13 @@ from dataclasses import asdict, dataclass, field
 
 from .ledger import Ledger
 
-__all__ = ["Counters", "GrowthMeter", "reserve_fraction", "suggested_reserve"]
+__all__ = ["Counters", "GrowthMeter", "REJECTED_WITH_FREE_WORDS", "reserve_fraction",
+           "suggested_reserve"]
+
+#: ``admissions_rejected_with_free`` in words, wherever a user reads it (``berth status``, the
+#: board, the metric's help): what it counts. "refused while memory was free" read as berthd
+#: turning requests away from an empty card; the metric's name is kept for dashboards.
+REJECTED_WITH_FREE_WORDS = "waited with some memory free, not enough"
 
 
 @dataclass

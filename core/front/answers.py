@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import held
-from .rules import FrontState, error_answer
+from .rules import RETRY_AFTER_S, FrontState, error_answer
 
 if TYPE_CHECKING:
     from .server import ClientConnection, Request
@@ -35,9 +35,10 @@ class Answers:
         req.conn.write(ready_answer(st, self.engine_state, req.method == b"HEAD"))
         return True
 
-    def _unavailable(self, req: "Request", reason: str, message: str) -> bool:
+    def _unavailable(self, req: "Request", reason: str, message: str,
+                     retry_after_s: int = RETRY_AFTER_S) -> bool:
         req.conn.write(error_answer(503, reason, message, "unavailable_error",
-                                    head=req.method == b"HEAD"))
+                                    head=req.method == b"HEAD", retry_after_s=retry_after_s))
         return True
 
     def _error(self, req: "Request", status: int, reason: str, message: str) -> bool:

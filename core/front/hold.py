@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from . import held
-from .rules import DEADLINE_MARGIN_S, FrontState, client_deadline_s
+from .rules import DEADLINE_MARGIN_S, RETRY_AFTER_S, RETRY_LASTING_S, FrontState, client_deadline_s
 
 if TYPE_CHECKING:
     from .server import ClientConnection, Request
@@ -47,7 +47,10 @@ class Hold:
             if stream is not None and stream.started:
                 client.write(held.error_event(message, reason))
                 return True
-            return self._unavailable(req, reason, message)
+            # a lasting no_room is answered at once: a 1 s Retry-After would make it a loop
+            lasting = reason == "no_room" and self.lasting
+            return self._unavailable(req, reason, message,
+                                     RETRY_LASTING_S if lasting else RETRY_AFTER_S)
         if stream is not None and stream.started:
             client.write(stream.ready())
             return await self._forward(req, client, headless=True)

@@ -74,7 +74,15 @@ _DEADLINE_LOWER = tuple(h.lower().encode() for h in DEADLINE_HEADERS)
 #: A held request is answered this many seconds before the client's own deadline.
 DEADLINE_MARGIN_S = 0.1
 
+#: ``Retry-After`` (seconds) of a 503 whose cause may pass soon (a park, a wake, a slot).
 RETRY_AFTER_S = 1
+#: ``Retry-After`` (seconds) of a lasting ``no_room`` 503: nothing under way can end the wait (a
+#: higher-priority holder, a hold, a stowaway), so a retry every second only loops. A lasting
+#: cause has no known end by definition (:mod:`berth.decide.causes`: a minimum turn or juggle
+#: guard that runs out is not lasting, and its 503 keeps 1 s), so this is a bound, not a
+#: deadline: long enough to stop a tight loop, short enough that a client comes back soon after
+#: the holder leaves. A client that would rather wait sends ``X-Berth-Deadline``.
+RETRY_LASTING_S = 30
 
 
 class IllegalFrontTransition(RuntimeError):

@@ -171,9 +171,10 @@ def _ollama(args: argparse.Namespace) -> int:
 
 
 def arguments(sim: argparse.ArgumentParser) -> None:
-    """Fill ``berth sim``'s parser with its ``init``, ``cards``, ``engine``, ``comfyui`` and
-    ``ollama`` subcommands (:data:`berth.cli.COMMANDS`)."""
-    sim.description = __doc__.split("\n\n")[0]
+    """Fill ``berth sim``'s parser with its ``init``, ``cards``, ``engine``, ``charge``,
+    ``comfyui`` and ``ollama`` subcommands (:data:`berth.cli.COMMANDS`)."""
+    # the module docstring's first line, less its reST: a help page is plain text
+    sim.description = __doc__.split("\n\n")[0].replace("``", "")
     sim.register("action", "parsers", _FilledWhenChosen)
     sub = sim.add_subparsers(dest="sim_command", metavar="SIM_COMMAND", required=True)
     sub.fill = {"charge": _charge_arguments, "comfyui": _comfyui_arguments,

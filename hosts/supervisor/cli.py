@@ -152,7 +152,7 @@ def arguments(p) -> None:
     psub = p.add_subparsers(dest="supervisor_command", metavar="ACTION", required=True)
     lp = psub.add_parser("listen", help="the eventlistener supervisord runs "
                                         "(events=PROCESS_STATE,TICK_5)",
-                         description=__doc__.split("\n\n")[0])
-    lp.add_argument("--config", help="berth.toml (default $BERTH_CONFIG or the usual place)")
+                         description=__doc__.split("\n\n")[0].replace("``", ""))
+    lp.add_argument("--config", help=f"berth.toml (default: {paths.CONFIG_PLACES})")
     lp.add_argument("-v", "--verbose", action="store_true")
     lp.set_defaults(func=_cmd_listen)

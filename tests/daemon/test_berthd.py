@@ -207,6 +207,10 @@ class TestSurface:
         out = subprocess.run([BERTH, "status"], env=d.env, capture_output=True, text=True)
         assert out.returncode == 0 and "gpu0" in out.stdout and "A" in out.stdout
         assert "adapters: llamacpp, ollama, protocol, sglang, vllm" in out.stdout, out.stdout
+        # The counter of waits with some memory free says what it counts: main's "refused while
+        # memory was free" alarmed a new user (it counts every wait where free memory was short)
+        assert "waited with some memory free, not enough 0" in out.stdout, out.stdout
+        assert "refused" not in out.stdout, out.stdout
 
     def test_metrics_are_prometheus_text(self, berthd):
         d = berthd()
@@ -221,6 +225,8 @@ class TestSurface:
         assert total.labels == {"card": "gpu0", "pci": "0000:01:00.0"} and total.value == 24 * GiB
         assert fams["berth_reserve_fraction"].samples[0].value == pytest.approx(1 / 24, abs=1e-3)
         assert "berth_drains" in fams
+        said = fams["berth_admissions_rejected_with_free"].documentation
+        assert "waited with some memory free" in said and "not enough" in said, said
 
     def test_operator_commands_act_through_the_api(self, berthd):
         d = berthd()

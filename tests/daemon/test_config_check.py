@@ -92,3 +92,13 @@ def test_a_size_in_bits_is_refused_by_name(tmp_path):
     run = subprocess.run([BERTH, "run", "--engine", "x", "--size", "2Mb", "--", "true"],
                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert run.returncode == 2 and "--size" in run.stderr and "'2Mb'" in run.stderr, run.stderr
+
+
+def test_a_bad_ram_budget_names_auto(tmp_path):
+    """Main: ``ram_budget = "200%"`` said ``expected a size like '24GiB' or '512MiB'`` and left
+    out that ``"auto"`` (the default) is allowed too."""
+    cfg = sim_config(tmp_path, [("gpu0", "24GiB")], policy={"ram_budget": "200%"})
+    r = _check(tmp_path, cfg)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    said = r.stdout + r.stderr
+    assert "policy.ram_budget" in said and "'200%'" in said and "'auto'" in said, said

@@ -1,5 +1,6 @@
-"""The "refused while memory was free" counter (seed 000 "Measuring whether the policy works")
-counts refusals only (issue 37: on simulated cards it rose with every switch, a waiter for whom
+"""The counter of waits with some memory free, not enough (``admissions_rejected_with_free``,
+seed 000 "Measuring whether the policy works") counts only waits nothing is done for (issue 37:
+on simulated cards it rose with every switch, a waiter for whom
 a park was begun being counted as refused)."""
 
 from __future__ import annotations

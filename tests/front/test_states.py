@@ -426,3 +426,24 @@ def test_a_malformed_berth_deadline_is_a_400_while_the_engine_serves_too(value: 
                               headers={"X-Berth-Deadline": "30"}) as r:
                 assert r.status == 200 and await r.json() == {"ok": True}
     scenario()
+
+
+@run
+async def test_a_lasting_no_room_503_asks_for_a_longer_retry():
+    """A wait nothing under way can end (a higher-priority holder) is a 503 whose Retry-After is
+    :data:`RETRY_LASTING_S`, not the 1 s of a passing one: a client retrying every second on
+    a lasting cause only loops (a new user's report)."""
+    from berth.front.rules import RETRY_AFTER_S, RETRY_LASTING_S
+    async with Upstream() as up, front_for(up, state="asleep") as front, \
+            aiohttp.ClientSession() as s:
+        front.set_cause("gpu0 is held by x (priority 9)", lasting=True)
+        async with s.post(front.url + "/v1/completions", json={}) as r:
+            assert r.status == 503
+            check_503(await r.json(), "no_room")
+            assert r.headers["Retry-After"] == str(RETRY_LASTING_S)
+        front.set_cause("gpu0 is being parked for x")     # passing: the next try may pass
+        post = asyncio.create_task(s.post(front.url + "/x", json={}))
+        await until(lambda: front.holding == 1, "the post to be held")
+        front.fail_held("engine restarting")
+        async with await post as r:
+            assert r.headers["Retry-After"] == str(RETRY_AFTER_S) == "1"

@@ -1,8 +1,8 @@
 """What the web board shows, kept in one place: the latest board snapshot, the last events, an
 hour of history, and the wait times. Every page's event stream reads from one :class:`Hub`.
 
-Source: issue 15 (the board in a browser); seed 000 (its counters watched over time: admissions
-refused while memory was free, preemptions by kind, the reserve's fraction).
+Source: issue 15 (the board in a browser); seed 000 (its counters watched over time: waits
+with some memory free but not enough, preemptions by kind, the reserve's fraction).
 
 A hub reads a :class:`Source`: berthd's own broker (:class:`BrokerSource`, in the daemon) or
 berthd's control socket (:class:`SocketSource`, for the gateway, which runs in its own process).

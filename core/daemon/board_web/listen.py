@@ -14,7 +14,11 @@ reached only if the client is quick enough, and there is no bound on connections
 3. at most ``max_connections`` client connections are open (default from the file descriptor
    limit, :func:`berth.front.listen.connections_from_fd_limit`); one more is answered 503 at
    once and closed;
-4. "Too many open files" on accept is logged at most once a minute, with the count left out
+4. a malformed request (a head aiohttp's parser refuses: a bad request line or version, a
+   Content-Length that is not a number, a line over 8 KiB) is answered 400 in berthd's error shape
+   and logged as one WARNING line naming the fault (:meth:`_Guarded.handle_error`); aiohttp logged
+   each with a traceback at ERROR and answered plain text;
+5. "Too many open files" on accept is logged at most once a minute, with the count left out
    (the front's throttle, :func:`berth.front.listen.throttle_fd_logs`: asyncio retries a failed
    accept every second and logged each with a traceback).
 
@@ -25,12 +29,16 @@ event loop's clock (seconds).
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 from berth.front.listen import connections_from_fd_limit, throttle_fd_logs
 
 __all__ = ["Limits", "GuardedSite", "connections_from_fd_limit"]
+
+log = logging.getLogger("berth.daemon")
 
 
 def _answer(status: bytes, text: bytes, extra: bytes = b"") -> bytes:
@@ -92,6 +100,28 @@ class _Guarded(web.RequestHandler):
             self._berth_timer.cancel()
             self._berth_timer = None
         super().connection_lost(exc)
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        """A request aiohttp's parser refused (``exc`` a :class:`BadHttpMessage`, ``status`` its
+        4xx): one WARNING line naming the fault and a JSON answer in berthd's error shape
+        (:func:`berth.daemon.api_bodies.error`), the connection closed. Any other error is
+        aiohttp's own handling (a 500 with its traceback: a defect worth one)."""
+        if not isinstance(exc, BadHttpMessage) or not 400 <= status < 500:
+            return super().handle_error(request, status, exc, message)
+        fault = " ".join(w for w in str(exc.message).split() if w.strip("^"))[:200]
+        log.warning("malformed request on %s: %s (%s; answered %d)", self._berth_where(),
+                    fault, type(exc).__name__, status)
+        resp = web.json_response({"error": {"type": "invalid_request", "code": status,
+                                            "message": f"malformed HTTP request: {fault}"},
+                                  "src": "berthd"}, status=status)
+        resp.force_close()
+        return resp
+
+    def _berth_where(self) -> str:
+        """The listener, in words, for a log line: its socket path or address."""
+        sock = self.transport.get_extra_info("sockname") if self.transport else None
+        return str(sock) if sock else "a listener"
 
     def _busy(self) -> bool:
         """A request is being answered (aiohttp 3.9+ says so; older, its current request)."""

@@ -320,7 +320,7 @@
     const counters = keys.map((k, i) => ({ name: k.replace(/_/g, " "), colour: PALETTE[i],
       points: pts.map(h => [h.wall, (h.counters || {})[k] || 0]) }));
     const maxC = Math.max(1, ...counters.flatMap(c => c.points.map(p => p[1])));
-    root.appendChild(chart("counters: refused while memory was free; parks, drains, fallbacks, lends", counters, maxC, t0, t1, v => String(Math.round(v)), false));
+    root.appendChild(chart("counters: waited with some memory free, not enough; parks, drains, fallbacks, lends", counters, maxC, t0, t1, v => String(Math.round(v)), false));
     const rf = [{ name: "reserve fraction", colour: "#5f6368",
       points: pts.map(h => [h.wall, (h.counters || {}).reserve_fraction || 0]) }];
     root.appendChild(chart("reserve fraction", rf, Math.max(0.01, ...rf[0].points.map(p => p[1])), t0, t1, v => v.toFixed(3), false));
