@@ -5,14 +5,12 @@ board in a browser is :mod:`berth.daemon.board_web`; its page is ``board_web/sta
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
-import signal
 import sys
 import time
 
-from berth.client import ApiError, BerthdUnavailable, Client, ConfigUnusable
+from berth import client_sync
+from berth.client_sync import ApiError, BerthdUnavailable, ConfigUnusable
 from berth.decide.measures import REJECTED_WITH_FREE_WORDS
 from berth.decide.units import format_duration, format_size
 
@@ -216,19 +214,26 @@ def _until(le: dict) -> str:
     return out
 
 
-async def _status(args) -> int:
+def _status(args) -> int:
     if args.watch is None:
-        async with Client() as c:
-            st = await c.status()
+        # One call: the standard library's client (aiohttp's import is most of this command's
+        # start-up CPU; issue 38).
+        st = client_sync.call("GET", "/v1/status")
         print(json.dumps(st, indent=2) if args.json else render(st), flush=True)
         return 0
-    return await _watch(args)
+    import asyncio
+    return asyncio.run(_watch(args))
 
 
 async def _watch(args) -> int:
     """Print the board every ``args.watch`` seconds until SIGINT or SIGTERM (exit 0): on a
     terminal in place of the last one, else one after the other (JSON: a document a line).
     berthd gone meanwhile is said in place of the board, and the watch goes on."""
+    import asyncio
+    import contextlib
+    import signal
+
+    from berth.client import Client
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -264,18 +269,17 @@ def _seconds(text: str) -> float:
     return v
 
 
-async def _operator(args) -> int:
-    async with Client() as c:
-        r = await c.operator(args.command, args.target)
+def _operator(args) -> int:
+    r = client_sync.call("POST", f"/v1/operator/{args.command}", {"target": args.target})
     print(f"{args.command} {r['engine']} ({r['lease']})" +
           ("".join(f"\n  {n}" for n in r.get("notes", []))))
     return 0
 
 
-def _run(coro_fn):
+def _run(fn):
     def go(args) -> int:
         try:
-            return asyncio.run(coro_fn(args))
+            return fn(args)
         except ConfigUnusable as e:    # the socket is in the config: say what is wrong with it
             print(f"berth: {e.error}", file=sys.stderr)
             return 2

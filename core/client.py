@@ -2,7 +2,9 @@
 
 Every call raises :class:`BerthdUnavailable` when berthd cannot be reached (so callers can fail
 open), :class:`ConfigUnusable` (a kind of it) when the config that says where berthd listens
-does not load, and :class:`ApiError` for a 4xx/5xx answer, with berthd's message.
+does not load, and :class:`ApiError` for a 4xx/5xx answer, with berthd's message (all three,
+and :func:`unreachable`, live in :mod:`berth.client_sync`, whose one-call client the short
+commands use without aiohttp; issue 38).
 
 :class:`JobReporter` is what every front tells berthd about its engine's jobs (``berth run``'s
 front and ComfyUI's gate alike; issue 12 case 4, issue 16).
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import os
 import time
@@ -21,88 +22,19 @@ from typing import Any, Callable
 
 import aiohttp
 from berth import paths
+from berth.client_sync import (
+                               START_BERTHD,
+                               ApiError,
+                               BerthdUnavailable,
+                               ConfigUnusable,
+                               unreachable,
+)
 from berth.config.errors import ConfigError
 
 __all__ = ["Client", "ApiError", "BerthdUnavailable", "ConfigUnusable", "JobReporter",
            "unreachable", "START_BERTHD"]
 
-#: How to start berthd, as every "not reachable" message ends.
-START_BERTHD = "start berthd with `berthd` (the same as `berth daemon`)"
-
 log = logging.getLogger("berth.client")
-
-
-class BerthdUnavailable(ConnectionError):
-    """berthd is not running or its socket cannot be reached."""
-
-
-class ConfigUnusable(BerthdUnavailable):
-    """berthd cannot be found: the config that says where it listens does not load.
-    ``error`` is the :class:`berth.config.ConfigError`; ``str()`` names it, so a caller that
-    fails open says what to fix rather than "berthd is not reachable" at a guessed socket."""
-
-    def __init__(self, error: ConfigError):
-        super().__init__(f"cannot find berthd: {error}")
-        self.error = error
-
-
-#: Why a connect failed, in words, by errno (aiohttp's own words name its internals:
-#: "Cannot connect to unix socket … ssl:default [No such file or directory]").
-_WHY = {
-    errno.ENOENT: "no such file (berthd is not running, or it listens elsewhere: set "
-                  "BERTH_SOCKET to its socket, which berthd logs at start as `berthd ready "
-                  "on PATH`, in the environment of whatever starts this command, or [api] "
-                  "socket in berth.toml)",
-    errno.ECONNREFUSED: "connection refused (nothing listens there: berthd stopped or "
-                        "never started)",
-    errno.EACCES: "permission denied (your user may not use berthd's socket: join the group "
-                  "berth.toml's [api] socket_group names, or ask the operator)",
-    errno.ENOTSOCK: "not a socket",
-    errno.ECONNRESET: "berthd closed the connection",
-}
-_WHY[errno.EPERM] = _WHY[errno.EACCES]
-
-
-def _not_a_socket(where: str | os.PathLike | None) -> str:
-    """What is at ``where`` when it is a path to something other than a socket ("regular
-    file", "directory"), else ``""`` (a socket, nothing, a URL)."""
-    import stat
-    if where is None or str(where).startswith(("http://", "https://")):
-        return ""
-    try:
-        mode = os.stat(where).st_mode
-    except OSError:
-        return ""
-    if stat.S_ISSOCK(mode):
-        return ""
-    return "directory" if stat.S_ISDIR(mode) else "regular file" if stat.S_ISREG(mode) else "file"
-
-
-def unreachable(where: str | os.PathLike | None, error: BaseException) -> str:
-    """"berthd is not reachable at WHERE: WHY; start berthd with `berthd` ...": ``where`` is
-    the socket path or URL tried, ``error`` the connect's exception (aiohttp's or an
-    ``OSError``); why is said from its errno, else its OS words, else its class."""
-    os_error = getattr(error, "os_error", error)
-    code = getattr(os_error, "errno", None)
-    if code == errno.ECONNREFUSED and _not_a_socket(where):
-        # Linux refuses a connect to a regular file as to a socket nobody listens on.
-        why = (f"not a socket (a {_not_a_socket(where)} is there: $BERTH_SOCKET or berth.toml's "
-               f"[api] socket names the wrong path)")
-    elif code in _WHY:
-        why = _WHY[code]
-    elif isinstance(error, aiohttp.ServerDisconnectedError):
-        why = _WHY[errno.ECONNRESET]
-    else:
-        why = (getattr(os_error, "strerror", None) or type(error).__name__).lower()
-    return f"berthd is not reachable at {where}: {why}; {START_BERTHD}"
-
-
-class ApiError(RuntimeError):
-    """berthd answered with an error. ``status`` is the HTTP status, ``kind`` the error type."""
-
-    def __init__(self, status: int, message: str, kind: str = ""):
-        super().__init__(f"berthd: {message} (HTTP {status})")
-        self.status, self.message, self.kind = status, message, kind
 
 
 class Client:

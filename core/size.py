@@ -251,10 +251,9 @@ def missing_words(st: dict, target: str) -> str:
     return f"no lease or engine {target!r} (engines now: {names}); give a .gguf file to size a model"
 
 
-async def _lease(target: str) -> int:
-    from berth.client import Client
-    async with Client() as c:
-        st = await c.status()
+def _lease(target: str) -> int:
+    from berth import client_sync
+    st = client_sync.call("GET", "/v1/status")
     le = _find(st, target)
     if le is None:
         print(f"berth size: {missing_words(st, target)}", file=sys.stderr)

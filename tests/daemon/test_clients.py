@@ -259,6 +259,35 @@ def test_berthd_not_reachable_says_where_why_and_how_to_start_it(tmp_path):
         assert "ssl:" not in out.stderr and "Cannot connect" not in out.stderr, out.stderr
 
 
+def test_a_socket_that_closes_before_answering_is_said_in_words(tmp_path):
+    """``berth status`` (the standard library's client, issue 38) says a connection closed
+    before the answer in the words aiohttp's did, not as http.client's "RemoteDisconnected"."""
+    import socket
+    import threading
+    sock = tmp_path / "closes.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock))
+    server.listen(4)
+
+    def close_each():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:                      # the listener closed: the test is over
+                return
+            conn.recv(4096)
+            conn.close()
+    threading.Thread(target=close_each, daemon=True).start()
+    try:
+        out = subprocess.run([BERTH, "status"], env={**os.environ, "BERTH_SOCKET": str(sock)},
+                             capture_output=True, text=True, timeout=30)
+    finally:
+        server.close()
+    assert out.returncode == 3, out.stderr
+    assert out.stderr.startswith(f"berth: berthd is not reachable at {sock}: berthd closed the "
+                                 f"connection; start berthd with `berthd`"), out.stderr
+
+
 def test_a_socket_the_user_may_not_use_is_said_in_words():
     import errno
 

@@ -26,3 +26,25 @@ def test_prometheus_loads_at_the_first_scrape(berthd):
     assert code == 200 and "berth_card_total_bytes" in out["raw"], out
     wait_for(lambda: "prometheus_client" in _imported(d.log.read_text()),
              what="berthd's log to list prometheus_client after the scrape")
+
+
+def test_the_one_call_commands_import_no_aiohttp(berthd):
+    """``berth status``, ``hold``, ``release-hold`` and ``size LEASE`` make one call to berthd
+    each: with the standard library's client (:mod:`berth.client_sync`), not aiohttp, whose
+    import was most of their start-up CPU (issue 38)."""
+    import os
+    import subprocess
+
+    from tests.berthd import BERTH
+    d = berthd()
+    code, r = d.call("POST", "/v1/leases", {"engine": "A", "owner_pid": os.getpid(),
+                                            "shares": [{"card": None, "size": "2GiB"}]})
+    assert code == 201, r
+    env = {**d.env, "PYTHONPROFILEIMPORTTIME": "1"}
+    for argv, said in ((["status"], "gpu0"), (["hold", "A"], "hold A"),
+                       (["release-hold", "A"], "release-hold A"), (["size", "A"], "A")):
+        p = subprocess.run([BERTH, *argv], env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and said in p.stdout, (argv, p.stdout, p.stderr[-2000:])
+        found = _imported(p.stderr)
+        assert "berth.cli" in found                     # the reading is not vacuous
+        assert not {m for m in found if m.split(".")[0] in ("aiohttp", "asyncio")}, argv

@@ -68,7 +68,7 @@ def test_the_log_line_the_message_points_to_names_the_socket(tmp_path):
     """The message said BERTH_SOCKET is in "berthd's first log line", but with a board on (the
     default) berthd's first line is the board's address: the message quotes the line that
     names the socket, and berthd logs it."""
-    from berth.client import _WHY
+    from berth.client_sync import _WHY
 
     from tests.berthd import Berthd, sim_config
     from tests.helpers import free_port, wait_for
