@@ -136,6 +136,7 @@ class Answer:
     first_s: float = 0.0
     total_s: float = 0.0
     sent_at: float = 0.0        # time.monotonic() when it was sent
+    logs: str = ""              # on an answer other than 200: the logs' last lines (a test's message)
 
     def json(self):
         return json.loads(self.body)
@@ -372,7 +373,20 @@ class Swap:
         ``on_event(answer)`` after each ``data:`` event."""
         body = {"model": model, "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": max_tokens, "stream": stream, **(extra or {})}
-        return post_chat(self.port, body, headers, timeout, on_comment, on_event)
+        ans = post_chat(self.port, body, headers, timeout, on_comment, on_event)
+        if ans.status != 200:
+            ans.logs = self.log_tails()
+        return ans
+
+    def log_tails(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of llama-swap's log (it carries each model command's output)
+        and of berthd's, for a failure's message."""
+        out = []
+        for name in ("llama-swap.log", "berthd.log"):
+            p = self.tmp / name
+            text = p.read_text(errors="replace") if p.exists() else ""
+            out.append(f"--- {name}\n" + "\n".join(text.splitlines()[-lines:]))
+        return "\n".join(out)
 
     def running(self) -> dict[str, str]:
         """llama-swap's ``/running``: model -> state."""

@@ -355,7 +355,7 @@ async def instructions(request: web.Request) -> web.Response:
     lease = broker.sched.ledger.leases.get(lid)
     pids = sorted({p for ps in broker.lease_pids.get(lid, {}).values() for p in ps})
     return web.json_response({
-        "instructions": [i.to_wire() for i in ins],
+        "instructions": [i.to_wire(broker.clock()) for i in ins],
         "wait": _wait(broker, lid),
         "pids": pids,
         "use": {p: s.used_bytes for p, s in lease.shares.items()} if lease else {},

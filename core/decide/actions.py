@@ -44,7 +44,8 @@ def begin_park(st: State, lease: Lease, now: float, reason: str,
     meanwhile it forwards the held requests older than that (issue 34, the fence)."""
     seq = st.next_seq()
     fx: list[Effect] = [Instruct(lease.id, Op.PARK, tuple(lease.shares), seq, reason=reason,
-                                 quiet_s=quiet_s, fence_age_s=_age(fence_at, now))]
+                                 quiet_s=quiet_s, fence_age_s=_age(fence_at, now),
+                                 made_at=now)]
     for pci, sh in lease.shares.items():
         st.ledger.move(lease.id, pci, S.PARKING, now, parked_bytes=counted_bytes(sh))
         st.deadlines[(lease.id, pci, Op.PARK)] = now + (quiet_s or 0.0) \
@@ -103,7 +104,7 @@ def stop(st: State, lease: Lease, now: float, reason: str,
             st.counters.moves += 1
         fx.insert(0, Instruct(lease.id, Op.DRAIN, tuple(lease.shares), st.next_seq(),
                               reason=reason, quiet_s=quiet_s, move_to=move_to,
-                              fence_age_s=_age(fence_at, now)))
+                              fence_age_s=_age(fence_at, now), made_at=now))
         if move_to is None:
             fx.append(Note(lease.id, "drain", f"{lease.engine} drains ({reason})"))
         else:

@@ -43,7 +43,9 @@ class Instruction:
     front waits for quiet it still forwards the held requests that arrived more than this many
     seconds before the instruction was made (those older than the waiter's), and holds the
     rest, so the park waits for the running and older requests only (``None``: the front
-    forwards nothing more)."""
+    forwards nothing more). ``made_at``: when berthd made it (its clock; never on the wire):
+    :meth:`to_wire` counts the fence's age at the send, so the time an instruction waits for
+    its poll does not move the fence past requests that came after the waiter's."""
 
     op: Op
     cards: tuple[str, ...]
@@ -56,14 +58,19 @@ class Instruction:
     #: keeps its front holding requests and asks for its card again at once.
     move_to: str | None = None
     fence_age_s: float | None = None
+    made_at: float | None = field(default=None, compare=False)
 
-    def to_wire(self) -> dict:
+    def to_wire(self, now: float | None = None) -> dict:
         """The JSON object the control API sends: ``{"op", "seq", "cards": [pci], "bytes":
-        {pci: N}, "reason", "quiet_s", "call_off", "move_to", "fence_age_s"}``."""
+        {pci: N}, "reason", "quiet_s", "call_off", "move_to", "fence_age_s"}``; ``now``
+        (berthd's clock): the fence's age is counted then, not when it was made."""
+        age = self.fence_age_s
+        if age is not None and now is not None and self.made_at is not None:
+            age += max(0.0, now - self.made_at)
         return {"op": self.op.value, "seq": self.seq, "cards": list(self.cards),
                 "bytes": dict(self.bytes), "reason": self.reason, "quiet_s": self.quiet_s,
                 "call_off": self.call_off, "move_to": self.move_to,
-                "fence_age_s": self.fence_age_s}
+                "fence_age_s": age}
 
     @classmethod
     def from_wire(cls, d: object) -> Instruction:

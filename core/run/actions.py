@@ -51,7 +51,7 @@ _RESTORING = frozenset({Op.WAKE, Op.RETURN})
 def fence_at(ins: Instruction) -> float | None:
     """The instruction's fence on this run's clock (``time.monotonic`` seconds; issue 34):
     requests that reached the front before it are older than the waiter's (berthd sends the
-    fence as an age, ``fence_age_s``, counted when it made the instruction; the trip here
+    fence as an age, ``fence_age_s``, counted when it sent the instruction; the trip here
     makes it at most that much later)."""
     return None if ins.fence_age_s is None else time.monotonic() - ins.fence_age_s
 

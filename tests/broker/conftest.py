@@ -117,7 +117,8 @@ def serving(d: Berthd, engine: str) -> dict | None:
 class Chat:
     """One chat completion to a front, streamed or not: ``status``, ``body`` (the JSON of a
     non-streamed answer or an error), ``tokens`` (content chunks of a stream), ``finish``
-    (its finish_reason), ``first_s``/``total_s`` (seconds from the send)."""
+    (its finish_reason), ``first_s``/``total_s`` (seconds from the send), ``first_at`` (the
+    first token's ``time.monotonic()``, the clock of berthd's timeline ``at``)."""
 
     def __init__(self, port: int, *, max_tokens: int = 4, stream: bool = False,
                  headers: dict | None = None, timeout_s: float = 60.0):
@@ -128,6 +129,7 @@ class Chat:
         self.tokens = 0
         self.finish: str | None = None
         self.first_s: float | None = None
+        self.first_at: float | None = None
         self.total_s: float | None = None
         self.error: str | None = None
 
@@ -159,7 +161,8 @@ class Chat:
                     if ch.get("delta", {}).get("content"):
                         self.tokens += 1
                         if self.first_s is None:
-                            self.first_s = time.monotonic() - t0
+                            self.first_at = time.monotonic()
+                            self.first_s = self.first_at - t0
                     if ch.get("finish_reason"):
                         self.finish = ch["finish_reason"]
         except (OSError, _http.HTTPException) as e:

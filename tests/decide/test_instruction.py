@@ -30,6 +30,17 @@ def test_what_berthd_sends_reads_back_the_same():
     assert Instruction.from_wire(json.loads(json.dumps(off.to_wire()))) == off
 
 
+def test_the_fences_age_is_counted_when_the_instruction_is_sent():
+    """Issue 34, the fence: an instruction made at t = 100 with the waiter's request 0.5 s old,
+    sent at t = 103 (the run's poll came late on a loaded machine), says 3.5 s. Before, it said
+    0.5 s: the run put the fence 3 s late, past the holder's newer requests, which it then
+    forwarded, and the park waited for them (a CI run, load 17)."""
+    ins = Instruction(Op.PARK, (G0,), 10, fence_age_s=0.5, made_at=100.0)
+    assert ins.to_wire(103.0)["fence_age_s"] == 3.5
+    assert ins.to_wire()["fence_age_s"] == 0.5
+    assert Instruction(Op.PARK, (G0,), 10, made_at=100.0).to_wire(103.0)["fence_age_s"] is None
+
+
 def test_the_schedulers_effect_is_an_instruction_addressed_to_a_lease():
     w = World([24 * GiB])
     w.request("a", "a", {G0: 8 * GiB})

@@ -28,8 +28,8 @@ def two(**kw) -> list[Model]:
 
 
 def ok(ans):
-    """The answer, asserted 200 (its body in the message otherwise)."""
-    assert ans.status == 200, (ans.status, ans.body[:500])
+    """The answer, asserted 200 (its body and the logs' last lines in the message otherwise)."""
+    assert ans.status == 200, (ans.status, ans.body[:500], ans.logs)
     return ans
 
 
