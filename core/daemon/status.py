@@ -121,7 +121,11 @@ def _drained_rows(broker: "Broker") -> list[dict]:
         return []
     cards = broker.sched.ledger.cards
     name = (lambda p: cards[p].name if p in cards else p)
-    rows = broker.drained.board()
+    # A run whose new lease is granted leaves the list once it tells berthd it serves (a moment
+    # later); until then it is listed once, as its lease (a new user saw it active and drained).
+    active = {le.engine for le in broker.sched.ledger.leases.values()
+              if ShareState.ACTIVE in le.states()}
+    rows = [r for r in broker.drained.board() if r["engine"] not in active or r.get("move_to")]
     for r in rows:
         if r.get("move_to"):
             r["moving"] = {"from": [name(p) for p in r.get("move_from") or []] or ["?"],
