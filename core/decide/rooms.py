@@ -309,7 +309,10 @@ def _begin_steps(st: State, p: Plan, lease: Lease, now: float) -> list[Effect]:
         elif step.action is Action.MOVE:
             fx += _move(st, victim, step, now, reason)
         else:
-            fx += stop(st, victim, now, reason, step.quiet_s, fence_at=step.fence_at)
+            # Why a drain and not a park ("no park: ... the RAM budget has ... left") reaches
+            # the run and the board's drained row, not only berthd's log.
+            why = f"{reason} ({step.why})" if step.why else reason
+            fx += stop(st, victim, now, why, step.quiet_s, fence_at=step.fence_at)
     return fx
 
 

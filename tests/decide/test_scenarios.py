@@ -111,6 +111,11 @@ class TestSeed002_MakingRoom:
         w.request("a", "A", {G0: 14 * GiB}, park=CKPT)
         w.request("b", "B", {G0: 14 * GiB})
         assert state(w, "a") is S.DRAINING
+        # The drain says why it is not a park, to the run and so to `berth status`'s drained
+        # row (a new user found it only in berthd's log).
+        from berth.decide.effects import Instruct
+        [drain] = [e for e in w.effects if isinstance(e, Instruct) and e.op == "drain"]
+        assert "no park" in drain.reason and "RAM budget" in drain.reason, drain.reason
 
 
 class TestSeed000_Admission:
