@@ -226,7 +226,9 @@ def test_each_problem_names_its_key_once():
         "driver.checkpoint_rate": "must be more than 0 bytes per second, got '0'",
         "driver.free_delay": "expected a duration like '20s', '500ms', '2m' or '1h', got 'x'",
         "cards.gpu0.reserve": "expected a size like '24GiB' or '512MiB', got 'zz'",
-        "policy.ram_budget": "'5' has no unit; write '5GiB' or '5MiB' (or '5B' for bytes)",
+        "policy.ram_budget": "'5' has no unit; write '5GiB' or '5MiB' (or '5B' for bytes); or "
+                             "'auto' (the default: 80% of the host RAM available when berthd "
+                             "starts)",
         "policy.read_interval": probs["policy.read_interval"],
         "policy.min_turn": "a duration cannot be negative, got -1",
         "engines.e.need": "'3' has no unit; write '3GiB' or '3MiB' (or '3B' for bytes)"}, probs

@@ -99,9 +99,26 @@ async def _stream(port: int) -> tuple[int, list[dict | str], float, dict]:
             return r.status, events, time.monotonic() - t0, dict(r.headers)
 
 
+async def _routed(port: int, model: str = "m") -> None:
+    """Until the gateway on ``port`` lists ``model`` (its peer's first poll answered): on a
+    loaded machine that poll can outlast the 0.5 s peer timeout, and the peer is retried 5 s
+    later (a CI run at load 10 streamed at once and got a 404)."""
+    end = time.monotonic() + ceiling(30.0)
+    async with aiohttp.ClientSession() as s:
+        while True:
+            async with s.get(f"http://127.0.0.1:{port}/v1/models") as r:
+                ids = [m.get("id") for m in (await r.json()).get("data", [])]
+            if model in ids:
+                return
+            assert time.monotonic() < end, f"the gateway never listed {model!r}: {ids}"
+            await asyncio.sleep(0.05)
+
+
 def _run(coro, limit_s: float = 30.0):
     async def bounded():
-        async with asyncio.timeout(limit_s):
+        # A bound on a hung scenario, scaled as its waits are (the peer's first poll may be
+        # retried once, 5 s later, on a loaded machine).
+        async with asyncio.timeout(ceiling(limit_s) + 10):
             await coro
     asyncio.run(bounded())
 
@@ -113,13 +130,14 @@ def test_a_peer_stalled_mid_stream_ends_the_stream_with_an_error_event(tmp_path)
         gw = _gateway(tmp_path, [peer.port])
         await gw.start()
         try:
+            await _routed(gw.port)
             code, events, took, _ = await _stream(gw.port)
             # the peer's gap (1 s, its own read_timeout) plus the peer timeout (0.5 s)
             assert code == 200 and events[:2] == [{"n": 0}, {"n": 1}], events
             err = events[2]
             assert err["error"]["code"] == 504 and err["reason"] == "upstream_stalled", err
             assert err["src"] == "peer" and events[3] == "[DONE]" and len(events) == 4
-            assert 1.4 <= took < 5.0, took
+            assert 1.4 <= took < ceiling(5.0), took
             assert gw.relays.gap_timeouts == 1 and not gw.relays.live
         finally:
             await gw.stop()
@@ -134,6 +152,7 @@ def test_a_peer_that_dies_mid_stream_ends_the_stream_at_once_with_an_error_event
         gw = _gateway(tmp_path, [peer.port])
         await gw.start()
         try:
+            await _routed(gw.port)
             code, events, took, _ = await _stream(gw.port)
             assert code == 200 and events[:2] == [{"n": 0}, {"n": 1}], events
             assert events[2]["reason"] == "upstream_cut" and events[3] == "[DONE]", events
@@ -151,6 +170,7 @@ def test_a_peer_marked_down_ends_its_relays_at_once(tmp_path):
         gw = _gateway(tmp_path, [peer.port])
         await gw.start()
         try:
+            await _routed(gw.port)
             task = asyncio.ensure_future(_stream(gw.port))
             end = time.monotonic() + 5
             while not gw.relays.live:

@@ -29,6 +29,8 @@ def two(**kw) -> list[Model]:
 
 def ok(ans):
     """The answer, asserted 200 (its body and the logs' last lines in the message otherwise)."""
+    if ans.status != 200:
+        print(ans.logs)         # whole, in the captured output (an assertion's is cut short)
     assert ans.status == 200, (ans.status, ans.body[:500], ans.logs)
     return ans
 
