@@ -3,10 +3,13 @@ error shape and one log line naming the fault, never aiohttp's traceback."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import socket
 
 import pytest
+from berth.daemon.board_web.listen import MALFORMED_LOG_FIRST, MalformedLog
 
 from tests.berthd import Berthd, sim_config, wait_for
 from tests.helpers import stop_all
@@ -74,3 +77,38 @@ def test_the_query_parameters_berthd_takes_still_pass(berthd):
     code, body = berthd.call("GET", "/v1/timeline?after=0&timeout=0")
     assert code == 200 and "entries" in body, body
     assert berthd.call("GET", "/metrics?name[]=berth_grants_total")[0] == 200
+
+
+def test_a_flood_of_malformed_requests_is_a_few_lines(tmp_path):
+    """A flood of bad requests does not fill berthd's log: the first few lines of the minute,
+    then a count (MalformedLog)."""
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    try:
+        for _ in range(40):
+            answer = raw(d.sock, BAD["garbage"])
+            assert b" 400 " in answer.split(b"\r\n")[0], answer[:300]
+        assert d.status()["leases"] == []      # berthd answers a good call after it
+        lines = [ln for ln in d.log.read_text().splitlines() if "malformed request on" in ln]
+        assert 1 <= len(lines) <= MALFORMED_LOG_FIRST, lines
+    finally:
+        stop_all([d.proc], tmp_path)
+
+
+def test_the_malformed_requests_left_out_are_counted_when_the_window_ends(caplog):
+    async def scenario() -> None:
+        throttle = MalformedLog(first=2, every_s=0.2)
+        loop = asyncio.get_running_loop()
+        for i in range(7):
+            throttle.say(loop, "/run/berth.sock", f"bad request {i}")
+        async with asyncio.timeout(10):
+            while not any("left out" in r.getMessage() for r in caplog.records):
+                await asyncio.sleep(0.05)
+        said = [r.getMessage() for r in caplog.records if r.name == "berth.daemon"]
+        assert said == ["malformed request on /run/berth.sock: bad request 0",
+                        "malformed request on /run/berth.sock: bad request 1",
+                        "5 more malformed request(s) left out of the log in the last 0.2 s "
+                        "(the last on /run/berth.sock: bad request 6)"], said
+        throttle.say(loop, "/run/berth.sock", "bad request 7")   # a new window: said again
+        assert caplog.records[-1].getMessage().endswith("bad request 7")
+    with caplog.at_level(logging.WARNING, logger="berth.daemon"):
+        asyncio.run(scenario())

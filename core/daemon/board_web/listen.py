@@ -17,7 +17,9 @@ reached only if the client is quick enough, and there is no bound on connections
 4. a malformed request (a head aiohttp's parser refuses: a bad request line or version, a
    Content-Length that is not a number, a line over 8 KiB) is answered 400 in berthd's error shape
    and logged as one WARNING line naming the fault (:meth:`_Guarded.handle_error`); aiohttp logged
-   each with a traceback at ERROR and answered plain text;
+   each with a traceback at ERROR and answered plain text. A flood does not fill the log: the
+   first :data:`MALFORMED_LOG_FIRST` in each :data:`MALFORMED_LOG_EVERY_S` are logged, the rest
+   counted in one line at the window's end (:class:`MalformedLog`);
 5. "Too many open files" on accept is logged at most once a minute, with the count left out
    (the front's throttle, :func:`berth.front.listen.throttle_fd_logs`: asyncio retries a failed
    accept every second and logged each with a traceback).
@@ -39,6 +41,46 @@ from berth.front.listen import connections_from_fd_limit, throttle_fd_logs
 __all__ = ["Limits", "GuardedSite", "connections_from_fd_limit"]
 
 log = logging.getLogger("berth.daemon")
+
+
+#: Malformed requests logged one line each per window; the rest of the window's are counted.
+MALFORMED_LOG_FIRST = 5
+#: Seconds of one window of :class:`MalformedLog`.
+MALFORMED_LOG_EVERY_S = 60.0
+
+
+class MalformedLog:
+    """The log lines about malformed requests: the first ``first`` of each ``every_s``-second
+    window one line each (WARNING), the rest counted and said in one line when the window ends,
+    so a flood of bad requests costs a few lines a minute, not one each."""
+
+    def __init__(self, first: int = MALFORMED_LOG_FIRST, every_s: float = MALFORMED_LOG_EVERY_S):
+        self.first, self.every_s = first, every_s
+        self.said = self.left_out = 0
+        self._window: asyncio.TimerHandle | None = None
+        self._last = ""
+
+    def say(self, loop: asyncio.AbstractEventLoop, where: str, line: str) -> None:
+        """Log ``line`` (about a malformed request on ``where``) or count it."""
+        if self._window is None:
+            self._window = loop.call_later(self.every_s, self._end)
+        if self.said < self.first:
+            self.said += 1
+            log.warning("malformed request on %s: %s", where, line)
+            return
+        self.left_out += 1
+        self._last = f"{where}: {line}"
+
+    def _end(self) -> None:
+        self._window = None
+        if self.left_out:
+            log.warning("%d more malformed request(s) left out of the log in the last %g s "
+                        "(the last on %s)", self.left_out, self.every_s, self._last)
+        self.said = self.left_out = 0
+
+
+#: One for the process: berthd's listeners (the control socket, the board) share its log.
+MALFORMED_LOG = MalformedLog()
 
 
 def _answer(status: bytes, text: bytes, extra: bytes = b"") -> bytes:
@@ -104,14 +146,14 @@ class _Guarded(web.RequestHandler):
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         """A request aiohttp's parser refused (``exc`` a :class:`BadHttpMessage`, ``status`` its
-        4xx): one WARNING line naming the fault and a JSON answer in berthd's error shape
+        4xx): one WARNING line naming the fault (throttled: :data:`MALFORMED_LOG`) and a JSON answer in berthd's error shape
         (:func:`berth.daemon.api_bodies.error`), the connection closed. Any other error is
         aiohttp's own handling (a 500 with its traceback: a defect worth one)."""
         if not isinstance(exc, BadHttpMessage) or not 400 <= status < 500:
             return super().handle_error(request, status, exc, message)
         fault = " ".join(w for w in str(exc.message).split() if w.strip("^"))[:200]
-        log.warning("malformed request on %s: %s (%s; answered %d)", self._berth_where(),
-                    fault, type(exc).__name__, status)
+        MALFORMED_LOG.say(self._loop, self._berth_where(),
+                          f"{fault} ({type(exc).__name__}; answered {status})")
         resp = web.json_response({"error": {"type": "invalid_request", "code": status,
                                             "message": f"malformed HTTP request: {fault}"},
                                   "src": "berthd"}, status=status)
