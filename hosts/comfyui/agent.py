@@ -243,9 +243,10 @@ class Agent(Reservation):
 
     def _follow_wait(self, wait: dict | None) -> None:
         """berthd's reason for the lease's wait (``{"why", "lasting", "version"}``), which held
-        prompts show."""
+        prompts show; a lasting one sets the gate's ``Retry-After`` to 30 s."""
         if isinstance(wait, dict):
             self.gate.cause = wait.get("why")
+            self.gate.lasting = bool(wait.get("lasting"))
             self.wait_version = int(wait.get("version") or 0)
 
     # -- instructions ------------------------------------------------------------------------
@@ -385,7 +386,9 @@ def ask_wake(agent: "Agent") -> None:
                 raise BerthdUnavailable("no lease")
             # Whose prompt asks, and since when (issue 34: a holder that answered it yields).
             r = await agent._client.wake(lid, *agent.gate.asker())
-            agent.gate.cause = (r.get("wait") or {}).get("why") or agent.gate.cause
+            wait = r.get("wait") or {}
+            if wait.get("why"):
+                agent.gate.cause, agent.gate.lasting = wait["why"], bool(wait.get("lasting"))
         except (BerthdUnavailable, ApiError) as e:
             log.warning("Berth: the wake could not be asked (%s); the gate opens", e)
             agent.gate.fail_open("berthd is not reachable")

@@ -45,6 +45,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 from berth.front.clients import peer_key
+from berth.front.rules import RETRY_AFTER_S, RETRY_LASTING_S
 
 from .notice import Teller, WaitMeter
 from .states import EDGES, PASSING, TRANSITIONS, GateState, IllegalGateTransition
@@ -71,12 +72,14 @@ _ASLEEP, _WAKING = frozenset({G.ASLEEP}), frozenset({G.WAKING})
 _TICK_S = 0.5
 
 
-def unavailable(reason: str, message: str) -> web.Response:
-    """A 503 in ComfyUI's ``POST /prompt`` error shape, with ``src`` and ``reason``."""
+def unavailable(reason: str, message: str, retry_after_s: int = RETRY_AFTER_S) -> web.Response:
+    """A 503 in ComfyUI's ``POST /prompt`` error shape, with ``src`` and ``reason``;
+    ``Retry-After: retry_after_s`` (seconds: 1, or :data:`~berth.front.rules.RETRY_LASTING_S`
+    when nothing under way can end the wait, as the run's front says)."""
     return web.json_response(
         {"error": {"type": "berth_unavailable", "message": message, "details": reason,
                    "extra_info": {"src": "berth", "reason": reason}}, "node_errors": {}},
-        status=503, headers={"Retry-After": "1"})
+        status=503, headers={"Retry-After": str(retry_after_s)})
 
 
 def _gone(request: web.Request) -> bool:
@@ -143,7 +146,9 @@ class Gate(_Askers):
     body; it returns None to let the write through, or a reason string for a 503 (the growth
     check: berthd could not make room); cancelled when the client goes away.
     ``on_notice(body, text)``: tells the prompt's page why it waits (any thread, must not
-    block). ``cause``: berthd's words for why the lease waits, set by the agent.
+    block). ``cause``: berthd's words for why the lease waits, set by the agent; ``lasting``:
+    nothing under way can end that wait (berthd's ``wait.lasting``), so a write refused for
+    the wait gets ``Retry-After: 30`` (:data:`~berth.front.rules.RETRY_LASTING_S`), not 1.
     ``on_unwanted()``: called (any thread, must not block) when every write that asked for a
     wake has gone (deleted, interrupted, its client left, refused at the wait limit): the
     agent withdraws the wake, and the gate is ``asleep`` again (issue 37).
@@ -162,6 +167,7 @@ class Gate(_Askers):
         self._state = G.OFF
         self.since = time.monotonic()
         self.cause: str | None = None
+        self.lasting = False
         self.waits = WaitMeter()                   # how long held writes waited
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self._fail_epoch, self._fail_reason = 0, ""
@@ -323,7 +329,8 @@ class Gate(_Askers):
                 if loop.time() >= deadline:
                     return self._refuse("wait_limit", f"ComfyUI was not ready within the wait "
                                         f"limit ({self.wait_limit_s:g} s, gate {self._state}); "
-                                        "the prompt was held and not queued")
+                                        "the prompt was held and not queued",
+                                        lasting=self._lasting())
                 if _gone(request):
                     self.client_gone += 1
                     return self._refuse("client_gone", "the client went away while held")
@@ -364,9 +371,14 @@ class Gate(_Askers):
             return self._refuse("stopped", f"ComfyUI is not leased: {self.stop_reason}")
         return None
 
-    def _refuse(self, reason: str, message: str) -> web.Response:
+    def _refuse(self, reason: str, message: str, lasting: bool = False) -> web.Response:
         self.refused += 1
-        return unavailable(reason, message)
+        return unavailable(reason, message, RETRY_LASTING_S if lasting else RETRY_AFTER_S)
+
+    def _lasting(self) -> bool:
+        """Whether the wait a write is refused for is lasting: berthd said so of its cause (a
+        retry every second would only loop, as the run's front answers a lasting no_room)."""
+        return self.lasting and bool(self.cause)
 
     async def _pass(self, request: web.Request, body: Any, st: GateState, held: bool,
                     waited_s: float, told: Teller) -> web.Response | None:
@@ -376,7 +388,8 @@ class Gate(_Askers):
             self.client_gone += 1
             return self._refuse(why, "the client went away while berthd made room")
         if why is not None:
-            return self._refuse(why, f"Berth could not make room for this prompt: {why}")
+            return self._refuse(why, f"Berth could not make room for this prompt: {why}",
+                                lasting=self._lasting())
         if held:
             self.waits.record(waited_s)
             told.ready(waited_s)
