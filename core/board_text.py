@@ -177,7 +177,8 @@ def _drained_lines(drained: list[dict]) -> list[str]:
     drained = [r for r in drained if not r.get("moving")]
     if not drained:
         return []
-    lines = ["drained (the run and its front stay; the next request starts the engine again):"]
+    lines = ["drained (the run stays: with a front, the next request starts the engine again; "
+             "with none, it asks for its card again):"]
     for r in drained:
         waiters = r.get("waiters") or 0
         held = (f", {waiters} request(s) waiting" + (", asking for a card" if r.get("asking")

@@ -31,3 +31,13 @@ def test_a_granted_drained_run_is_listed_once_as_its_lease():
 def test_a_drained_run_still_waiting_for_its_grant_is_listed_as_drained():
     [row] = _drained_rows(_broker(ShareState.WAITING))
     assert row["engine"] == "coder"
+
+
+def test_the_drained_heading_is_true_for_a_run_with_no_front():
+    """A supervisord program with no front is listed under ``drained`` too; the heading said
+    "the next request starts the engine again", which no request can do for it."""
+    from berth.board_text import _drained_lines
+    lines = _drained_lines([{"engine": "p2", "front": None, "waiters": 0, "asking": True,
+                             "drained_s": 3.0, "why": "room for p3"}])
+    assert "with none, it asks for its card again" in lines[0], lines
+    assert "no front: asking for a card again" in lines[1], lines
