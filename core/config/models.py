@@ -140,7 +140,7 @@ class PolicyConfig(_Strict):
     read_interval: ReadInterval = 1.0
     hook_residual_guess: Size = 2 << 30
     max_job: PositiveDuration = 3600.0
-    max_turn: Duration = 30.0
+    max_turn: Duration = 60.0
     first_request: Duration = 1.5
     demand_trust: float = Field(0.0, ge=0.0, le=1.0)
 

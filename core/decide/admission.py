@@ -87,7 +87,7 @@ class Policy:
     hook_residual_guess_bytes: int = 2 << 30
     read_interval_s: float = 1.0
     max_job_s: float = 3600.0
-    max_turn_s: float = 30.0
+    max_turn_s: float = 60.0
     first_request_s: float = 1.5
     rent_fixed_s: float = -1.0
     demand_trust: float = 0.0

@@ -554,6 +554,19 @@ class TestIssue34Yardstick:
         text = yardstick.table(m, [1])
         assert "| j-alternate-two |" in text and "best fixed rent" in text
 
+    def test_a_turn_fits_a_long_job_and_the_holders_next_request(self):
+        """The default ``max_turn`` (60 s) lets a holder that serves jobs of 30-45 s back to back
+        finish one and start its client's next before an equal-priority waiter takes the card.
+        At 30 s every such job ended the turn: on h (a waiter whose client leaves) A was parked
+        for a client already gone and its next requests waited for the wake, so h held on 2 of
+        seeds 1..10 (A's p95 1.5-4.1 s against llama-swap's 1.0 s); it holds on all ten now,
+        and on 20 held-out seeds (bench/policy/README.md, "Issue 34, fifth pass")."""
+        from bench.policy import yardstick
+        assert DEFAULT_KNOBS["max_turn_s"] == 60.0
+        m = yardstick.measure([1, 3, 4], ["h-client-leaves"], hindsight=False)
+        cells = m["cells"]["h-client-leaves"]
+        assert all(c["holds"] for c in cells.values()), cells
+
 
 def build_every_one(seed: int) -> Workload:
     from bench.policy.gen import build_every

@@ -62,7 +62,7 @@ def test_an_idle_holders_turn_ends_where_its_rent_does(idle_for_s, parked_cost_s
     h.park_cost_s, h.last_job_at, h.idle_since = parked_cost_s, 115.0, now - idle_for_s
     p = protection(h, policy, now, wall=0.0)
     end = now + p["turn_left_s"]
-    assert end == pytest.approx(min(h.idle_since + 3.0 + parked_cost_s, 110.0 + 30.0))
+    assert end == pytest.approx(min(h.idle_since + 3.0 + parked_cost_s, 110.0 + policy.max_turn_s))
     assert displaceable(h, w, policy, end - 0.01) is not None
     assert displaceable(h, w, policy, end + 0.01) is None
 

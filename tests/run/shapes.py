@@ -71,9 +71,10 @@ class Outcome:
         return self.switches / max(1, self.answered)
 
 
-def simulate(wl: Workload) -> Outcome:
-    """The workload under ``berth-default`` in the simulator."""
-    world = SimWorld(wl, make("berth-default"))
+def simulate(wl: Workload, knobs: dict | None = None) -> Outcome:
+    """The workload under ``berth-default`` in the simulator (``knobs``: core policy fields
+    that the live run's ``[policy]`` sets too, :class:`Live`'s ``policy``)."""
+    world = SimWorld(wl, make("berth-default", knobs))
     rec = world.run()
     served = sorted((j.start_s, j.engine) for j in world.jobs if j.done_s is not None)
     k = rec.summary["switches_by_kind"]
@@ -128,14 +129,15 @@ class Row:
     status: str = ""
 
 
-def config(tmp: Path, wl: Workload, entries: str = "", list_exited: bool = True) -> Path:
+def config(tmp: Path, wl: Workload, entries: str = "", list_exited: bool = True,
+           policy: str = "") -> Path:
     card = wl.cards[0]
     text = (f'state_dir = "{tmp / "state"}"\n[driver]\nkind = "sim"\n'
             f'sim_dir = "{tmp / "sim"}"\nfree_delay = "0.5s"\nhost_ram = "64GiB"\n'
             f'checkpoint_rate = "{int(wl.mechanisms.checkpoint_gbps * 1e9)}"\n'
             f"list_exited = {'true' if list_exited else 'false'}\n"
             f'[[driver.cards]]\npci = "{card.pci}"\nname = "{card.name}"\n'
-            f'total = "{card.total_bytes}B"\n[policy]\nread_interval = "0.25s"\n')
+            f'total = "{card.total_bytes}B"\n[policy]\nread_interval = "0.25s"\n{policy}')
     for e in wl.engines:
         keep = f'keep_warm = "{e.keep_warm_s:g}s"\n' if e.keep_warm_s is not None else ""
         text += f"[engines.{e.name}]\npriority = {e.priority}\n{keep}"
@@ -148,9 +150,9 @@ class Live:
     """One workload run live. :meth:`close` ends every process it started."""
 
     def __init__(self, tmp: Path, wl: Workload, *, llama_swap: bool = False,
-                 list_exited: bool = True):
+                 list_exited: bool = True, policy: str = ""):
         self.tmp, self.wl, self.llama_swap = tmp, wl, llama_swap
-        self.d = Berthd(tmp, config(tmp, wl, list_exited=list_exited))
+        self.d = Berthd(tmp, config(tmp, wl, list_exited=list_exited, policy=policy))
         self.ports = {e.name: free_port() for e in wl.engines}
         self.models: dict[str, LlamaSwapModel] = {}
         self.ready: dict[str, threading.Event] = {}

@@ -120,10 +120,14 @@ def test_a_fresh_engine_keeps_its_card_until_its_managers_poll(live):
 def test_a_park_for_a_waiter_that_left_is_called_off(live):
     """A serves a job past its turn; B's client asks for B (parked) and leaves while A's park
     waits for a job that came after B asked. Before: the park ran on once the job ended, and
-    both engines ended up parked with nobody served."""
-    lv = live("h-client-leaves")
+    both engines ended up parked with nobody served.
+
+    The turn is the 30 s it was when the shape was written: under the default 60 s, A's turn
+    outlasts B's client and no park begins (the yardstick's h, ``tests/bench``), which would
+    leave the call-off untried."""
+    lv = live("h-client-leaves", policy='max_turn = "30s"\n')
     lv.run(limit_s=120)
-    sim = simulate(lv.wl)
+    sim = simulate(lv.wl, {"max_turn_s": 30.0})
     tl = lv.timeline()
     kinds = [(e["kind"], e["engine"]) for e in tl]
     left = [r for r in lv.rows if r.status == "left"]
