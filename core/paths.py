@@ -116,7 +116,7 @@ def open_shared(path: Path, flags: int = os.O_RDONLY, *, create_mode: int | None
     (issue 36)."""
     path = Path(path)
     base = flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    for _ in range(3):
+    for _ in range(20):
         try:
             fd = os.open(path, base)
         except FileNotFoundError:
@@ -136,7 +136,14 @@ def open_shared(path: Path, flags: int = os.O_RDONLY, *, create_mode: int | None
                 raise e from None
             raise _refuse(path, st, _kind(st.st_mode)) from None
         try:
-            _check_shared(path, os.fstat(fd), owners)
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_nlink == 0:
+                # Replaced (an atomic write's rename) or removed between the open and the
+                # fstat: the name now holds another file, so open the name again. Refused as
+                # "a file with 0 links" it made a stub engine exit mid-run (issue 38's flake).
+                os.close(fd)
+                continue
+            _check_shared(path, st, owners)
             os.set_blocking(fd, True)
         except BaseException:
             os.close(fd)
