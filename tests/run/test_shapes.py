@@ -66,7 +66,14 @@ def regrets(tl: list[dict], priority: dict[str, int]) -> list[str]:
 def _report(lv: Live, sim) -> str:
     rows = [(r.engine, round(r.sent - lv.t0, 1), r.status) for r in lv.rows]
     cut = "" if lv.cut_s is None else f" (cut at {lv.cut_s:.1f}s)"
-    return f"live {lv.outcome()}, sim {sim}{cut}; requests {rows}"
+    # The switches as berthd saw them, and how each run ended: a CI failure with no park and
+    # no drain (both engines served on a card that holds one) could not say why.
+    try:
+        tl = [(round(e["at"], 1), e["kind"], e["engine"]) for e in lv.timeline()
+              if e["kind"] not in ("request", "served")]
+    except Exception as e:             # noqa: BLE001 (a report must not hide the failure)
+        tl = f"timeline unread: {e}"
+    return f"live {lv.outcome()}, sim {sim}{cut}; requests {rows}; timeline {tl}"
 
 
 @pytest.mark.early(115)
