@@ -234,10 +234,11 @@ class _Installed:
 def arguments(p) -> None:
     """Fill ``berth run``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.description = USAGE
-    p.epilog = ("exit codes: 130 on SIGINT (Ctrl-C) and 0 on SIGTERM (a manager's stop), whatever the run was "
-                "doing (waiting for its grant, serving, drained; the engine's own code is "
-                "logged); the engine's code when it exits on its own; 1 when berthd refused "
-                "the lease; 2 for bad input or a front that cannot listen")
+    p.epilog = ("exit codes: 130 on SIGINT (Ctrl-C), 129 on SIGHUP (its terminal closed) and 0 "
+                "on SIGTERM (a manager's stop), whatever the run was doing (waiting for its "
+                "grant, serving, drained; the engine's own code is logged); the engine's code "
+                "when it exits on its own; 1 when berthd refused the lease; 2 for bad input or "
+                "a front that cannot listen")
     # argparse takes "-5GiB" for an unknown option (only "-5" reads as a negative number), so
     # `--size -5GiB` ended in "expected one argument"; read any word "-<digit>..." as a value,
     # which reaches the flag's own check ("--size: expected a size like '24GiB' ..., got
