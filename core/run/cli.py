@@ -21,7 +21,8 @@ from berth.decide.units import parse_duration, parse_size
 
 __all__ = ["arguments", "RunOptions", "parse_sizes", "USAGE"]
 
-#: The names berthd's API takes for an engine (core/daemon/api_bodies.py LeaseBody.engine).
+#: The names berthd's API takes for an engine and for a model ID the gateway routes to it
+#: (core/daemon/api_bodies.py LeaseBody.engine and .aliases).
 _ENGINE_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
 
 USAGE = """\
@@ -166,6 +167,12 @@ def _options(args, cmd: list[str]) -> RunOptions:
         # berthd's API refuses it (as its pattern, not in words); say so before asking.
         raise ValueError(f"--engine: {engine!r}: an engine's name has no spaces or control "
                          f"characters (1 to 200 of them)")
+    for alias in args.alias or []:
+        if not _ENGINE_NAME.fullmatch(alias):
+            # berthd refused it only once the run had asked (the front up), and a run failing
+            # open kept an alias no gateway could route
+            raise ValueError(f"--alias: {alias!r}: a model ID has no spaces or control "
+                             f"characters (1 to 200 of them)")
     if args.max_in_flight is not None and args.max_in_flight < 1:
         raise ValueError(f"--slots: must be at least 1, got {args.max_in_flight}")
     if args.front and not args.upstream and not any("{port}" in a for a in cmd):
