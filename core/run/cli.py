@@ -163,7 +163,7 @@ def _options(args, cmd: list[str]) -> RunOptions:
     if args.lend_max:
         parse_size(args.lend_max, field="--lend-max")
     engine = args.engine or os.path.basename(cmd[0])
-    if not _ENGINE_NAME.match(engine):
+    if not _ENGINE_NAME.fullmatch(engine):
         # berthd's API refuses it (as its pattern, not in words); say so before asking.
         raise ValueError(f"--engine: {engine!r}: an engine's name has no spaces or control "
                          f"characters (1 to 200 of them)")
