@@ -19,9 +19,10 @@ reverse and a failed start leaves nothing behind (and says why in one line):
 8. serve the web board on ``[board] listen`` (default ``127.0.0.1:7088``; a port already taken
    is logged and berthd runs on without the board).
 
-SIGTERM or SIGINT stops it in reverse: the long polls end, the API closes, the broker writes the
-state file, the driver closes, the lock is released. Leases survive: their runs keep serving
-(they fail open) and re-attach when berthd is back.
+SIGTERM, SIGINT or SIGHUP (its terminal closed) stops it in reverse: the long polls end, the API
+closes, the broker writes the state file, the driver closes, the lock is released; the log says
+which signal. Leases survive: their runs keep serving (they fail open) and re-attach when berthd
+is back.
 """
 
 from __future__ import annotations
@@ -226,21 +227,32 @@ def _warn_exposed(cfg: Config) -> None:
                         "and drain as an operator")
 
 
+#: The signals that stop berthd in order. SIGHUP too: a berthd started from a terminal gets it
+#: when the terminal closes, and its default action killed berthd with no orderly stop.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _stop_on(sig: signal.Signals, got: list[signal.Signals], stop: asyncio.Event) -> None:
+    got.append(sig)    # the first one names the stop in the log
+    stop.set()
+
+
 async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:
-    """Run berthd until SIGTERM or SIGINT; the exit status (0, or a :class:`StartRefused`
-    code after logging its one line)."""
+    """Run berthd until SIGTERM, SIGINT or SIGHUP (:data:`STOP_SIGNALS`); the exit status (0,
+    or a :class:`StartRefused` code after logging its one line)."""
     try:
         async with contextlib.AsyncExitStack() as stack:
             await _start(stack, cfg)
             stop = asyncio.Event()
+            got: list[signal.Signals] = []
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, _stop_on, sig, got, stop)
                 stack.callback(loop.remove_signal_handler, sig)
             if ready is not None:
                 ready.set()
             await stop.wait()
-            log.info("berthd stopping")
+            log.info("berthd stopping (%s)", got[0].name)
     except StartRefused as e:
         log.error("%s", e)
         return e.code

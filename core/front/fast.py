@@ -4,8 +4,8 @@ When a request's body is complete, the front is open with a slot free, nothing e
 answered on the client's connection, and a kept-alive engine connection is idle, the front writes
 the request to the engine at once, in the same turn of the event loop that read it, and finishes
 the exchange in the engine connection's ``on_settled`` callback. Everything else (holding, a new
-engine connection, a streamed body, a stale connection's retry, pipelined requests behind it)
-takes :meth:`RequestPath._forward` in the connection's task. Both count the request in flight the
+engine connection, a streamed body, a stale connection's retry, pipelined requests behind it, a
+malformed ``X-Berth-Deadline`` that is answered 400) takes :meth:`RequestPath._forward` in the connection's task. Both count the request in flight the
 moment it is forwarded, so a drain that starts later waits for it.
 """
 
@@ -16,7 +16,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .path import RequestPath, request_bytes, request_head
-from .rules import FrontState, error_answer
+from .rules import FrontState, bad_berth_deadline, error_answer
 from .upstream import Address, EngineConnection, EngineFailed, StaleConnection
 
 if TYPE_CHECKING:
@@ -34,8 +34,8 @@ class FastPath(RequestPath):
                 self.in_flight >= self.max_in_flight or self._line)):
             return False
         addr = self._addr
-        if addr is None:
-            return False
+        if addr is None or bad_berth_deadline(req.headers) is not None:
+            return False   # a malformed X-Berth-Deadline: the task's way answers its 400
         engine = self._pool.take(addr)
         if engine is None:
             return False

@@ -146,7 +146,8 @@ def bad_berth_deadline(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
     clients' timeouts in :data:`DEADLINE_HEADERS` are only ignored when malformed: a client
     that named its deadline wrongly would otherwise wait the whole wait limit."""
     for name, raw in headers:
-        if name.lower() != b"x-berth-deadline":
+        # asked of every request on the fast path: the length first spares most names a lower()
+        if len(name) != 16 or name.lower() != b"x-berth-deadline":
             continue
         try:
             v = float(raw)

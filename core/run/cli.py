@@ -21,7 +21,8 @@ from berth.decide.units import parse_duration, parse_size
 
 __all__ = ["arguments", "RunOptions", "parse_sizes", "USAGE"]
 
-#: The names berthd's API takes for an engine (core/daemon/api_bodies.py LeaseBody.engine).
+#: The names berthd's API takes for an engine and for a model ID the gateway routes to it
+#: (core/daemon/api_bodies.py LeaseBody.engine and .aliases).
 _ENGINE_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
 
 USAGE = """\
@@ -162,10 +163,16 @@ def _options(args, cmd: list[str]) -> RunOptions:
     if args.lend_max:
         parse_size(args.lend_max, field="--lend-max")
     engine = args.engine or os.path.basename(cmd[0])
-    if not _ENGINE_NAME.match(engine):
+    if not _ENGINE_NAME.fullmatch(engine):
         # berthd's API refuses it (as its pattern, not in words); say so before asking.
         raise ValueError(f"--engine: {engine!r}: an engine's name has no spaces or control "
                          f"characters (1 to 200 of them)")
+    for alias in args.alias or []:
+        if not _ENGINE_NAME.fullmatch(alias):
+            # berthd refused it only once the run had asked (the front up), and a run failing
+            # open kept an alias no gateway could route
+            raise ValueError(f"--alias: {alias!r}: a model ID has no spaces or control "
+                             f"characters (1 to 200 of them)")
     if args.max_in_flight is not None and args.max_in_flight < 1:
         raise ValueError(f"--slots: must be at least 1, got {args.max_in_flight}")
     if args.front and not args.upstream and not any("{port}" in a for a in cmd):
@@ -234,10 +241,11 @@ class _Installed:
 def arguments(p) -> None:
     """Fill ``berth run``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.description = USAGE
-    p.epilog = ("exit codes: 130 on SIGINT (Ctrl-C) and 0 on SIGTERM (a manager's stop), whatever the run was "
-                "doing (waiting for its grant, serving, drained; the engine's own code is "
-                "logged); the engine's code when it exits on its own; 1 when berthd refused "
-                "the lease; 2 for bad input or a front that cannot listen")
+    p.epilog = ("exit codes: 130 on SIGINT (Ctrl-C), 129 on SIGHUP (its terminal closed) and 0 "
+                "on SIGTERM (a manager's stop), whatever the run was doing (waiting for its "
+                "grant, serving, drained; the engine's own code is logged); the engine's code "
+                "when it exits on its own; 1 when berthd refused the lease; 2 for bad input or "
+                "a front that cannot listen")
     # argparse takes "-5GiB" for an unknown option (only "-5" reads as a negative number), so
     # `--size -5GiB` ended in "expected one argument"; read any word "-<digit>..." as a value,
     # which reaches the flag's own check ("--size: expected a size like '24GiB' ..., got

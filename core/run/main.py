@@ -23,13 +23,13 @@ stage A1; reference/llama-swap.md ("Consequences for a cmd wrapper").
    A run with no front stays too (a supervisord program that exits 0 is not restarted): it
    asks for its card again at once, as a waiter no holder makes room for (no drain back, so
    two programs never swap a card endlessly), and starts the engine again when granted.
-5. On SIGTERM/SIGINT (llama-swap's stop): close the front, wait for in-flight requests up to a
-   grace, SIGTERM the engine's group, then SIGKILL, wait for the driver to confirm the memory
-   free, release the lease, exit. The defaults fit llama-swap's ``unloadTimeout`` of 10 s
+5. On SIGTERM/SIGINT (llama-swap's stop) or SIGHUP (its terminal closed): close the front,
+   wait for in-flight requests up to a grace, SIGTERM the engine's group, then SIGKILL, wait
+   for the driver to confirm the memory free, release the lease, exit. The defaults fit llama-swap's ``unloadTimeout`` of 10 s
    (1 s + 4 s + 3 s + a little). A run stopped by a signal exits one code in every state
-   (waiting for a grant, starting, serving, drained): 130 for SIGINT (Ctrl-C), 0 for SIGTERM
-   (a manager's stop, carried out); the engine's own code is logged. A run whose engine exits on its own exits with
-   the engine's code.
+   (waiting for a grant, starting, serving, drained): 130 for SIGINT (Ctrl-C), 129 for SIGHUP,
+   0 for SIGTERM (a manager's stop, carried out); the engine's own code is logged. A run whose
+   engine exits on its own exits with the engine's code.
 
 The engine never outlives the run: the child gets a parent-death SIGKILL, and a watchdog in its
 own session kills the engine's whole group when the run dies by any path, SIGKILL included.
@@ -90,12 +90,20 @@ async def _cancel(task: asyncio.Task) -> None:
         await task
 
 
+#: The signals that stop a run in order (step 5). SIGHUP: the terminal it runs in closed; its
+#: default action killed the run with no stop sequence.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def signal_code(signum: int | None) -> int:
     """A run's exit code after the stop signal ``signum``, whatever the run was doing: 130 for
-    SIGINT (Ctrl-C), as a shell tool interrupted; 0 for SIGTERM, a manager's stop carried out.
-    llama-swap logs any other code as "process exited with error" at every swap, and systemd
-    marks a unit failed on 143 unless told ``SuccessExitStatus=143``."""
-    return 130 if signum == signal.SIGINT else 0
+    SIGINT (Ctrl-C) and 129 for SIGHUP (its terminal closed), as a shell tool interrupted; 0
+    for SIGTERM, a manager's stop carried out. llama-swap logs any other code as "process
+    exited with error" at every swap, and systemd marks a unit failed on 143 unless told
+    ``SuccessExitStatus=143``."""
+    if signum in (signal.SIGINT, signal.SIGHUP):
+        return 128 + signum
+    return 0
 
 
 def _say_stopped(engine: str, code: int, signum: int | None) -> None:
@@ -140,9 +148,9 @@ class EngineRun:
         self._note = None                        # berthd's entry while drained (DrainedNote)
 
     async def main(self) -> int:
-        """Start, serve until the engine exits or a stop signal (SIGTERM, SIGINT) or a drain,
-        stop. The exit code when a stop signal ended the run, in any state: 130 for SIGINT, 0
-        for SIGTERM (:func:`signal_code`); else the engine's when it exited on its own (0
+        """Start, serve until the engine exits or a stop signal (:data:`STOP_SIGNALS`) or a
+        drain, stop. The exit code when a stop signal ended the run, in any state: 130 for
+        SIGINT, 129 for SIGHUP, 0 for SIGTERM (:func:`signal_code`); else the engine's when it exited on its own (0
         after a drain with ``--exit-on-drain``); 2 when the front cannot listen or the config
         does not load; 1 when berthd refused the lease."""
         async with contextlib.AsyncExitStack() as stack:
@@ -150,7 +158,7 @@ class EngineRun:
             # An engine that double-forks stays in the run's tree (issue 36).
             from berth.run.reaper import become_subreaper
             become_subreaper()
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, self._signalled, sig)
                 stack.callback(loop.remove_signal_handler, sig)
             if self.o.front and not await self._listen(stack):

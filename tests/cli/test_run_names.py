@@ -14,6 +14,8 @@ from tests.berthd import BERTH
 @pytest.mark.parametrize("name,args", [
     ("bad name!", ["--engine", "bad name!"]),
     ("my engine", []),                   # the default name: the command's file name
+    # "$" matched before a last newline: the run let it through, and berthd refused it
+    ("trail\n", ["--engine", "trail\n"]),
 ])
 def test_an_engine_name_with_a_space_is_one_line_naming_it(berthd, tmp_path, name, args):
     d = berthd()

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from tests.berthd import BERTH, sim_config
 
@@ -72,3 +76,27 @@ def test_a_failed_start_after_the_lock_releases_it_and_leaves_no_socket(tmp_path
     line = _one_line(_second(cfg, env))
     assert "declared differently" in line, line
     assert not (tmp_path / "state").exists()        # made by this start, so taken away again
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sighup_stops_berthd_in_order_as_sigterm_does(berthd, tmp_path, sig):
+    """berthd started from a terminal that closes gets SIGHUP: it died of it at once (the
+    default action), with no orderly stop: no line in its log, exit -1. It stops as on SIGTERM: in reverse order, exit 0, and its log says which signal; its
+    lease is in the state file and a new berthd finds it."""
+    d = berthd()
+    keep = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                            stdin=subprocess.PIPE)
+    try:
+        code, r = d.call("POST", "/v1/leases", {"engine": "A", "owner_pid": keep.pid,
+                                                "shares": [{"size": "1GiB"}]})
+        assert code == 201, r
+        d.proc.send_signal(sig)
+        assert d.proc.wait(30) == 0, d.log.read_text()
+        log = d.log.read_text()
+        assert f"berthd stopping ({sig.name})" in log, log
+        assert "Traceback" not in log, log
+        d.start()
+        assert [le["engine"] for le in d.status()["leases"]] == ["A"]
+    finally:
+        keep.kill()
+        keep.wait()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -414,3 +415,31 @@ async def test_a_slow_client_pauses_the_engine_and_the_connections_recover():
         w.write(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")   # same client, pooled engine connection
         status, _, _ = await answers.next()
         assert status == 200 and front.in_flight == 0
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "nan"])
+@WAYS
+def test_a_malformed_berth_deadline_is_a_400_on_either_way(way: str, value: str):
+    """With an idle engine connection in the pool, a request whose body came with its head took
+    the task-free way, which never looked at ``X-Berth-Deadline``: ``abc`` went to the engine,
+    where the task's way answers 400 (a new user's report). Both ways answer the 400 naming the
+    header and the value, send nothing to the engine, and the connection goes on serving."""
+    @run
+    async def scenario():
+        async with Upstream() as up, front_for(up) as front:
+            await warm(front, up, way)
+            up.route("POST", "/v1/completions", json_handler({"ok": True}))
+            async with raw(front.url) as (w, answers):
+                w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Berth-Deadline: "
+                        + value.encode() + b"\r\nContent-Length: 2\r\n\r\n{}")
+                status, _, body = await answers.next()
+                assert status == 400, (status, body)
+                text = json.loads(body)["error"]["message"]
+                assert "X-Berth-Deadline" in text and repr(value) in text, text
+                assert [s for s in up.seen if s[1] == "/v1/completions"] == []
+                w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Berth-Deadline: 30"
+                        b"\r\nContent-Length: 2\r\n\r\n{}")
+                status, _, body = await answers.next()
+                assert status == 200 and json.loads(body) == {"ok": True}
+            assert front.state is F.OPEN and front.errors == 0
+    scenario()

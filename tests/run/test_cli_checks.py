@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from tests.berthd import BERTH
+from tests.helpers import free_port
 
 
 def test_lend_without_a_front_is_refused_before_asking_berthd(tmp_path):
@@ -20,3 +23,25 @@ def test_lend_without_a_front_is_refused_before_asking_berthd(tmp_path):
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "--lend needs --front" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("alias", ["a b", "tab\there", "line\n", "", "x" * 201])
+def test_an_alias_berthd_cannot_take_is_refused_before_anything_starts(berthd, tmp_path, alias):
+    """``--alias "a b"`` went to berthd in the lease request: the run's front listened, berthd
+    refused the lease in its pattern's words, and the run exited 1 (berthd down, it ran with an
+    alias no gateway could route). A model ID has no whitespace or control characters, as an
+    engine's name: the run says so itself, exit 2, naming --alias and the value, and nothing
+    starts (no lease asked for, no engine)."""
+    d = berthd()
+    port = free_port()
+    marker = tmp_path / "engine-started"
+    r = subprocess.run([BERTH, "run", "--engine", "A", "--alias", "ok-alias", "--alias", alias,
+                        "--front", f"127.0.0.1:{port}", "--size", "1GiB", "--",
+                        "sh", "-c", f"touch {marker}; exec sleep 60", "{port}"],
+                       env=d.env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--alias" in r.stderr and repr(alias) in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not marker.exists()
+    assert d.status()["leases"] == []
+    assert not any("A" in e["text"] for e in d.timeline()), d.timeline()

@@ -9,6 +9,8 @@ from __future__ import annotations
 import signal
 import subprocess
 
+import psutil
+
 from tests.berthd import BERTH, Berthd, berth_run, sim_config, stop_proc
 from tests.helpers import free_port, stop_all, wait_for
 
@@ -44,3 +46,24 @@ def test_sigint_and_sigterm_give_one_code_each_in_every_state(tmp_path):
         assert "Traceback" not in (tmp_path / "run-B.log").read_text()
     finally:
         stop_all(procs, tmp_path)
+
+
+def test_sighup_stops_the_run_in_order_and_exits_129(tmp_path):
+    """``berth run`` in a terminal that closes gets SIGHUP, and its default action killed the run
+    at once: no stop sequence, its lease left to berthd to find dead, its engine left to the
+    watchdog. It stops as on SIGTERM (the engine stopped, its memory confirmed free, the lease
+    released, all before it exits) and exits 129 (128 + SIGHUP), in its log by name."""
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    a = berth_run(d, "A", "--front", f"127.0.0.1:{free_port()}", "--size", "8GiB")
+    try:
+        wait_for(lambda: (d.lease_of("A") or {}).get("ready"), 60, "A serving")
+        engine = psutil.Process(d.lease_of("A")["pid"])
+        assert stop_proc(a, signal.SIGHUP, timeout=60) == 129
+        # in order: both were done before the run exited, so neither is waited for here
+        assert d.lease_of("A") is None, d.status()["leases"]
+        assert not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE
+        log = (tmp_path / "run-A.log").read_text()
+        assert "the run exits 129 (stopped by SIGHUP)" in log, log
+        assert "Traceback" not in log, log
+    finally:
+        stop_all([a, d.proc], tmp_path)
