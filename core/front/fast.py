@@ -5,8 +5,9 @@ answered on the client's connection, and a kept-alive engine connection is idle,
 the request to the engine at once, in the same turn of the event loop that read it, and finishes
 the exchange in the engine connection's ``on_settled`` callback. Everything else (holding, a new
 engine connection, a streamed body, a stale connection's retry, pipelined requests behind it, a
-malformed ``X-Berth-Deadline`` that is answered 400) takes :meth:`RequestPath._forward` in the connection's task. Both count the request in flight the
-moment it is forwarded, so a drain that starts later waits for it.
+malformed ``X-Berth-Deadline`` that is answered 400) takes :meth:`RequestPath._forward` in the
+connection's task. Both count the request in flight the moment it is forwarded, so a drain that
+starts later waits for it.
 """
 
 from __future__ import annotations
