@@ -44,7 +44,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -146,9 +145,10 @@ def serve_front(port: int, upstream: str, profile: str | None) -> None:
 # ---- the load generator --------------------------------------------------------------------------
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (:func:`berth.sim.ports.free_ports`): a
+    bind(0) port could be an outgoing connection's by the time its server binds it."""
+    from berth.sim.ports import free_ports
+    return free_ports()
 
 
 def spawn(*args: str) -> subprocess.Popen:

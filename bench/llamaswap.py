@@ -42,6 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from berth.sim.ports import free_ports  # noqa: E402
+
 from bench.realswap import BIN, Model, Swap, Tools, tools_dir  # noqa: E402
 
 
@@ -69,9 +71,7 @@ def run_start(swap: Swap, n: int) -> list[float]:
     """Seconds from the exec of ``berth run --front`` to its front accepting a connection."""
     out = []
     for _ in range(n):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_ports()     # below the ephemeral range: no connection holds it meanwhile
         cmd = [str(BIN / "berth"), "run", "--engine", "start-probe", "--front",
                f"127.0.0.1:{port}", "--size", "1MiB", "--", str(swap.tools.llama_server),
                "--port", "{port}", "-m", str(swap.tools.models / "tiny-a.gguf")]

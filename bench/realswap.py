@@ -25,9 +25,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -155,30 +153,23 @@ class Answer:
         return "".join(out)
 
 
-def _free_range(n: int) -> int:
+def _free_range(n: int, avoid: int | None = None) -> int:
     """A port with ``n`` free ports from it on (llama-swap gives ``${PORT}`` from
-    ``startPort`` up, in sorted model order)."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - n)
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
+    ``startPort`` up, in sorted model order), none of them ``avoid`` (llama-swap's own, not
+    bound yet), below the kernel's ephemeral range: the servers and fronts bind them seconds
+    later, and a port an outgoing connection may get meanwhile made llama-swap's model exit
+    "prematurely" on a busy machine. Raises ``RuntimeError`` when none is found."""
+    from berth.sim.ports import free_ports
+    for _ in range(20):
+        base = free_ports(n)
+        if avoid is None or not base <= avoid < base + n:
             return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
+    raise RuntimeError(f"no {n} free ports apart from {avoid}")
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """llama-swap's own port, with :func:`_free_range`'s care (it binds it after a while)."""
+    return _free_range(1)
 
 
 class Swap:
@@ -249,7 +240,7 @@ class Swap:
             if m.priority is not None:
                 lines.append(f"priority = {m.priority}")
         self.config.write_text("\n".join(lines) + "\n")
-        doc: dict = {"healthCheckTimeout": 120, "startPort": _free_range(len(self.models)),
+        doc: dict = {"healthCheckTimeout": 120, "startPort": _free_range(len(self.models), self.port),
                      "logLevel": "debug", "models": {}, **self.extra_config}
         for m in self.models:
             entry: dict = {"cmd": self._cmd(m)}

@@ -52,6 +52,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+from berth.sim.ports import free_ports
 
 BIN = Path(sys.executable).parent
 BERTH = str(BIN / "berth")
@@ -60,10 +61,25 @@ ENGINES = ("A", "B", "C")
 MiB = 1 << 20
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: Lines of each run's log a failed start shows (the soak's directory is gone by then).
+LOG_TAIL = 15
+
+
+class SoakFailed(RuntimeError):
+    """The soak could not go on (berthd or the engines did not come up); the message says
+    why, with what the processes logged."""
+
+
+def _tail(path: Path, since: int = 0, lines: int = LOG_TAIL) -> str:
+    """The last ``lines`` lines of ``path`` from byte ``since`` on, each cut to 300
+    characters, indented; "(no log)" when there is none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "    (no log)"
+    return "\n".join("    " + line[:300] for line in text.splitlines()[-lines:]) or "    (empty)"
 
 
 def _http(sock: Path, method: str, path: str, body: dict | None = None,
@@ -131,10 +147,13 @@ class Soak:
         self.berthd = subprocess.Popen([BERTH, "daemon", "--config", str(self.config)],
                                        env=self.env, stdout=open(self.tmp / "berthd.log", "ab"),
                                        stderr=subprocess.STDOUT)
-        self._until(lambda: self._api("GET", "/v1/health")[0] == 200, 30, "berthd up")
+        self._until(lambda: self._api("GET", "/v1/health")[0] == 200, 30, "berthd up",
+                    lambda: "berthd's log:\n" + _tail(self.tmp / "berthd.log"))
 
     def start_run(self, engine: str) -> None:
-        port = self.runs[engine][1] if engine in self.runs else _port()
+        # Below the ephemeral range: a bind(0) port could be another connection's by the time
+        # the run binds its front on it (CI, the whole suite on a loaded machine).
+        port = self.runs[engine][1] if engine in self.runs else free_ports()
         argv = [BERTH, "run", "--engine", engine, "--front", f"127.0.0.1:{port}", "--size",
                 "10GiB", "--park", "checkpoint", "--checkpoint-path", CHECKPOINT, "--",
                 BERTH, "sim", "engine", "--port", "{port}", "--weights", "9GiB", "--load-s",
@@ -164,14 +183,38 @@ class Soak:
         except OSError:
             return 0, {}
 
-    def _until(self, pred, timeout: float, what: str):
+    def _until(self, pred, timeout: float, what: str, why=None):
+        """Poll ``pred()`` until truthy (returned). :class:`SoakFailed` after ``timeout``
+        seconds, naming ``what``, with ``why()``'s account (a string) when given."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             v = pred()
             if v:
                 return v
             time.sleep(0.05)
-        raise RuntimeError(f"timed out waiting for {what}")
+        raise SoakFailed(f"timed out after {timeout:g} s waiting for {what}"
+                         + (f"\n{why()}" if why is not None else ""))
+
+    def not_up(self) -> str:
+        """Why the engines are not all up: each one's lease state at berthd (or none), its run's
+        process (running, or its exit code) and front port, and the tail of its run's log."""
+        states = self.states()
+        answers = self._api("GET", "/v1/health", timeout=5)[0] == 200
+        out = [] if answers or self.berthd is None else [
+            "berthd does not answer (its process: " + ("running" if self.berthd.poll() is None
+                                                        else f"exited {self.berthd.returncode}")
+            + "); its log:",
+            _tail(self.tmp / "berthd.log")]
+        for e in ENGINES:
+            p, port = self.runs.get(e, (None, None))
+            state = states.get(e)
+            up = "up" if state in ("active", "parked") else "not up"
+            proc = "not started" if p is None else (
+                f"running (pid {p.pid})" if p.poll() is None else f"exited {p.returncode}")
+            lease = f"lease {state}" if state else "no lease"
+            out.append(f"{e}: {up}, {lease}, run {proc}, front 127.0.0.1:{port}; its log:")
+            out.append(_tail(self.tmp / f"run-{e}.log", self.log_at.get(p.pid, 0) if p else 0))
+        return "\n".join(out)
 
     def states(self) -> dict[str, str]:
         code, st = self._api("GET", "/v1/status")
@@ -205,6 +248,8 @@ class Soak:
             except (ValueError, AttributeError):
                 msg = ""
             kind = ("503:" + msg.split(":")[0][:50]) if e.code == 503 and msg else str(e.code)
+            if e.code not in (502, 503) and msg:
+                kind += ": " + msg[:80]       # a failure's report says what answered it so
         except (TimeoutError, socket.timeout):
             kind = "hang"
         except (urllib.error.URLError, OSError) as e:
@@ -311,7 +356,7 @@ class Soak:
         for e in ENGINES:
             self.start_run(e)
         self._until(lambda: sum(s in ("active", "parked") for s in self.states().values()) == 3,
-                    60, "three engines up")
+                    60, "three engines up", self.not_up)
         threads = [threading.Thread(target=self.client, args=(i,), daemon=True)
                    for i in range(self.clients)]
         threads.append(threading.Thread(target=self.switcher, args=(switch_every,), daemon=True))
@@ -397,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = soak.run(a.minutes, not a.no_faults, a.switch_every, a.fault_every,
                        a.faults_at_least)
+    except SoakFailed as e:
+        print(f"soak: {e}", file=sys.stderr)
+        return 1
     finally:
         soak.close()
         if not a.keep:

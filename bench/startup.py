@@ -45,9 +45,10 @@ _LIMIT_S = 60.0
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (:func:`berth.sim.ports.free_ports`): a
+    bind(0) port could be an outgoing connection's by the time its server binds it."""
+    from berth.sim.ports import free_ports
+    return free_ports()
 
 
 def _script(name: str) -> str:

@@ -91,9 +91,10 @@ class _Unix(http.client.HTTPConnection):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (:func:`berth.sim.ports.free_ports`): a
+    bind(0) port could be an outgoing connection's by the time its server binds it."""
+    from berth.sim.ports import free_ports
+    return free_ports()
 
 
 def _pct(xs: list[float], p: float) -> float:

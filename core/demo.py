@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -88,9 +87,10 @@ def _node_dir() -> Path:
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the ephemeral range (:func:`berth.sim.ports.free_ports`): a
+    bind(0) port could be an outgoing connection's by the time its server binds it."""
+    from berth.sim.ports import free_ports
+    return free_ports()
 
 
 class Demo:

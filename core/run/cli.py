@@ -245,7 +245,8 @@ def arguments(p) -> None:
                 "on SIGTERM (a manager's stop), whatever the run was doing (waiting for its "
                 "grant, serving, drained; the engine's own code is logged); the engine's code "
                 "when it exits on its own; 1 when berthd refused the lease; 2 for bad input or "
-                "a front that cannot listen")
+                "a front that cannot listen (another process listens on its port; a port only "
+                "a connection holds is waited for, up to 75 s)")
     # argparse takes "-5GiB" for an unknown option (only "-5" reads as a negative number), so
     # `--size -5GiB` ended in "expected one argument"; read any word "-<digit>..." as a value,
     # which reaches the flag's own check ("--size: expected a size like '24GiB' ..., got

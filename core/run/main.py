@@ -60,6 +60,7 @@ from berth.config.errors import ConfigError
 from berth.decide.model import Op
 from berth.front import Front, FrontState
 from berth.front.rules import default_is_write
+from berth.run.front_port import listen_front
 from berth.run.slots import Slots
 
 if TYPE_CHECKING:                   # loaded once the front listens (EngineRun._load)
@@ -150,9 +151,11 @@ class EngineRun:
     async def main(self) -> int:
         """Start, serve until the engine exits or a stop signal (:data:`STOP_SIGNALS`) or a
         drain, stop. The exit code when a stop signal ended the run, in any state: 130 for
-        SIGINT, 129 for SIGHUP, 0 for SIGTERM (:func:`signal_code`); else the engine's when it exited on its own (0
-        after a drain with ``--exit-on-drain``); 2 when the front cannot listen or the config
-        does not load; 1 when berthd refused the lease."""
+        SIGINT, 129 for SIGHUP, 0 for SIGTERM (:func:`signal_code`); else the engine's when it
+        exited on its own (0 after a drain with ``--exit-on-drain``); 2 when the front cannot
+        listen (another process listens on its port, or a connection still holds it after
+        :data:`~berth.run.front_port.PORT_WAIT_S`) or the config does not load; 1 when berthd
+        refused the lease."""
         async with contextlib.AsyncExitStack() as stack:
             loop = asyncio.get_running_loop()
             # An engine that double-forks stays in the run's tree (issue 36).
@@ -162,7 +165,7 @@ class EngineRun:
                 loop.add_signal_handler(sig, self._signalled, sig)
                 stack.callback(loop.remove_signal_handler, sig)
             if self.o.front and not await self._listen(stack):
-                return 2
+                return signal_code(self.signum) if self.signalled else 2
             try:
                 await self._load(stack)
             except ConfigError as e:
@@ -189,10 +192,8 @@ class EngineRun:
                       max_in_flight=self.slots.n, on_unwanted=self._on_unwanted)
         if self.o.front_health and self.o.health != "none":
             front.ready_path = self.o.health     # llama-swap hands a held request over at once
-        try:
-            await front.start()
-        except OSError as e:
-            log.error("cannot listen on the front %s: %s", self.o.front, e.strerror or e)
+        # A port only a connection holds (not a listener) is waited for (berth.run.front_port).
+        if not await listen_front(front, self.o.front, self.stop_event):
             return False
         stack.push_async_callback(front.stop)
         self.front = front

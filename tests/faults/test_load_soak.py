@@ -26,7 +26,7 @@ def _soak(*args: str, timeout: float) -> dict:
     except subprocess.TimeoutExpired:
         p.terminate()                   # the soak ends its berthd and runs on SIGTERM
         stdout, stderr = p.communicate(timeout=60)
-    assert stdout.strip(), stderr[-3000:]
+    assert stdout.strip(), stderr[-12000:]     # a failed start: every engine's state and log
     res = json.loads(stdout.strip().splitlines()[-1])
     print("soak:", json.dumps(res))
     return res

@@ -1,0 +1,25 @@
+"""``berth.sim.ports``: ports for the bench's servers, free and below the ephemeral range (a
+``bind(0)`` port could be an outgoing connection's by the time its server binds it)."""
+
+from __future__ import annotations
+
+import socket
+
+from berth.sim.ports import LOW, ephemeral_low, free_ports
+
+
+def test_free_ports_are_free_consecutive_and_below_the_ephemeral_range():
+    low = ephemeral_low()
+    for n in (1, 3):
+        base = free_ports(n)
+        assert LOW <= base and base + n <= max(low, LOW + n + 1), (base, n, low)
+        socks = [socket.create_server(("127.0.0.1", p)) for p in range(base, base + n)]
+        for s in socks:
+            s.close()
+
+
+def test_the_ephemeral_range_read_or_linux_default(tmp_path):
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("40000\t60999\n")
+    assert ephemeral_low(ranges) == 40000
+    assert ephemeral_low(tmp_path / "absent") == 32768
