@@ -188,10 +188,13 @@ def free_port() -> int:
     """A TCP port free on 127.0.0.1 now, chosen below the kernel's ephemeral range: a port the
     kernel hands out for ``bind(0)`` is also handed to the next outgoing connection of any
     process, so a server started on it seconds later could find it taken (seen under xdist:
-    "address already in use"). Random in 10000 up to that range, checked by binding it."""
-    hi = max(10001, min(_ephemeral_start(), 32768))
+    "address already in use"). Random in :data:`berth.sim.ports.LOW` (20000: the docs' fixed
+    ports lie below it, and their tests run beside these) up to that range, checked by binding
+    it."""
+    from berth.sim.ports import LOW
+    hi = max(LOW + 1, min(_ephemeral_start(), 32768))
     for _ in range(200):
-        port = _PORTS.randrange(10000, hi)
+        port = _PORTS.randrange(LOW, hi)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -18,8 +18,10 @@ __all__ = ["ephemeral_low", "free_ports"]
 
 #: Where Linux says which ports it gives outgoing connections ("32768\t60999").
 PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-#: The lowest port handed out (below: well-known and commonly configured services).
-LOW = 10000
+#: The lowest port handed out. Below it: well-known and commonly configured services, and the
+#: fixed ports of Berth's own docs and examples (the host pages' 18431-18452, llama-swap's
+#: ``startPort`` 10001 in its examples), which the docs' tests run while other tests pick ports.
+LOW = 20000
 TRIES = 200
 _PICK = random.SystemRandom()       # not the random module's state, which a caller may seed
 

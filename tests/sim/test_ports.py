@@ -23,3 +23,15 @@ def test_the_ephemeral_range_read_or_linux_default(tmp_path):
     ranges.write_text("40000\t60999\n")
     assert ephemeral_low(ranges) == 40000
     assert ephemeral_low(tmp_path / "absent") == 32768
+
+
+def test_the_docs_fixed_ports_lie_below_the_picked_ones():
+    """The host pages' commands (run by tests/docs) listen on fixed ports while other tests pick
+    theirs: a picked port must never be one of those (a docs test failed "address already in
+    use" once its band overlapped)."""
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    ports = {int(p) for page in (root / "docs" / "hosts").glob("*.md")
+             for p in re.findall(r"127\.0\.0\.1:(\d{4,5})", page.read_text())}
+    assert ports and max(ports) < LOW, sorted(ports)
