@@ -227,9 +227,10 @@ def _status(args) -> int:
 
 
 async def _watch(args) -> int:
-    """Print the board every ``args.watch`` seconds until SIGINT or SIGTERM (exit 0): on a
-    terminal in place of the last one, else one after the other (JSON: a document a line).
-    berthd gone meanwhile is said in place of the board, and the watch goes on."""
+    """Print the board every ``args.watch`` seconds until SIGINT, SIGTERM or SIGHUP (its
+    terminal closed), then exit 0: on a terminal in place of the last one, else one after the
+    other (JSON: a document a line). berthd gone meanwhile is said in place of the board, and
+    the watch goes on."""
     import asyncio
     import contextlib
     import signal
@@ -237,7 +238,7 @@ async def _watch(args) -> int:
     from berth.client import Client
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     tty = sys.stdout.isatty() and not args.json
     async with Client() as c:

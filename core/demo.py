@@ -141,10 +141,25 @@ class Demo:
         return p
 
     async def run(self) -> int:
-        """The demo; its berthd client is closed however it ends (Ctrl-C cancels it)."""
+        """The demo; its berthd client is closed however it ends (Ctrl-C cancels it). SIGHUP
+        (its terminal closed) cancels it too and raises :class:`Stopped`; its default action
+        killed the demo and left berthd and the engines running."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        hung_up: list[signal.Signals] = []
+
+        def hang_up() -> None:
+            hung_up.append(signal.SIGHUP)
+            task.cancel()
+        loop.add_signal_handler(signal.SIGHUP, hang_up)
         try:
             return await self._run()
+        except asyncio.CancelledError:
+            if hung_up:
+                raise Stopped(hung_up[0]) from None
+            raise
         finally:
+            loop.remove_signal_handler(signal.SIGHUP)
             if self.client is not None:
                 await self.client.close()
 
@@ -200,13 +215,14 @@ class Demo:
         return ok
 
     async def _stay(self) -> None:
-        """``--stay``: berthd, both engines and the board stay up until SIGINT or SIGTERM."""
+        """``--stay``: berthd, both engines and the board stay up until SIGINT, SIGTERM or
+        SIGHUP (its terminal closed)."""
         self.out.write(f"\nberthd, the engines and the board stay up: {self.board_url} "
                        f"(Ctrl-C to stop)\n")
         self.out.flush()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
 
@@ -342,7 +358,17 @@ class Demo:
                 p.wait(5)
 
 
+class Stopped(Exception):
+    """The demo was stopped by a signal other than Ctrl-C's (SIGHUP: its terminal closed)."""
+
+    def __init__(self, sig: signal.Signals):
+        super().__init__(sig.name)
+        self.signal = sig
+
+
 def run_demo(keep: bool = False, stay: bool = False) -> int:
+    """Run the demo; its exit status: 0 or 1 (its verdict), 130 on Ctrl-C, 129 on SIGHUP (its
+    terminal closed), its berthd and engines stopped however it ends."""
     tmp = Path(tempfile.mkdtemp(prefix="berth-demo-"))
     demo = Demo(tmp, stay=stay)
     try:
@@ -354,10 +380,16 @@ def run_demo(keep: bool = False, stay: bool = False) -> int:
         # Ctrl-C is how a user leaves a demo: no traceback (the cleanup below stops it all).
         print("berth demo: stopped by Ctrl-C; stopping its berthd and engines", file=sys.stderr)
         return 130
+    except Stopped:
+        # Its terminal closed (SIGHUP): the same stop, 129 as berth run's.
+        print("berth demo: stopped by SIGHUP (its terminal closed); stopping its berthd and "
+              "engines", file=sys.stderr)
+        return 129
     finally:
-        # A second Ctrl-C must not cut the cleanup short (and leave berthd and the engines
-        # running): it is bounded anyway (SIGTERM, 10 s, SIGKILL).
+        # A second Ctrl-C or SIGHUP must not cut the cleanup short (and leave berthd and the
+        # engines running): it is bounded anyway (SIGTERM, 10 s, SIGKILL).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         demo.cleanup()
         if keep:
             print(f"(logs kept in {tmp})")

@@ -16,7 +16,7 @@ from aiohttp import web
 from berth.config.errors import in_words, said_once
 from berth.config.words import is_secret
 from berth.daemon.broker import LeaseGone
-from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, Op, ParkMechanism
+from berth.decide.model import DEFAULT_KEEP_WARM_S, MAX_ALIASES, Bound, Op, ParkMechanism
 from berth.decide.units import parse_size
 from berth.process import peer_credentials
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
@@ -76,7 +76,7 @@ class LeaseBody(_Body):
     # Other model IDs the gateway routes to this engine (llama-swap's aliases; issue 14).
     aliases: list[Annotated[str, Field(min_length=1, max_length=200,
                                        pattern=r"^[^\s\x00-\x1f\x7f]+$")]] = \
-        Field(default_factory=list, max_length=32)
+        Field(default_factory=list, max_length=MAX_ALIASES)
     owner_pid: int | None = Field(None, gt=0, le=MAX_PID)
     pid: int | None = Field(None, gt=0, le=MAX_PID)
     start_time: float | None = Field(None, ge=0.0, le=MAX_START_TIME)

@@ -320,6 +320,10 @@ class Demand:
 #: Ollama's keep_alive default, so an engine marked important stays as warm as there.
 DEFAULT_KEEP_WARM_S = 300.0
 
+#: The most model IDs a lease names besides its engine's (``aliases``): berthd's lease body
+#: refuses more, and ``berth run`` refuses more ``--alias`` values before anything starts.
+MAX_ALIASES = 32
+
 
 @dataclass
 class Lease:

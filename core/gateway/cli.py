@@ -73,11 +73,25 @@ def _warn_exposed(gw) -> None:
                         "they use ComfyUI's whole surface, without authentication")
 
 
+#: The signals that stop the gateway in order (its listeners closed, requests in flight given up
+#: to 2 s, then what it built stopped in reverse), exit 0. SIGHUP too: a gateway started from a
+#: terminal gets it when the terminal closes, and its default action killed the gateway at once.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _stop_on(sig: signal.Signals, got: list[signal.Signals], stop: asyncio.Event) -> None:
+    got.append(sig)    # the first one names the stop
+    stop.set()
+
+
 async def _serve(gw) -> int:
+    """Serve until SIGTERM, SIGINT or SIGHUP (:data:`STOP_SIGNALS`), then stop in order and say
+    which signal; 0, or 1 where it cannot listen."""
     stop = asyncio.Event()
+    got: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, _stop_on, sig, got, stop)
     try:
         await gw.start()
     except OSError as e:
@@ -87,8 +101,9 @@ async def _serve(gw) -> int:
     _warn_exposed(gw)
     try:
         await stop.wait()
+        print(f"berth gateway: stopping ({got[0].name})", flush=True)
     finally:
         await gw.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
     return 0

@@ -4,7 +4,7 @@
   (as ``kubectl get resourceclaims,resourceslices -o yaml`` prints them, the node's slices
   beside the claims) becomes one lease at berthd, a share per card of its
   ``consumedCapacity.memory`` (:mod:`berth.k8s.claims`). The command holds the leases until it
-  is stopped (Ctrl-C, SIGTERM), then releases them: their lives follow its own, as a run's
+  is stopped (Ctrl-C, SIGTERM, SIGHUP), then releases them: their lives follow its own, as a run's
   follow ``berth run``. ``--plan`` prints the leases and makes none.
 - ``berth k8s slices``: the ResourceSlice Berth would publish for this node's cards, read from
   the driver berth.toml configures (simulated cards or NVML; :mod:`berth.k8s.slices`).
@@ -106,13 +106,20 @@ async def _lease_async(args, loaded) -> int:
         return await _hold(client, plans)
 
 
+#: The signals that release the leases and end ``berth k8s lease``, exit 0. SIGHUP too: an agent
+#: started from a terminal gets it when the terminal closes, and its default action killed the
+#: agent without releasing its leases.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 async def _hold(client, plans: list) -> int:
-    """Request every plan's lease, wait for the grants, hold them until SIGINT or SIGTERM,
-    then release them (also when stopped while a lease still waits)."""
+    """Request every plan's lease, wait for the grants, hold them until SIGINT, SIGTERM or
+    SIGHUP (:data:`STOP_SIGNALS`), then release them (also when stopped while a lease still
+    waits)."""
     from berth.client import ApiError, BerthdUnavailable
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     held: list[str] = []
     try:
@@ -128,12 +135,12 @@ async def _hold(client, plans: list) -> int:
             if not granted:
                 return _fail(f"lease {lid} ended before its grant (see berthd's log)", 1)
         print(f"holding {len(held)} lease{'s' if len(held) != 1 else ''} until stopped "
-              f"(Ctrl-C or SIGTERM releases them)", flush=True)
+              f"(Ctrl-C, SIGTERM or SIGHUP releases them)", flush=True)
         await stop.wait()
     except (BerthdUnavailable, ApiError) as e:
         return _fail(str(e), 1)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
         await _release(client, held)
     return 0

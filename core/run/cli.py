@@ -16,7 +16,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 
-from berth.decide.model import Bound, ParkMechanism
+from berth.decide.model import MAX_ALIASES, Bound, ParkMechanism
 from berth.decide.units import parse_duration, parse_size
 
 __all__ = ["arguments", "RunOptions", "parse_sizes", "USAGE"]
@@ -142,6 +142,19 @@ def _check_checkpoint(path: str | None) -> None:
                          f"simulated cards use berth-sim-cuda-checkpoint)")
 
 
+def _check_aliases(aliases: list[str]) -> None:
+    """``--alias``'s values as berthd's lease body takes them, said before the run asks: berthd
+    refused them only once it had asked (the front up, exit 1), and a run failing open kept an
+    alias no gateway could route."""
+    if len(aliases) > MAX_ALIASES:
+        raise ValueError(f"--alias: {len(aliases)} given; a run takes at most {MAX_ALIASES} "
+                         f"model IDs besides its engine's name")
+    for alias in aliases:
+        if not _ENGINE_NAME.fullmatch(alias):
+            raise ValueError(f"--alias: {alias!r}: a model ID has no spaces or control "
+                             f"characters (1 to 200 of them)")
+
+
 def _options(args, cmd: list[str]) -> RunOptions:
     """The run's options from its flags. Raises ``ValueError`` naming the flag and value."""
     if args.front:
@@ -167,12 +180,7 @@ def _options(args, cmd: list[str]) -> RunOptions:
         # berthd's API refuses it (as its pattern, not in words); say so before asking.
         raise ValueError(f"--engine: {engine!r}: an engine's name has no spaces or control "
                          f"characters (1 to 200 of them)")
-    for alias in args.alias or []:
-        if not _ENGINE_NAME.fullmatch(alias):
-            # berthd refused it only once the run had asked (the front up), and a run failing
-            # open kept an alias no gateway could route
-            raise ValueError(f"--alias: {alias!r}: a model ID has no spaces or control "
-                             f"characters (1 to 200 of them)")
+    _check_aliases(args.alias or [])
     if args.max_in_flight is not None and args.max_in_flight < 1:
         raise ValueError(f"--slots: must be at least 1, got {args.max_in_flight}")
     if args.front and not args.upstream and not any("{port}" in a for a in cmd):
@@ -255,7 +263,8 @@ def arguments(p) -> None:
     p.add_argument("--engine", help="engine name (default: the command's name)")
     p.add_argument("--front", metavar="HOST:PORT", help="where clients reach the engine")
     p.add_argument("--alias", action="append", metavar="ID",
-                   help="another model ID the gateway routes to this engine (repeatable)")
+                   help=f"another model ID the gateway routes to this engine (repeatable, up to "
+                        f"{MAX_ALIASES})")
     p.add_argument("--upstream", metavar="URL", help="the engine's own URL when CMD has no {port}")
     p.add_argument("--size", action="append", metavar="SIZE[@CARD]",
                    help="memory on one card, e.g. 14GiB@gpu0 (a card's name or PCI address), or "

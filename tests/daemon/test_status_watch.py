@@ -222,3 +222,29 @@ def test_a_drained_runs_line_separates_its_front():
         "drained 1.32s ago, front 127.0.0.1:5800"
     assert _drained_lines([{**run, "waiters": 1}])[1].endswith(
         "ago, 1 request(s) waiting, front 127.0.0.1:5800")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
+def test_sighup_ends_the_watch_as_ctrl_c_and_sigterm_do(berthd, sig):
+    """The watch's terminal closed (SIGHUP): it died of it (the default action), exit -1. It
+    ends as on Ctrl-C or SIGTERM: exit 0, no traceback."""
+    d = berthd()
+    p = subprocess.Popen([BERTH, "status", "--watch", "0.2"], env=d.env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    try:
+        seen: list[str] = []
+
+        def twice():
+            seen.append(p.stdout.readline())
+            return sum(s.startswith("--- ") for s in seen) >= 2
+        wait_for(twice, 30, "two boards from berth status --watch", every_s=0)
+        os.killpg(p.pid, sig)
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+    assert p.returncode == 0 and "Traceback" not in err, (p.returncode, err)

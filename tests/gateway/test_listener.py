@@ -12,6 +12,7 @@ import json
 import os
 import re
 import resource
+import signal
 import socket
 import subprocess
 import time
@@ -252,6 +253,26 @@ def test_a_failed_start_stops_only_what_it_built(tmp_path):
         await gw.stop()                       # nothing left to stop: a no-op
         taken.close()
     _run(scenario(), 10)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sighup_stops_the_gateway_in_order_as_sigterm_does(tmp_path, sig):
+    """A gateway started from a terminal that closes gets SIGHUP: it died of it at once (the
+    default action), exit -1, with no orderly stop. It stops as on SIGTERM: listeners closed,
+    what it built stopped in reverse, exit 0, a line naming the signal, its port free again."""
+    proc, port = _gateway_proc(tmp_path, "")
+    try:
+        proc.send_signal(sig)
+        assert proc.wait(30) == 0, (tmp_path / "gw.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    log = (tmp_path / "gw.log").read_text()
+    assert f"berth gateway: stopping ({sig.name})" in log, log
+    assert "Traceback" not in log, log
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
 
 
 

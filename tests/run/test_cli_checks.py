@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import pytest
+from berth.decide.model import MAX_ALIASES
 
 from tests.berthd import BERTH
 from tests.helpers import free_port
@@ -41,6 +42,26 @@ def test_an_alias_berthd_cannot_take_is_refused_before_anything_starts(berthd, t
                        env=d.env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "--alias" in r.stderr and repr(alias) in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not marker.exists()
+    assert d.status()["leases"] == []
+    assert not any("A" in e["text"] for e in d.timeline()), d.timeline()
+
+
+def test_more_aliases_than_berthd_takes_are_refused_before_anything_starts(berthd, tmp_path):
+    """33 ``--alias`` values went to berthd in the lease request: the run's front listened,
+    berthd refused the lease (at most 32), and the run exited 1. The run says so itself, exit 2,
+    naming --alias and the limit, and nothing starts."""
+    d = berthd()
+    port = free_port()
+    marker = tmp_path / "engine-started"
+    aliases = [a for i in range(MAX_ALIASES + 1) for a in ("--alias", f"m{i}")]
+    r = subprocess.run([BERTH, "run", "--engine", "A", *aliases,
+                        "--front", f"127.0.0.1:{port}", "--size", "1GiB", "--",
+                        "sh", "-c", f"touch {marker}; exec sleep 60", "{port}"],
+                       env=d.env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--alias" in r.stderr and f"at most {MAX_ALIASES}" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not marker.exists()
     assert d.status()["leases"] == []

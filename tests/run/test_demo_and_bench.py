@@ -150,3 +150,40 @@ def test_ctrl_c_of_berth_demo_mid_request_stops_it_without_a_traceback(isolated)
     assert "Traceback" not in out and "Unclosed" not in out, out
     assert "berth demo: stopped by Ctrl-C" in out and "OK: every chat" not in out, out
     assert ours(Path(isolated["TMPDIR"])) == [], out
+
+
+def _hup_as_a_terminal() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)    # as a terminal's command has it
+
+
+def test_sighup_of_berth_demo_mid_request_stops_it_as_ctrl_c_does(isolated):
+    """The demo's terminal closed (SIGHUP) during its requests: it died of it at once (the
+    default action), exit -1, leaving its berthd and engines running in their own sessions. It
+    stops as on Ctrl-C: one line, no traceback, all of them stopped, exit 129 as berth run's."""
+    from tests.helpers import ours, wait_for
+    p = subprocess.Popen([BERTH, "demo"], env={**isolated, "PYTHONUNBUFFERED": "1"},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, preexec_fn=_hup_as_a_terminal)
+    timer = threading.Timer(120, lambda: os.killpg(p.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        first = p.stdout.readline()            # the board's address, while the demo runs
+        m = re.search(r"(http://127\.0\.0\.1:\d+/)", first)
+        assert m, first + p.stdout.read()
+
+        def comfyui_leased() -> bool:          # the demo's last step before its requests
+            try:
+                with urllib.request.urlopen(m.group(1) + "state", timeout=5) as r:
+                    return b'"comfyui"' in r.read()
+            except OSError:
+                return False
+        wait_for(comfyui_leased, what="ComfyUI's lease on the demo's board")
+        os.killpg(p.pid, signal.SIGHUP)        # a terminal closing: its foreground group
+        out = first + p.stdout.read()
+        rc = p.wait(30)
+    finally:
+        timer.cancel()
+    assert rc == 129, out
+    assert "Traceback" not in out and "Unclosed" not in out, out
+    assert "berth demo: stopped by SIGHUP" in out and "OK: every chat" not in out, out
+    assert ours(Path(isolated["TMPDIR"])) == [], out
