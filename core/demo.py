@@ -142,24 +142,26 @@ class Demo:
 
     async def run(self) -> int:
         """The demo; its berthd client is closed however it ends (Ctrl-C cancels it). SIGHUP
-        (its terminal closed) cancels it too and raises :class:`Stopped`; its default action
-        killed the demo and left berthd and the engines running."""
+        (its terminal closed) and SIGTERM cancel it too and raise :class:`Stopped`: their
+        default action killed the demo and left berthd and the engines running."""
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
-        hung_up: list[signal.Signals] = []
+        got: list[signal.Signals] = []
 
-        def hang_up() -> None:
-            hung_up.append(signal.SIGHUP)
+        def stop(sig: signal.Signals) -> None:
+            got.append(sig)
             task.cancel()
-        loop.add_signal_handler(signal.SIGHUP, hang_up)
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, stop, sig)
         try:
             return await self._run()
         except asyncio.CancelledError:
-            if hung_up:
-                raise Stopped(hung_up[0]) from None
+            if got:
+                raise Stopped(got[0]) from None
             raise
         finally:
-            loop.remove_signal_handler(signal.SIGHUP)
+            for sig in STOP_SIGNALS:
+                loop.remove_signal_handler(sig)
             if self.client is not None:
                 await self.client.close()
 
@@ -358,8 +360,12 @@ class Demo:
                 p.wait(5)
 
 
+#: The signals besides Ctrl-C's that stop the demo in order (SIGHUP: its terminal closed).
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)
+
+
 class Stopped(Exception):
-    """The demo was stopped by a signal other than Ctrl-C's (SIGHUP: its terminal closed)."""
+    """The demo was stopped by a signal other than Ctrl-C's (:data:`STOP_SIGNALS`)."""
 
     def __init__(self, sig: signal.Signals):
         super().__init__(sig.name)
@@ -368,7 +374,7 @@ class Stopped(Exception):
 
 def run_demo(keep: bool = False, stay: bool = False) -> int:
     """Run the demo; its exit status: 0 or 1 (its verdict), 130 on Ctrl-C, 129 on SIGHUP (its
-    terminal closed), its berthd and engines stopped however it ends."""
+    terminal closed), 143 on SIGTERM, its berthd and engines stopped however it ends."""
     tmp = Path(tempfile.mkdtemp(prefix="berth-demo-"))
     demo = Demo(tmp, stay=stay)
     try:
@@ -380,16 +386,17 @@ def run_demo(keep: bool = False, stay: bool = False) -> int:
         # Ctrl-C is how a user leaves a demo: no traceback (the cleanup below stops it all).
         print("berth demo: stopped by Ctrl-C; stopping its berthd and engines", file=sys.stderr)
         return 130
-    except Stopped:
-        # Its terminal closed (SIGHUP): the same stop, 129 as berth run's.
-        print("berth demo: stopped by SIGHUP (its terminal closed); stopping its berthd and "
-              "engines", file=sys.stderr)
-        return 129
+    except Stopped as e:
+        # The same stop as Ctrl-C's, 128 + the signal's number (129 for SIGHUP, as berth run's).
+        why = " (its terminal closed)" if e.signal == signal.SIGHUP else ""
+        print(f"berth demo: stopped by {e.signal.name}{why}; stopping its berthd and engines",
+              file=sys.stderr)
+        return 128 + int(e.signal)
     finally:
         # A second Ctrl-C or SIGHUP must not cut the cleanup short (and leave berthd and the
         # engines running): it is bounded anyway (SIGTERM, 10 s, SIGKILL).
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        for sig in (signal.SIGINT, *STOP_SIGNALS):
+            signal.signal(sig, signal.SIG_IGN)
         demo.cleanup()
         if keep:
             print(f"(logs kept in {tmp})")

@@ -156,10 +156,12 @@ def _hup_as_a_terminal() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)    # as a terminal's command has it
 
 
-def test_sighup_of_berth_demo_mid_request_stops_it_as_ctrl_c_does(isolated):
-    """The demo's terminal closed (SIGHUP) during its requests: it died of it at once (the
-    default action), exit -1, leaving its berthd and engines running in their own sessions. It
-    stops as on Ctrl-C: one line, no traceback, all of them stopped, exit 129 as berth run's."""
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_sighup_of_berth_demo_mid_request_stops_it_as_ctrl_c_does(isolated, sig):
+    """The demo's terminal closed (SIGHUP), or a SIGTERM, during its requests: it died of it at
+    once (the default action), exit -1 (-15), leaving its berthd and engines running in their
+    own sessions. It stops as on Ctrl-C: one line, no traceback, all of them stopped, exit 128
+    + the signal (129 as berth run's for SIGHUP)."""
     from tests.helpers import ours, wait_for
     p = subprocess.Popen([BERTH, "demo"], env={**isolated, "PYTHONUNBUFFERED": "1"},
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -178,12 +180,12 @@ def test_sighup_of_berth_demo_mid_request_stops_it_as_ctrl_c_does(isolated):
             except OSError:
                 return False
         wait_for(comfyui_leased, what="ComfyUI's lease on the demo's board")
-        os.killpg(p.pid, signal.SIGHUP)        # a terminal closing: its foreground group
+        os.killpg(p.pid, sig)                  # a terminal closing: its foreground group
         out = first + p.stdout.read()
         rc = p.wait(30)
     finally:
         timer.cancel()
-    assert rc == 129, out
+    assert rc == 128 + sig, out
     assert "Traceback" not in out and "Unclosed" not in out, out
-    assert "berth demo: stopped by SIGHUP" in out and "OK: every chat" not in out, out
+    assert f"berth demo: stopped by {sig.name}" in out and "OK: every chat" not in out, out
     assert ours(Path(isolated["TMPDIR"])) == [], out
