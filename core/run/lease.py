@@ -214,6 +214,8 @@ class LeaseClient(FrontCallbacks):
                     self.o, across, self.makes_room, held_asker(self.front)))
                 break
             except BerthdUnavailable as e:
+                if self.front is not None:      # a held request's 503 says why it waits
+                    self.front.set_cause(f"{str(e).rstrip('.')}; the run waits for berthd")
                 room = await fail_open.step(e)
                 if room is None:
                     return None
@@ -230,6 +232,8 @@ class LeaseClient(FrontCallbacks):
                 self._refused(in_flags(e.message, self.o))
                 return None
         self.lease_id = r["id"]
+        if self.front is not None and self.front.cause and "waits for berthd" in self.front.cause:
+            self.front.set_cause(None)
         self.policy = r.get("policy") or {}
         self._policy_to_front()
         log.info("lease %s requested (%s)", self.lease_id, r["state"])
