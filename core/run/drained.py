@@ -49,9 +49,10 @@ class DrainedNote:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def asking(self) -> None:
-        """The run asked for a new grant: its lease now waits in berthd's queue too."""
-        self.is_asking = True
+    def asking(self, asking: bool = True) -> None:
+        """The run asked for a new grant: its lease now waits in berthd's queue too
+        (``False``: the request was withdrawn, nobody waiting for it any more)."""
+        self.is_asking = asking
 
     async def _run(self) -> None:
         sent: tuple | None = None

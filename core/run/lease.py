@@ -174,6 +174,11 @@ class LeaseClient(FrontCallbacks):
         self.unleased: FailOpen | None = None
         #: False: no holder makes room for this lease (a drained run with no front; issue 35)
         self.makes_room = True
+        #: Set when the requests a drained run asks its new grant for have all gone (the
+        #: client gave up): :meth:`acquire` then withdraws the request, as a wake is withdrawn.
+        self.unwanted = asyncio.Event()
+        #: True once :meth:`acquire` withdrew its request because nobody waits for it
+        self.withdrawn = False
 
     async def close(self) -> None:
         self.let_go("the run ends")
@@ -209,6 +214,8 @@ class LeaseClient(FrontCallbacks):
                     self.o, across, self.makes_room, held_asker(self.front)))
                 break
             except BerthdUnavailable as e:
+                if self.front is not None:      # a held request's 503 says why it waits
+                    self.front.set_cause(f"{str(e).rstrip('.')}; the run waits for berthd")
                 room = await fail_open.step(e)
                 if room is None:
                     return None
@@ -225,18 +232,16 @@ class LeaseClient(FrontCallbacks):
                 self._refused(in_flags(e.message, self.o))
                 return None
         self.lease_id = r["id"]
+        if self.front is not None and self.front.cause and "waits for berthd" in self.front.cause:
+            self.front.set_cause(None)
         self.policy = r.get("policy") or {}
         self._policy_to_front()
         log.info("lease %s requested (%s)", self.lease_id, r["state"])
         while not self.stop_event.is_set():
-            wait = asyncio.create_task(self.poll_grant())
-            stop = asyncio.create_task(self.stop_event.wait())
-            done, _ = await asyncio.wait({wait, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if stop in done:
-                wait.cancel()
-                break
-            stop.cancel()
-            g = wait.result()
+            if _nobody_waits(self):
+                await self._withdraw()
+                return None
+            g = await self._next_grant()
             if g is None:
                 continue
             if g.get("gone"):
@@ -256,6 +261,29 @@ class LeaseClient(FrontCallbacks):
         if self.front is not None:
             self.front.stopped("stopped while waiting for a lease")
         return None
+
+    async def _next_grant(self) -> dict | None:
+        """One grant poll, cut short (``None``) by a stop or by the asking requests gone."""
+        wait = asyncio.create_task(self.poll_grant())
+        stop = asyncio.create_task(self.stop_event.wait())
+        gone = asyncio.create_task(self.unwanted.wait())
+        done, _ = await asyncio.wait({wait, stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        gone.cancel()
+        if wait in done:
+            return wait.result()
+        wait.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await wait
+        return None
+
+    async def _withdraw(self) -> None:
+        """Nobody waits for this lease any more: release it before its grant."""
+        with contextlib.suppress(BerthdUnavailable, ApiError):
+            await self.client.release(self.lease_id, 0, "nobody waits for it any more: "
+                                      "the requests that asked for it have gone")
+        log.info("the requests that asked for a new grant have gone; it is withdrawn")
+        self.withdrawn = True
 
     def _refused(self, why: str) -> None:
         """berthd refused the lease (too big for any card, ...): said in the log and to the
@@ -448,3 +476,13 @@ async def _reattach(lease: LeaseClient, engine: EngineProcess) -> None:
             await lease.client.attach(lease.lease_id, engine.ident.pid, engine.ident.start_time)
         await lease.ready()
     log.info("re-attached %s as lease %s", lease.o.engine, lease.lease_id)
+
+
+def _nobody_waits(lease: LeaseClient) -> bool:
+    """The requests ``lease`` was asked for have gone, and no write came since."""
+    if not lease.unwanted.is_set():
+        return False
+    if lease.front is not None and lease.front.holding:
+        lease.unwanted.clear()       # a write came meanwhile: it waits for this grant
+        return False
+    return True

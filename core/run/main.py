@@ -120,6 +120,37 @@ def _ran_on(lease: LeaseClient) -> list[str]:
     return [c["pci"] for c in lease.cards or [] if isinstance(c, dict) and "pci" in c]
 
 
+def _drained_note(run: "EngineRun"):
+    """berthd's entry for ``run``, just drained, started."""
+    from berth.run.drained import DrainedNote
+    note = DrainedNote(run.o.engine, run.front, run.actions.drained, run.actions.move_to,
+                       _ran_on(run.lease), run.o.aliases)
+    note.start()
+    return note
+
+
+async def _ask_again(run: "EngineRun") -> None:
+    """A write came for drained ``run`` (or it moves): the next round's lease, which asks
+    for a new grant."""
+    run._note.asking()
+    run._moving = bool(run.actions.move_to)
+    await run.lease.close()
+    run._new_lease()
+    run._wire()
+    if run.front is not None and not run.front.holding and not run._moving:
+        run.lease.unwanted.set()   # the write that asked has gone already
+
+
+def _unwanted(run: "EngineRun") -> None:
+    """The requests held for a wake have all gone: the wake is withdrawn, and so is a drained
+    run's new grant asked for them (not a move's), so that it drains no engine in use."""
+    if run.lease is not None and run._again is not None and not run.lease.leased \
+            and not run._moving:
+        run.lease.unwanted.set()
+    elif run.lease is not None:
+        run.lease.on_unwanted()
+
+
 def _declared_slots(engine: str) -> int | None:
     """The slots the engine's entry in berth.toml declares (``--slots`` wins), if any."""
     from berth.config import load_config
@@ -145,6 +176,7 @@ class EngineRun:
         # set: a write came for a drained engine (or it moves); it stays, set, until the
         # engine serves again, so a write meanwhile asks for nothing more (issue 35)
         self._again: asyncio.Event | None = None
+        self._moving = False    # the run asks for a card again for a move, not for a write
         self.slots = Slots(opts)                 # what the front forwards at once (issue 34)
         self._note = None                        # berthd's entry while drained (DrainedNote)
 
@@ -255,8 +287,7 @@ class EngineRun:
             self.lease.on_activity()
 
     def _on_unwanted(self) -> None:
-        if self.lease is not None:
-            self.lease.on_unwanted()
+        _unwanted(self)
 
     async def _serve(self, stack: contextlib.AsyncExitStack) -> int:
         """Serve lease after lease: one round, and after a drain (unless ``--exit-on-drain``)
@@ -265,19 +296,16 @@ class EngineRun:
         stack.push_async_callback(self._note_done)
         while True:
             code = await self._round()
-            if not self._keeps():
+            if self.lease.withdrawn and self._note is not None and not self.signalled:
+                self._note.asking(False)     # nobody waited for the new grant: drained again
+            elif not self._keeps():
                 return code
-            from berth.run.drained import DrainedNote
-            await self._note_done()
-            self._note = DrainedNote(self.o.engine, self.front, self.actions.drained,
-                                     self.actions.move_to, _ran_on(self.lease), self.o.aliases)
-            self._note.start()
+            else:
+                await self._note_done()
+                self._note = _drained_note(self)
             if not await self._drained():
                 return signal_code(self.signum)
-            self._note.asking()
-            await self.lease.close()
-            self._new_lease()
-            self._wire()
+            await _ask_again(self)
 
     async def _note_done(self) -> None:
         """The engine serves again, or the run ends: berthd's board drops it from drained."""
@@ -305,7 +333,8 @@ class EngineRun:
                      "for room (it makes none)", self.o.engine)
             return True
         self._again = again = asyncio.Event()
-        if self.front.holding and self.front.state in (FrontState.ASLEEP, FrontState.STARTING):
+        if self.front.holding and self.front.state in (FrontState.ASLEEP, FrontState.STARTING,
+                                                        FrontState.WAKING):
             again.set()                 # drained with writes held (parked, or still starting)
         if self.actions.move_to:
             again.set()                 # a move: ask for the card again at once (issue 35)

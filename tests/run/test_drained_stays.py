@@ -182,3 +182,45 @@ def test_a_drained_runs_request_from_the_holders_last_client_ends_the_holders_tu
         assert d.sim_oom() == 0
     finally:
         stop_all(procs, tmp_path)
+
+
+def test_a_drained_runs_new_grant_is_withdrawn_when_its_client_goes(tmp_path):
+    """A new user's client gave up (Ctrl-C on curl) on a drained engine's request while it
+    waited for the card: the run's request for a new grant stayed in the queue, and once the
+    holder's stream ended berthd drained the holder, the engine in use, to start the other for
+    nobody. As a wake nobody waits for is withdrawn, so is this grant: the holder keeps its
+    card, and the drained run waits again for its next write."""
+    import json
+    import socket
+    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
+    pb, pw = free_port(), free_port()
+    b = berth_run(d, "B", "--front", f"127.0.0.1:{pb}", "--size", "14GiB", weights="13GiB")
+    procs = [b, d.proc]
+    pool = futures.ThreadPoolExecutor(2)
+    try:
+        wait_for(lambda: d.state_of("B") == "active", 60, "B granted")
+        assert chat(pb, "B").finish_reason is not None
+        w = berth_run(d, "W", "--front", f"127.0.0.1:{pw}", "--size", "14GiB", weights="13GiB",
+                      extra_engine=("--tokens-per-s", "20"))
+        procs.append(w)
+        wait_for(lambda: _drained(d, "B"), 60, "B drained for W")
+        wait_for(lambda: chat(pw, "W", max_tokens=1), 30, "W serving")
+        busy = pool.submit(chat, pw, "W", max_tokens=200, timeout_s=120)   # 10 s of tokens
+        wait_for(lambda: (d.lease_of("W") or {}).get("in_flight"), 30, "W's stream reported")
+        body = json.dumps({"model": "B", "messages": [{"role": "user", "content": "hi"}]})
+        s = socket.create_connection(("127.0.0.1", pb), timeout=10)
+        s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+        wait_for(lambda: _waiting(d, "B"), 30, "B asking for a new grant")
+        s.close()                                   # the client gives up
+        wait_for(lambda: _waiting(d, "B") is None, 30, "B's request for a grant withdrawn")
+        assert not busy.done(), "B's grant ended only with W's stream, not with its client"
+        assert busy.result(timeout=120).finish_reason is not None
+        assert d.state_of("W") == "active" and _drained(d, "W") is None
+        assert _drained(d, "B") is not None and b.poll() is None
+        # B's next write still starts it again (its front asks anew).
+        assert chat(pb, "B", timeout_s=100).finish_reason is not None
+        assert d.sim_oom() == 0
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_all(procs, tmp_path)
