@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.berthd import BERTH
-from tests.helpers import sweep
+from tests.helpers import sigint_as_a_terminal, sweep
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "switch.py"
 
@@ -119,53 +119,26 @@ def test_bench_switch_prints_its_figures_as_json(isolated):
         assert row["breakdown_ms"], row
 
 
-def test_ctrl_c_of_berth_demo_mid_request_stops_it_without_a_traceback(isolated):
-    """Review finding: Ctrl-C during the demo's first chat printed a KeyboardInterrupt
-    traceback and aiohttp's "Unclosed client session"; a user's first command must end in a
-    line, with its berthd and engines stopped."""
-    from tests.helpers import ours, sigint_as_a_terminal, wait_for
-    p = subprocess.Popen([BERTH, "demo"], env={**isolated, "PYTHONUNBUFFERED": "1"},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True, preexec_fn=sigint_as_a_terminal)
-    timer = threading.Timer(120, lambda: os.killpg(p.pid, signal.SIGKILL))
-    timer.start()
-    try:
-        first = p.stdout.readline()            # the board's address, while the demo runs
-        m = re.search(r"(http://127\.0\.0\.1:\d+/)", first)
-        assert m, first + p.stdout.read()
-
-        def comfyui_leased() -> bool:          # the demo's last step before its requests
-            try:
-                with urllib.request.urlopen(m.group(1) + "state", timeout=5) as r:
-                    return b'"comfyui"' in r.read()
-            except OSError:
-                return False
-        wait_for(comfyui_leased, what="ComfyUI's lease on the demo's board")
-        os.killpg(p.pid, signal.SIGINT)        # a terminal's Ctrl-C: the foreground group
-        out = first + p.stdout.read()
-        rc = p.wait(30)
-    finally:
-        timer.cancel()
-    assert rc == 130, out
-    assert "Traceback" not in out and "Unclosed" not in out, out
-    assert "berth demo: stopped by Ctrl-C" in out and "OK: every chat" not in out, out
-    assert ours(Path(isolated["TMPDIR"])) == [], out
+def _as_a_terminal() -> None:
+    """A terminal's command has Ctrl-C's SIGINT and SIGHUP at their default actions."""
+    sigint_as_a_terminal()
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
-def _hup_as_a_terminal() -> None:
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)    # as a terminal's command has it
-
-
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
-def test_sighup_of_berth_demo_mid_request_stops_it_as_ctrl_c_does(isolated, sig):
-    """The demo's terminal closed (SIGHUP), or a SIGTERM, during its requests: it died of it at
-    once (the default action), exit -1 (-15), leaving its berthd and engines running in their
-    own sessions. It stops as on Ctrl-C: one line, no traceback, all of them stopped, exit 128
-    + the signal (129 as berth run's for SIGHUP)."""
+@pytest.mark.parametrize("sig,code,said", [
+    (signal.SIGINT, 130, "Ctrl-C"), (signal.SIGHUP, 129, "SIGHUP"), (signal.SIGTERM, 143, "SIGTERM")],
+    ids=["ctrl-c", "SIGHUP", "SIGTERM"])
+def test_a_signal_to_berth_demo_mid_request_stops_it_without_a_traceback(isolated, sig, code,
+                                                                         said):
+    """A signal during the demo's requests. Ctrl-C (review finding) printed a KeyboardInterrupt
+    traceback and aiohttp's "Unclosed client session"; SIGHUP (its terminal closed) and SIGTERM
+    killed it at once (their default action), leaving its berthd and engines running in their
+    own sessions. Each ends in one line, no traceback, all of them stopped, exit 128 + the
+    signal (129 for SIGHUP, as berth run's)."""
     from tests.helpers import ours, wait_for
     p = subprocess.Popen([BERTH, "demo"], env={**isolated, "PYTHONUNBUFFERED": "1"},
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True, preexec_fn=_hup_as_a_terminal)
+                         start_new_session=True, preexec_fn=_as_a_terminal)
     timer = threading.Timer(120, lambda: os.killpg(p.pid, signal.SIGKILL))
     timer.start()
     try:
@@ -180,12 +153,12 @@ def test_sighup_of_berth_demo_mid_request_stops_it_as_ctrl_c_does(isolated, sig)
             except OSError:
                 return False
         wait_for(comfyui_leased, what="ComfyUI's lease on the demo's board")
-        os.killpg(p.pid, sig)                  # a terminal closing: its foreground group
+        os.killpg(p.pid, sig)                  # as a terminal sends it: the foreground group
         out = first + p.stdout.read()
         rc = p.wait(30)
     finally:
         timer.cancel()
-    assert rc == 128 + sig, out
+    assert rc == code, out
     assert "Traceback" not in out and "Unclosed" not in out, out
-    assert f"berth demo: stopped by {sig.name}" in out and "OK: every chat" not in out, out
+    assert f"berth demo: stopped by {said}" in out and "OK: every chat" not in out, out
     assert ours(Path(isolated["TMPDIR"])) == [], out
