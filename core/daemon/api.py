@@ -19,9 +19,9 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
 ``POST /v1/leases/{id}/wake``              a front holds a write for this lease (``{"client",
                                            "client_age_s"}``: whose, and since when; issue 34)
 ``DELETE /v1/leases/{id}/wake``            the writes that asked for it have all gone
-``POST /v1/leases/{id}/extend``            ``{"bytes", "card"?}``: room to grow, asked before
-                                           the growth (202; the reservation grows once the
-                                           ladder made room: ``GET /v1/leases/{id}``)
+``POST /v1/leases/{id}/extend``            ``{"bytes", "to_bytes"?, "card"?}``: room to grow,
+                                           asked before the growth (202; the reservation grows
+                                           once the ladder made room: ``api_extend``)
 ``DELETE /v1/leases/{id}/extend``          that request is no longer wanted (``api_extend``)
 ``POST /v1/leases/{id}/touch``             the engine served a request
 ``POST /v1/leases/{id}/jobs``              ``{"in_flight", "oldest_age_s", "served", "client",

@@ -36,6 +36,10 @@ def _size(v: Any) -> int:
     return parse_size(v, field="size")
 
 
+def _size_or_none(v: Any) -> int | None:
+    return None if v is None else parse_size(v, field="size")
+
+
 #: The largest pid Linux gives (``pid_max`` at most 2**22).
 MAX_PID = 1 << 22
 #: A process start time, seconds since the epoch: finite, and before the year 36812.
@@ -146,9 +150,12 @@ class ReportBody(_Body):
 
 
 class ExtendBody(_Body):
-    """``POST /v1/leases/{id}/extend``: ``bytes`` more, asked for before the growth."""
+    """``POST /v1/leases/{id}/extend``: ``bytes`` more, asked for before the growth;
+    ``to_bytes``: the reservation the asker needs in all, so that berthd asks only what its
+    reservation lacks of it (the asker's copy may be behind a growth berthd extended on its own)."""
 
     bytes: Annotated[int, BeforeValidator(_size)] = Field(gt=0)
+    to_bytes: Annotated[int | None, BeforeValidator(_size_or_none)] = Field(None, gt=0)
     card: str | None = None
     #: the client key of the request that needs the room, and seconds since it arrived
     #: (issue 34: as for a wake, an idle holder whose last answer went to it yields at once)

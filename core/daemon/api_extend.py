@@ -5,12 +5,14 @@ Source: issue 13 (ComfyUI asks before a prompt whose model files pass its reserv
 prompt ends, fails or is cancelled, and berthd drops one whose asker's process is gone).
 
 =========================================  =================================================
-``POST /v1/leases/{id}/extend``            ``{"bytes", "card"?, "client"?, "client_age_s"?}``
-                                           (whose request, and since when: issue 34): room
-                                           to grow, asked before the growth → 202 ``{"id", "card",
-                                           "reserved_bytes", "waiting"}`` (the reservation
-                                           grows once the ladder made room:
-                                           ``GET /v1/leases/{id}``)
+``POST /v1/leases/{id}/extend``            ``{"bytes", "to_bytes"?, "card"?, "client"?,
+                                           "client_age_s"?}`` (``to_bytes``: the reservation
+                                           needed in all, of which only what the reservation
+                                           lacks is asked; whose request, and since when:
+                                           issue 34): room to grow, asked before the growth
+                                           → 202 ``{"id", "card", "reserved_bytes",
+                                           "waiting"}`` (the reservation grows once the
+                                           ladder made room: ``GET /v1/leases/{id}``)
 ``DELETE /v1/leases/{id}/extend``          the request is no longer wanted → ``{"id",
                                            "withdrawn"}`` (``false``: none was waiting); the
                                            lease's owner (or root, or the TCP key) only
@@ -105,7 +107,7 @@ def add_routes(app: web.Application, broker: Broker,
         def ask(now: float):
             age = body.client_age_s
             fx = broker.sched.extend(lid, pci, body.bytes, now, body.client,
-                                     None if age is None else now - age)
+                                     None if age is None else now - age, body.to_bytes)
             w = broker.sched.queue.get(lid)
             if w is not None and w.kind is WaitKind.EXTEND:
                 queued.append(w.seq)

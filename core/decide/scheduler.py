@@ -297,13 +297,15 @@ class Scheduler:
                                               f"wake have gone; it stays parked"))
         return fx + rooms.admit(self.state, now)
 
-    def extend(self, lease_id: str, pci: str, n_bytes: int, now: float,
-               client: str | None = None, asked_at: float | None = None) -> list[Effect]:
+    def extend(self, lease_id: str, pci: str, n_bytes: int, now: float, client: str | None = None,
+               asked_at: float | None = None, to_bytes: int | None = None) -> list[Effect]:
         """The holder asks for ``n_bytes`` more on ``pci`` *before* it grows (issue 13: ComfyUI
         before a prompt whose model files pass its reservation). Queued as seed 000's extension
-        event, so the ladder makes room first; at most the share's size. ``client`` and
-        ``asked_at``: the request that needs the room, as for :meth:`wake`. Raises ``KeyError``
-        for a card the lease has no share on, ``ValueError`` unless that share is active."""
+        event, so the ladder makes room first; at most the share's size, and with ``to_bytes``
+        (the reservation needed in all) only what the reservation lacks of it: the holder's
+        copy may be behind a growth a driver read extended here. ``client`` and ``asked_at``:
+        as for :meth:`wake`. Raises ``KeyError`` for a card the lease has no share on,
+        ``ValueError`` unless that share is active."""
         lease = self.ledger.leases[lease_id]
         sh = lease.shares.get(pci)
         if sh is None:
@@ -311,7 +313,8 @@ class Scheduler:
         if sh.state is not S.ACTIVE:
             raise ValueError(f"{lease.engine}'s share on {card_name(self.state, pci)} is "
                              f"{sh.state.value}; only an active share extends")
-        n = min(int(n_bytes), sh.size_bytes - sh.reserved_bytes)
+        most = sh.size_bytes if to_bytes is None else min(sh.size_bytes, int(to_bytes))
+        n = min(int(n_bytes), most - sh.reserved_bytes)
         if n <= 0 or lease_id in self.queue:
             return []
         reports.asked(self.state, lease, client, now if asked_at is None else asked_at)

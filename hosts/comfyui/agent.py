@@ -207,6 +207,11 @@ class Agent(Reservation):
         if r["state"] != "active":
             self.gate.move(G.STARTING, "the lease waits for room")
             self.health = "waiting for room"
+        else:
+            # Granted, but the gate opens only once the reservation is read: a prompt that
+            # passed the gate still off meanwhile loaded past the lease unchecked (berthd then
+            # extended it from a driver read, behind the node's back).
+            self.gate.move(G.STARTING, "the lease is granted; its reservation is read first")
         while True:
             try:
                 g = await self._client.wait_grant(self.lease_id, _POLL_S)

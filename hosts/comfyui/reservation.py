@@ -8,7 +8,9 @@ a decision point where the scheduler may have to make room); ComfyUI ``main.py``
 
 Before a prompt passes the gate, the sizes on disk of the model files its loader nodes name plus
 the allowance are its need; when that passes the reservation, the agent asks berthd for the
-difference (``POST /v1/leases/{id}/extend``) and lets the prompt through once the reservation
+difference (``POST /v1/leases/{id}/extend``, with the need in all as ``to_bytes``: berthd's
+reservation may have grown past the agent's copy from a driver read, and then only what it
+lacks is asked for) and lets the prompt through once the reservation
 has grown (berthd made room by its ladder first), or answers why not. A request for room lives
 no longer than its prompt's wait: when the prompt gets a 503 (the wait limit, a refusal), or
 its client goes away, or anything else ends the wait, the request is withdrawn
@@ -94,7 +96,7 @@ class Reservation:
                      self.reserved_bytes >> 20, more >> 20)
             settled = False
             try:
-                refused = await self._ask_room(lid, more)
+                refused = await self._ask_room(lid, more, need)
                 if refused is not None:
                     settled = True                # nothing was queued
                     return refused or None        # "": fail open
@@ -106,10 +108,15 @@ class Reservation:
                     # Never let berthd make room later for a prompt that no longer waits.
                     self._spawn(self._withdraw(lid))
 
-    async def _ask_room(self, lid: str, more: int) -> str | None:
-        """Ask berthd for ``more`` bytes. None when asked; ``""`` to pass the prompt without
-        (berthd down, an older berthd: fail open); else why berthd refused."""
-        body: dict = {"bytes": more}
+    async def _ask_room(self, lid: str, more: int, need: int) -> str | None:
+        """Ask berthd for ``more`` bytes, the reservation to reach ``need`` in all. None when
+        asked; ``""`` to pass the prompt without (berthd down, an older berthd: fail open); else
+        why berthd refused. ``more`` is reckoned from this node's copy of the reservation, which
+        can be behind berthd's: a driver read of a growth (a prompt that passed while the gate
+        opened) extends it there on its own. So ``to_bytes`` goes too, and berthd asks only what
+        its reservation lacks (before, it made room again for what ComfyUI already held, and
+        checkpointed an LLM beside it for nothing)."""
+        body: dict = {"bytes": more, "to_bytes": need}
         if self.card:
             body["card"] = self.card
         # Whose prompt needs the room (issue 34: a holder that just answered it yields).

@@ -81,6 +81,8 @@ def test_a_huge_extension_or_attach_is_a_4xx(berthd):
     assert status == 201, lease
     lid = lease["id"]
     for path, body, field in ((f"/v1/leases/{lid}/extend", {"bytes": int(BIG)}, "bytes"),
+                              (f"/v1/leases/{lid}/extend", {"bytes": 1, "to_bytes": int(BIG)},
+                               "to_bytes"),
                               (f"/v1/leases/{lid}/attach", {"pid": int(BIG)}, "pid")):
         status, answer = api(berthd.sock, "POST", path, body)
         assert 400 <= status < 500 and field in answer["error"]["message"], (status, answer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from berth.decide.effects import Note
-from berth.decide.model import Bound, ParkMechanism, ShareState
+from berth.decide.model import Bound, Capabilities, Lease, ParkMechanism, Share, ShareState
 
 from tests.decide.world import GiB, World, pci_of
 
@@ -72,3 +72,49 @@ def test_the_holder_whose_client_asks_for_room_yields_at_once(client, parks):
     w.advance(0.2)
     w.apply(w.s.extend("c", G0, 10 * GiB, w.now, client, w.now))
     assert ([p.op for p in w.pending if p.lease_id == "llm"] == ["park"]) is parks, w.pending
+
+
+def _highvram_comfyui_grown_by_a_read() -> World:
+    """ComfyUI under ``--highvram`` (no park, never stopped) leased at its need of nothing plus
+    the 1 GiB allowance; a prompt that slipped past its gate while it opened loaded 11.1 GiB,
+    so a driver read extended the lease on berthd's side to 12.1 GiB, behind the node's back
+    (its copy stays at 1 GiB); then an LLM of 8 GiB was granted beside it."""
+    w = World([24 * GiB], reserve=1 * GiB)
+    caps = Capabilities(park=None, drain=False, no_park="--highvram: unloading frees nothing")
+    w.apply(w.s.request(Lease("c", "comfyui", {G0: Share(G0, 20 * GiB)}, caps=caps,
+                              bound=Bound.GROWTH, need_bytes={G0: 0},
+                              growth_allowance_bytes=1 * GiB), w.now))
+    w.used[("c", G0)] = int(11.1 * GiB)
+    w.read()
+    c = w.s.ledger.leases["c"].shares[G0]
+    assert c.reserved_bytes == int(12.1 * GiB), c
+    w.request("llm", "LLM", {G0: 8 * GiB}, park=ParkMechanism.CHECKPOINT)
+    assert w.s.ledger.leases["llm"].shares[G0].state is S.ACTIVE
+    return w
+
+
+def test_an_extension_asked_from_a_stale_reservation_parks_nobody():
+    """The flake of tests/hosts/comfyui/test_unfreeable.py (a CI run at load 17, and again at
+    load 13 here): the second prompt needs 11.3 GiB; the node, reckoning from its copy of 1 GiB,
+    asked for 10.3 GiB more, berthd queued 7.9 GiB (up to the size) on top of the 12.1 GiB it
+    had already extended to, and the ladder checkpointed the LLM for room ComfyUI already held.
+    Asked with the total it needs (``to_bytes``), berthd asks only what its reservation lacks:
+    nothing here. Failed before: ``extend`` took no total, and the LLM was parked."""
+    w = _highvram_comfyui_grown_by_a_read()
+    fx = w.s.extend("c", G0, int(10.3 * GiB), w.now, to_bytes=int(11.3 * GiB))
+    w.apply(fx)
+    assert fx == [] and "c" not in w.s.queue, fx
+    assert w.pending == [] and w.s.counters.checkpoints == w.s.counters.parks == 0
+    assert w.s.ledger.leases["llm"].shares[G0].state is S.ACTIVE
+    assert w.s.ledger.leases["c"].shares[G0].reserved_bytes == int(12.1 * GiB)
+
+
+def test_an_extension_by_its_total_asks_only_what_the_reservation_lacks():
+    """A total past the reservation asks the difference (never more than ``bytes``, nor past
+    the size), and the ladder makes room for that only."""
+    w = _highvram_comfyui_grown_by_a_read()
+    w.apply(w.s.extend("c", G0, int(10.3 * GiB), w.now, to_bytes=int(12.6 * GiB)))
+    c = w.s.ledger.leases["c"].shares[G0]
+    assert c.reserved_bytes == int(12.6 * GiB) and w.pending == []    # 0.5 GiB fits beside
+    w.apply(w.s.extend("c", G0, 1 * GiB, w.now, to_bytes=30 * GiB))
+    assert c.reserved_bytes == int(13.6 * GiB)                         # at most ``bytes``

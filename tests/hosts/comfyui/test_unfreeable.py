@@ -78,6 +78,52 @@ def test_a_holder_berth_cannot_free_is_named_at_once(world):
     sim = simulate(wl)
     c_ = d.status()["counters"]
     # On a failure, berthd's own account of what it parked and why (a CI run at load 17 once
-    # counted one park or checkpoint that the replay did not make).
+    # counted a checkpoint of chat-8 that the replay did not make: the first prompt slipped
+    # past the gate while it opened, berthd grew the lease from a driver read, and the second
+    # prompt asked again, from the node's stale copy, for room ComfyUI held; the next test).
     assert sim.first == served and sim.switches == c_["parks"] + c_["checkpoints"] == 0, (
         sim, c_, [(e["engine"], e["kind"], e.get("text")) for e in d.timeline()])
+
+
+SD15 = ("CheckpointLoaderSimple", "ckpt_name", "sd15.safetensors")
+
+
+def test_a_reservation_berthd_grew_alone_parks_nobody_for_the_next_prompt(world):
+    """The cause of the flake above, made certain: berthd extends ComfyUI's lease on its own
+    when a driver read shows it past its reservation (there a prompt that slipped past the gate
+    while it opened; here a sampler's 2 GiB of activations, which the model files do not
+    count), and the node's copy of the reservation stays behind. Its next prompt needs no
+    more than berthd's reservation, yet the node asked for the difference from its copy, and
+    berthd checkpointed the LLM beside it for room ComfyUI already held. The node now says the
+    total it needs (``to_bytes``) and berthd asks only what its reservation lacks: nothing."""
+    d = world.berthd(policy={"ram_budget": "64GiB"})
+    c = world.comfyui("--highvram", "--disable-dynamic-vram", "--activation", "2GiB")
+    wait_for(lambda: d.state_of("comfyui") == "active", 10, "ComfyUI leased")
+    reserved = lambda: d.lease_of("comfyui")["shares"][0]["reserved_bytes"]   # noqa: E731
+    code, ans = c.post("/prompt", prompt(FLUX, VAE, steps=60))      # 3 s of sampling
+    assert code == 200, ans
+    # 10.3 GiB of files + the 1 GiB allowance asked first; the 2 GiB of activations (12.6 GiB
+    # in use) grow it to 13.6 GiB from a driver read, which the node does not see.
+    wait_for(lambda: reserved() >= 13 << 30, 30, "berthd extending ComfyUI from its use")
+    assert wait_for(lambda: c.done(ans["prompt_id"]), 30, "the first prompt")
+    assert c.berth()["reserved_bytes"] < 12 << 30                    # the node's copy is behind
+    front = free_port()
+    world.procs.append(berth_run(d, "chat-8", "--front", f"127.0.0.1:{front}", "--size", "8GiB",
+                                 "--park", "checkpoint", "--checkpoint-path", CHECKPOINT,
+                                 weights="6GiB"))
+    wait_for(lambda: d.lease_of("chat-8") and d.lease_of("chat-8")["ready"], 30, "chat-8 serving")
+    code, body, _ = _chat(front)
+    assert code == 200, body
+    # 12.3 GiB of files + 1 GiB: 13.3 GiB, within berthd's 13.6 GiB; without a sampler, so
+    # nothing grows past it.
+    p = prompt(FLUX, VAE, SD15)
+    p["prompt"] = {k: v for k, v in p["prompt"].items() if v["class_type"] != "KSampler"}
+    code, ans = c.post("/prompt", p)
+    assert code == 200, ans
+    st = wait_for(lambda: c.done(ans["prompt_id"]), 30, "the second prompt")
+    assert st["status_str"] == "success", st
+    c_ = d.status()["counters"]
+    assert c_["parks"] + c_["checkpoints"] == 0 and d.state_of("chat-8") == "active", (
+        c_, [(e["engine"], e["kind"], e.get("text")) for e in d.timeline()])
+    code, body, _ = _chat(front)
+    assert code == 200 and d.sim_oom() == 0, body
