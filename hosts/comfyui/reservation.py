@@ -40,6 +40,10 @@ log = logging.getLogger("berth.comfyui")
 
 _POLL_S = 0.1
 
+#: The extension request's fields that berthd did not always take: an older berthd answers 400
+#: "<field>: unknown key", and the request goes again without it.
+_NEWER_FIELDS = ("to_bytes", "client_age_s", "client")
+
 
 class Reservation:
     """Mixed into :class:`~.agent.Agent` (which provides the client, the gate, the lease, the
@@ -123,15 +127,25 @@ class Reservation:
         client, age = self.gate.asker()
         if client is not None and age is not None:
             body["client"], body["client_age_s"] = client, round(age, 3)
-        try:
-            await self._client.call("POST", f"/v1/leases/{lid}/extend", body)
-            return None
-        except BerthdUnavailable:
-            return ""
-        except ApiError as e:
-            if e.status == 404 and "extend" not in e.message:
-                return ""                         # an older berthd: no extension requests
-            return f"berthd refused the extension: {e.message}"
+        while True:
+            try:
+                await self._client.call("POST", f"/v1/leases/{lid}/extend", body)
+                return None
+            except BerthdUnavailable:
+                return ""
+            except ApiError as e:
+                if e.status == 404 and "extend" not in e.message:
+                    return ""                     # an older berthd: no extension requests
+                # An older berthd refuses a field it does not know, by name (the node and
+                # berthd can come from different installs): ask again without it, as before.
+                unknown = [k for k in _NEWER_FIELDS
+                           if k in body and f"{k}: unknown key" in e.message]
+                if e.status != 400 or not unknown:
+                    return f"berthd refused the extension: {e.message}"
+                log.info("Berth: berthd does not take %s (an older berthd); asking without",
+                         ", ".join(unknown))
+                for k in unknown:
+                    del body[k]
 
     async def _await_room(self, body: Any, need: int, more: int) -> str | None:
         """Wait until the reservation reaches ``need``: None, or why not within the limit."""
