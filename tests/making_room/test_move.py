@@ -193,19 +193,22 @@ def test_a_checkpointed_engine_moves_by_restore_onto_the_other_card(tmp_path):
 
 
 def test_status_and_the_board_show_a_move_by_restore_while_it_happens(tmp_path):
-    """While B or C moves by checkpoint and restore (the stand-in tool slowed to 2 GB/s, so
-    the move takes seconds), ``berth status --json`` gives the lease's move (from, to, why,
-    how long) and ``berth status`` says "moving gpuX -> gpuY" with the waiter it makes room
-    for; once it woke on the other card the move is gone from both and the timeline says where
-    it woke and how long the move took."""
+    """While B or C moves by checkpoint and restore (the stand-in tool's restore held by
+    ``$BERTH_SIM_RESTORE_HOLD`` until the test has seen the move in both), ``berth status
+    --json`` gives the lease's move (from, to, why, how long) and ``berth status`` says "moving
+    gpuX -> gpuY" with the waiter it makes room for; once it woke on the other card the move is
+    gone from both and the timeline says where it woke and how long the move took. Before the
+    hold, the tool was slowed to 2 GB/s so that the move lasted seconds."""
     from tests.broker.conftest import CHECKPOINT
 
     procs: dict = {}
     clients: list[Client] = []
+    hold = tmp_path / "restore-hold"
     try:
         d, ports, clients = _shape(tmp_path, procs,
                                    extra=("--park", "checkpoint", "--checkpoint-path", CHECKPOINT),
-                                   env={"BERTH_SIM_CHECKPOINT_BPS": "2e9"})
+                                   env={"BERTH_SIM_RESTORE_HOLD": str(hold)})
+        hold.touch()              # no restore in the setup; the move's restore waits
         procs["W"] = berth_run(d, "W", "--front", f"127.0.0.1:{ports['W']}", "--size",
                                SIZES["W"][0], weights=SIZES["W"][1])
         le = wait_for(lambda: next((le for le in d.status()["leases"] if le.get("moving")),
@@ -218,6 +221,7 @@ def test_status_and_the_board_show_a_move_by_restore_while_it_happens(tmp_path):
             and f"moving {m['from'][0]} -> {m['to']} for" in t and t, 60, "the board's move line")
         line = next(x for x in text.splitlines() if "moving gpu" in x)
         assert le["engine"] in line and "W" in line, text
+        hold.unlink()             # the restore finishes: the move can end
         wait_for(lambda: _card(d, "W") and _card(d, le["engine"]) == m["to"], 120,
                  "W serving and the moved engine serving on its new card")
         assert not any(x.get("moving") for x in d.status()["leases"])
@@ -225,6 +229,7 @@ def test_status_and_the_board_show_a_move_by_restore_while_it_happens(tmp_path):
                 and e["text"].startswith(le["engine"])]
         assert woke and f"its move from {m['from'][0]} done in" in woke[-1], woke
     finally:
+        hold.unlink(missing_ok=True)
         _end(clients, procs, tmp_path)
     assert d.sim_oom() == 0
 

@@ -287,6 +287,28 @@ def test_token_hold_test_knob_holds_a_request_after_its_first_token(kit, tmp_pat
     assert [len(g) for g in got] == [20, 20] and finish == ["length", "length"], (got, finish)
 
 
+def test_restore_hold_test_knob_holds_a_restore_until_its_file_is_gone(kit, tmp_path):
+    """``$BERTH_SIM_RESTORE_HOLD=PATH``: a restore has taken its memory back (the process is
+    ``locked``) but does not finish while PATH exists; it exits 0 once PATH is removed."""
+    eng = kit.start(weights="2GiB")
+    for action in ("lock", "checkpoint"):
+        assert kit.checkpoint("--action", action, "--pid", str(eng.pid)).returncode == 0
+    hold = tmp_path / "hold"
+    hold.touch()
+    restore = subprocess.Popen(
+        [sys.executable, "-m", "berth.sim.checkpoint", "--action", "restore", "--pid",
+         str(eng.pid)], env=dict(kit.env, BERTH_SIM_RESTORE_HOLD=str(hold)))
+    try:
+        wait_for(lambda: kit.state(eng.pid) == "locked", what="the restore's memory taken")
+        assert kit.driver.read(PCI).processes[eng.pid] == 2 * GiB + CONTEXT
+        assert restore.poll() is None, "the restore finished while held"
+        hold.unlink()
+        assert restore.wait(timeout=30) == 0
+    finally:
+        restore.kill()
+        restore.wait()
+
+
 def test_checkpoint_test_knobs_hang_and_not_supported(kit):
     eng = kit.start(weights="1GiB")
     with pytest.raises(subprocess.TimeoutExpired):   # the caller's timeout fires first
