@@ -29,8 +29,10 @@ the real tool; :func:`berth.driver.cuda.cuda_error_of` maps a status back.
 A move takes ``bytes / speed`` seconds: the speed is the store's ``restore_bytes_per_s``
 (default 7e9 bytes/s), or ``$BERTH_SIM_CHECKPOINT_BPS``. Test knobs: ``$BERTH_SIM_CHECKPOINT_HANG_S``
 sleeps that long before acting (so a caller's timeout fires); ``$BERTH_SIM_CHECKPOINT_UNSUPPORTED=1``
-makes checkpoint exit 801, as on aarch64 (cuda-checkpoint#51). The store is ``$BERTH_SIM_DIR``,
-else ``<state dir>/sim``.
+makes checkpoint exit 801, as on aarch64 (cuda-checkpoint#51); ``$BERTH_SIM_RESTORE_HOLD=PATH``:
+a restore that has taken its memory and copied back does not finish while the file PATH exists
+(looked for every 50 ms), so a test holds a move by restore open until it has seen it. The store
+is ``$BERTH_SIM_DIR``, else ``<state dir>/sim``.
 """
 
 from __future__ import annotations
@@ -123,6 +125,9 @@ def _act(store: SimCards, action: str, pid: int, mapping: dict[str, str] | None 
     else:  # restore: the memory is claimed first, then the copy comes back in
         moved = store.restore(pid, mapping)
         time.sleep(_move_s(store, moved))
+        hold = os.environ.get("BERTH_SIM_RESTORE_HOLD")
+        while hold and os.path.exists(hold):    # the test knob: see the module docstring
+            time.sleep(0.05)
 
 
 def run(argv: list[str] | None = None) -> int:

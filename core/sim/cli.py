@@ -122,6 +122,14 @@ def engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--park-noop", action="store_true", help="test knob: park answers 200, frees nothing")
     p.add_argument("--lend-noop", action="store_true", help="test knob: lend answers 200, frees nothing")
     p.add_argument("--wake-hang", action="store_true", help="test knob: wake never answers")
+    p.add_argument("--load-hold", metavar="PATH",
+                   help="test knob: while the file PATH exists, a load (at start, and at each "
+                        "start of a restarted engine) holds its weights on the card but does not "
+                        "finish: /health answers 503 until PATH is removed")
+    p.add_argument("--token-hold", metavar="PATH",
+                   help="test knob: while the file PATH exists, a request that has generated its "
+                        "first token generates no more (it keeps its slot and its KV); it goes on "
+                        "once PATH is removed")
     p.add_argument("--crash-on-term", action="store_true",
                    help="stop as a crashed engine does: on SIGTERM/SIGINT die by that signal "
                         "without freeing; the driver frees its memory after the exit plus the "

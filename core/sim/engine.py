@@ -11,6 +11,13 @@ cache grows in blocks of 16 tokens as requests need it (prompt and generated tok
 mark, as with PyTorch's caching allocator. With ``--kv-pool`` the pool is preallocated after the
 weights (as vLLM does) and a request that fills it stops with ``finish_reason = "length"``.
 
+Held loads and requests (test knobs): with ``--load-hold PATH`` a load that has allocated all that
+does not finish while the file PATH exists; the engine stays "Loading model" (``/health`` 503)
+until the file is removed. With ``--token-hold PATH`` a request that has generated its first token
+generates no more while PATH exists (it keeps its slot and its KV). The file is looked for every
+50 ms. A test holds a load or a job open until it has seen what happens meanwhile (a move by
+restart, a waiter told why) rather than choosing a ``--load-s`` or a job long enough to see it.
+
 Several cards: with ``CUDA_VISIBLE_DEVICES`` naming several cards (and no ``--card``), every visible
 card holds the same profile (context, weights, KV pool), as the ranks of a tensor-parallel engine
 do; each token's KV is taken on every card, so a request may use what the smallest card's KV cache
@@ -56,6 +63,15 @@ __all__ = ["run", "StubEngine", "make_app"]
 _KV_BLOCK_TOKENS = 16
 _VOCAB = ("berth", "lease", "share", "card", "reserve", "park", "lend", "drain", "wake", "front")
 _MAX_TOKENS_LIMIT = 1_000_000
+#: How often a load or request held by ``--load-hold`` or ``--token-hold`` looks for its file
+#: (test knobs: short is fine).
+_HOLD_POLL_S = 0.05
+
+
+async def _while_exists(path: str) -> None:
+    """Return once the file ``path`` does not exist (the ``--*-hold`` test knobs)."""
+    while os.path.exists(path):
+        await asyncio.sleep(_HOLD_POLL_S)
 
 
 class _Reject(Exception):
@@ -77,7 +93,8 @@ class StubEngine:
                  kv_per_token_bytes: int, tokens_per_s: float, residual_bytes: int,
                  kv_pool_bytes: int | None, lend: bool, park_noop: bool, wake_hang: bool,
                  model: str, more_pcis: tuple[str, ...] = (), lend_noop: bool = False,
-                 slots: int | None = None):
+                 slots: int | None = None, load_hold: str | None = None,
+                 token_hold: str | None = None):
         self.store, self.pci, self.pid = store, pci, os.getpid()
         self.pcis = [pci, *(p for p in dict.fromkeys(more_pcis) if p != pci)]
         self.weights_bytes, self.load_s = weights_bytes, load_s
@@ -85,6 +102,7 @@ class StubEngine:
         self.residual_bytes, self.kv_pool_bytes = residual_bytes, kv_pool_bytes
         self.lend_enabled, self.park_noop, self.wake_hang = lend, park_noop, wake_hang
         self.lend_noop = lend_noop
+        self.load_hold, self.token_hold = load_hold, token_hold
         self.model = model
         self.slots = slots
         # Requests past the slots queue here in arrival order (asyncio.Semaphore is FIFO).
@@ -142,7 +160,8 @@ class StubEngine:
             return
 
     async def load(self) -> None:
-        """Context, then weights in eight steps over ``load_s``, then the KV pool. Raises SimOOM."""
+        """Context, then weights in eight steps over ``load_s``, then the KV pool, then (with
+        ``--load-hold``) a wait while the hold file exists. Raises SimOOM."""
         await self._card(self.residual_bytes, +1)
         step, left = self.weights_bytes // 8, self.weights_bytes
         for i in range(8):
@@ -153,6 +172,10 @@ class StubEngine:
         if self.kv_pool_bytes:
             await self._card(self.kv_pool_bytes, +1)
             self.kv_alloc = {p: self.kv_pool_bytes for p in self.pcis}
+        if self.load_hold and os.path.exists(self.load_hold):
+            print(f"berth sim engine: pid {self.pid} loaded, held while {self.load_hold} exists "
+                  "(--load-hold)", file=sys.stderr, flush=True)
+            await _while_exists(self.load_hold)
         self.loaded = True
 
     def state(self) -> dict:
@@ -262,6 +285,8 @@ class StubEngine:
             return
         taken[0] += prompt_tokens * self.kv_per_token_bytes
         for i in range(max_tokens):
+            if i and self.token_hold:
+                await _while_exists(self.token_hold)
             await self.gpu_step()
             if not await self._kv(1):
                 return
@@ -492,7 +517,7 @@ def _engine_from_args(args: argparse.Namespace) -> StubEngine:
         tokens_per_s=args.tokens_per_s, residual_bytes=parse_size(args.residual, field="residual"),
         kv_pool_bytes=pool, lend=args.lend, park_noop=args.park_noop, wake_hang=args.wake_hang,
         model=args.model, more_pcis=tuple(m.pci for m in more), lend_noop=args.lend_noop,
-        slots=args.parallel)
+        slots=args.parallel, load_hold=args.load_hold, token_hold=args.token_hold)
 
 
 def _die_by(sig: int) -> None:

@@ -105,6 +105,16 @@ def engine_run(d: Berthd, runs: list, engine: str, *, size: str = "14GiB",
     return p
 
 
+def token_hold(d: Berthd) -> tuple[Path, tuple[str, ...]]:
+    """A hold file in the test's directory (created) and the stub engine's flags that hold
+    every request after its first token while it exists (``--token-hold``): a job in flight
+    lasts until the test has seen what it waits to see (then removes the file), not for a
+    length chosen to outlast a loaded machine."""
+    hold = d.tmp / "token-hold"
+    hold.touch()
+    return hold, ("--token-hold", str(hold))
+
+
 def run_log(d: Berthd, engine: str) -> str:
     return (d.tmp / f"run-{engine}.log").read_text(errors="replace")
 

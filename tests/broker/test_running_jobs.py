@@ -13,17 +13,21 @@ import time
 import pytest
 
 from tests.berthd import wait_for
-from tests.broker.conftest import Chat, engine_run, free_port, in_thread, serving
+from tests.broker.conftest import Chat, engine_run, free_port, in_thread, serving, token_hold
 
 # A 10 s stream: it outlasts B's start (``berth run``, a few seconds on a loaded machine), so B
 # asks while A's job runs.
 TOKENS, RATE = 200, 20.0
 
 
-def _race(d, runs, park: bool, tokens: int = TOKENS):
+def _race(d, runs, park: bool, tokens: int = TOKENS, held: bool = False):
+    """A streams a job of ``tokens`` tokens at RATE (``held``: held after its first token until
+    B was told why it waits, at the stub's full speed after that); B asks meanwhile."""
     port = free_port()
+    hold, flags = token_hold(d) if held else (None, ())
     # 2 GiB of weights: the stand-in cuda-checkpoint moves them well inside the grace.
-    engine_run(d, runs, "A", front=port, park=park, tokens_per_s=RATE, weights="2GiB")
+    engine_run(d, runs, "A", front=port, park=park, weights="2GiB", engine_args=flags,
+               **({} if held else {"tokens_per_s": RATE}))
     wait_for(lambda: serving(d, "A"), 60, "A serving")
     job = Chat(port, max_tokens=tokens, stream=True, timeout_s=90)
     t = in_thread(job)
@@ -32,6 +36,9 @@ def _race(d, runs, park: bool, tokens: int = TOKENS):
     engine_run(d, runs, "B")
     why = wait_for(lambda: (d.status()["waiting"] or [{}])[0].get("why"), 10, "B waiting")
     assert "A" in why and "1 request in flight" in why, why
+    if hold:
+        assert job.tokens == 1 and job.finish is None, (job.tokens, job.finish)
+        hold.unlink()
     t.join(60)
     assert job.status == 200 and job.error is None, (job.status, job.error)
     assert job.tokens == tokens and job.finish == "length", (job.tokens, job.finish)
@@ -40,7 +47,7 @@ def _race(d, runs, park: bool, tokens: int = TOKENS):
 
 
 def test_a_job_in_flight_finishes_before_a_drain(berthd, runs):
-    d = _race(berthd(), runs, park=False)
+    d = _race(berthd(), runs, park=False, held=True)
     assert d.status()["counters"]["drains"] == 1
 
 
@@ -109,13 +116,22 @@ def test_a_higher_priority_stops_a_job_only_where_its_entry_allows_it(berthd, ru
     stopped at once either way."""
     d = berthd(extra=f"[engines.B]\npriority = 5\npreempt = {str(preempt).lower()}\n")
     port = free_port()
-    engine_run(d, runs, "A", front=port, tokens_per_s=RATE, weights="2GiB")
+    # Without the right, A's job is held after its first token until B was told why it waits;
+    # with it, a 20 s stream that B's grant stops.
+    hold, flags = (None, ()) if preempt else token_hold(d)
+    engine_run(d, runs, "A", front=port, weights="2GiB", engine_args=flags,
+               **({"tokens_per_s": RATE} if preempt else {}))
     wait_for(lambda: serving(d, "A"), 60, "A serving")
-    job = Chat(port, max_tokens=2 * TOKENS, stream=True, timeout_s=90)     # a 20 s stream
+    job = Chat(port, max_tokens=2 * TOKENS, stream=True, timeout_s=90)
     t = in_thread(job)
     wait_for(lambda: job.tokens > 0, 30, "A's stream started")
     wait_for(lambda: (d.lease_of("A") or {}).get("in_flight") == 1, 5, "A's job known to berthd")
     engine_run(d, runs, "B", priority=5)
+    if hold:
+        why = wait_for(lambda: (d.status()["waiting"] or [{}])[0].get("why"), 60, "B waiting")
+        assert "A" in why and "1 request in flight" in why, why
+        assert job.tokens == 1 and job.finish is None, (job.tokens, job.finish)
+        hold.unlink()
     wait_for(lambda: serving(d, "B"), 60, "B serving")
     t.join(60)
     if preempt:

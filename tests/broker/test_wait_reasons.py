@@ -14,7 +14,16 @@ import time
 import pytest
 
 from tests.berthd import wait_for
-from tests.broker.conftest import Chat, GiB, engine_run, free_port, in_thread, run_log, serving
+from tests.broker.conftest import (
+    Chat,
+    GiB,
+    engine_run,
+    free_port,
+    in_thread,
+    run_log,
+    serving,
+    token_hold,
+)
 
 
 def test_a_higher_priority_is_not_held_by_a_minimum_turn(berthd, runs):
@@ -82,11 +91,14 @@ def test_a_wait_limit_503_names_what_the_request_waited_for(berthd, runs):
     wait limit (..., state starting)"."""
     d = berthd(policy={"wait_limit": "3s"})
     pa, pb = free_port(), free_port()
-    engine_run(d, runs, "A", front=pa, tokens_per_s=20.0, weights="2GiB")
+    # A's job is held after its first token until B's chat was answered: it outlasts B's start
+    # and B's held chat however loaded the machine.
+    hold, flags = token_hold(d)
+    engine_run(d, runs, "A", front=pa, weights="2GiB", engine_args=flags)
     wait_for(lambda: serving(d, "A"), 60, "A serving")
-    # A 30 s stream: it outlasts B's start and B's held chat on a loaded machine.
     job = Chat(pa, max_tokens=600, stream=True, timeout_s=90)
     t = in_thread(job)
+    wait_for(lambda: job.tokens > 0, 30, "A's stream started")
     wait_for(lambda: (d.lease_of("A") or {}).get("in_flight") == 1, 10, "A's job known to berthd")
     engine_run(d, runs, "B", front=pb)
     wait_for(lambda: "in flight" in ((d.status()["waiting"] or [{}])[0].get("why") or ""), 15,
@@ -96,5 +108,7 @@ def test_a_wait_limit_503_names_what_the_request_waited_for(berthd, runs):
     assert c.total_s >= 2.5, f"answered after {c.total_s:.1f}s: A's job could still end"
     msg = c.body["error"]["message"]
     assert "it waits for:" in msg and "A" in msg and "1 request in flight" in msg, msg
+    assert job.tokens == 1 and job.finish is None, (job.tokens, job.finish)
+    hold.unlink()
     t.join(60)
     assert job.error is None and job.finish == "length", (job.tokens, job.error)

@@ -14,7 +14,7 @@ import subprocess
 import threading
 
 from tests.berthd import BERTH, READ_INTERVAL, Berthd, berth_run, stop_proc
-from tests.helpers import free_port, slowness, stop_all, wait_for
+from tests.helpers import free_port, stop_all, wait_for
 from tests.run.world import chat
 
 CONFIG = """\
@@ -73,11 +73,11 @@ SIZES = {"A": ("8GiB", "7GiB"), "B": ("12GiB", "11GiB"), "C": ("10GiB", "9GiB"),
 
 def _shape(tmp_path, procs: dict, pins: tuple[str, ...] = (),
            extra: tuple[str, ...] = (), env: dict | None = None,
-           load_s: float = 0.1) -> tuple[Berthd, dict, list]:
+           engine_flags: tuple[str, ...] = ()) -> tuple[Berthd, dict, list]:
     """berthd on the two cards; A and B on one card, C on the other, A gone, B's and C's busy
     clients started. ``pins``: engines whose run line pins their card (``--option
     device=N``); ``extra``: more flags for every run line; ``env``: more environment for
-    berthd and the runs; ``load_s``: how long each engine loads (seconds). Returns berthd,
+    berthd and the runs; ``engine_flags``: more flags for every stub engine. Returns berthd,
     the front ports and the clients."""
     (tmp_path / "berth.toml").write_text(CONFIG.format(tmp=tmp_path, read=READ_INTERVAL))
     d = Berthd(tmp_path, tmp_path / "berth.toml")
@@ -88,8 +88,8 @@ def _shape(tmp_path, procs: dict, pins: tuple[str, ...] = (),
     for n in "ABC":
         pin = ("--option", "device=0") if n in pins else ()
         procs[n] = berth_run(d, n, "--front", f"127.0.0.1:{ports[n]}", "--size", SIZES[n][0],
-                             *pin, *extra, weights=SIZES[n][1], load_s=load_s,
-                             extra_engine=("--tokens-per-s", "40"))
+                             *pin, *extra, weights=SIZES[n][1],
+                             extra_engine=("--tokens-per-s", "40", *engine_flags))
         wait_for(lambda n=n: _card(d, n), 60, f"{n} serving")
     cards = {n: _card(d, n) for n in "ABC"}
     assert cards["A"] == cards["B"] != cards["C"], cards     # best fit keeps holes whole
@@ -193,19 +193,22 @@ def test_a_checkpointed_engine_moves_by_restore_onto_the_other_card(tmp_path):
 
 
 def test_status_and_the_board_show_a_move_by_restore_while_it_happens(tmp_path):
-    """While B or C moves by checkpoint and restore (the stand-in tool slowed to 2 GB/s, so
-    the move takes seconds), ``berth status --json`` gives the lease's move (from, to, why,
-    how long) and ``berth status`` says "moving gpuX -> gpuY" with the waiter it makes room
-    for; once it woke on the other card the move is gone from both and the timeline says where
-    it woke and how long the move took."""
+    """While B or C moves by checkpoint and restore (the stand-in tool's restore held by
+    ``$BERTH_SIM_RESTORE_HOLD`` until the test has seen the move in both), ``berth status
+    --json`` gives the lease's move (from, to, why, how long) and ``berth status`` says "moving
+    gpuX -> gpuY" with the waiter it makes room for; once it woke on the other card the move is
+    gone from both and the timeline says where it woke and how long the move took. Before the
+    hold, the tool was slowed to 2 GB/s so that the move lasted seconds."""
     from tests.broker.conftest import CHECKPOINT
 
     procs: dict = {}
     clients: list[Client] = []
+    hold = tmp_path / "restore-hold"
     try:
         d, ports, clients = _shape(tmp_path, procs,
                                    extra=("--park", "checkpoint", "--checkpoint-path", CHECKPOINT),
-                                   env={"BERTH_SIM_CHECKPOINT_BPS": "2e9"})
+                                   env={"BERTH_SIM_RESTORE_HOLD": str(hold)})
+        hold.touch()              # no restore in the setup; the move's restore waits
         procs["W"] = berth_run(d, "W", "--front", f"127.0.0.1:{ports['W']}", "--size",
                                SIZES["W"][0], weights=SIZES["W"][1])
         le = wait_for(lambda: next((le for le in d.status()["leases"] if le.get("moving")),
@@ -218,6 +221,7 @@ def test_status_and_the_board_show_a_move_by_restore_while_it_happens(tmp_path):
             and f"moving {m['from'][0]} -> {m['to']} for" in t and t, 60, "the board's move line")
         line = next(x for x in text.splitlines() if "moving gpu" in x)
         assert le["engine"] in line and "W" in line, text
+        hold.unlink()             # the restore finishes: the move can end
         wait_for(lambda: _card(d, "W") and _card(d, le["engine"]) == m["to"], 120,
                  "W serving and the moved engine serving on its new card")
         assert not any(x.get("moving") for x in d.status()["leases"])
@@ -225,6 +229,7 @@ def test_status_and_the_board_show_a_move_by_restore_while_it_happens(tmp_path):
                 and e["text"].startswith(le["engine"])]
         assert woke and f"its move from {m['from'][0]} done in" in woke[-1], woke
     finally:
+        hold.unlink(missing_ok=True)
         _end(clients, procs, tmp_path)
     assert d.sim_oom() == 0
 
@@ -240,19 +245,22 @@ def _moving_run(d: Berthd) -> tuple[str, dict] | None:
 
 
 def test_status_and_the_board_show_a_move_by_restart_as_a_move(tmp_path):
-    """A move by restart (no checkpoint; each engine loads for 5 s, so the move lasts that
-    long) shows as a move while it happens: ``berth status --json`` gives the moving run's
-    ``moving`` (from, to, why, how long, ``how`` "restart") on its drained entry until its
-    engine serves on the other card, and ``berth status`` says "moving gpuX -> gpuY for Ns:
-    why" and lists no drained run. Before, it was listed as a drained run ("moving to
-    0000:02:00.0 for 2s", no card it left), with no ``moving``."""
+    """A move by restart (no checkpoint) shows as a move while it happens: ``berth status
+    --json`` gives the moving run's ``moving`` (from, to, why, how long, ``how`` "restart") on
+    its drained entry until its engine serves on the other card, and ``berth status`` says
+    "moving gpuX -> gpuY for Ns: why" and lists no drained run. Before, it was listed as a
+    drained run ("moving to 0000:02:00.0 for 2s", no card it left), with no ``moving``.
+
+    The moved engine's load on its new card is held (the stub's ``--load-hold``) until the test
+    has seen the move in both, so the move lasts exactly as long as the test needs: before, every
+    engine loaded for 5 s times the machine's slowness, and at load 13 a 5 s move ended before
+    the text read began."""
     procs: dict = {}
     clients: list[Client] = []
+    hold = tmp_path / "load-hold"
     try:
-        # The move lasts the engine's load: long enough, scaled by the machine's slowness, for
-        # a `berth status` started after the JSON showed it to see it too (at load 13 a 5 s
-        # move ended before the text read began).
-        d, ports, clients = _shape(tmp_path, procs, load_s=5.0 * slowness())
+        d, ports, clients = _shape(tmp_path, procs, engine_flags=("--load-hold", str(hold)))
+        hold.touch()              # the setup's engines loaded; the moved one's next load waits
         procs["W"] = berth_run(d, "W", "--front", f"127.0.0.1:{ports['W']}", "--size",
                                SIZES["W"][0], weights=SIZES["W"][1])
         engine, m = wait_for(lambda: _moving_run(d), 60, "a run moving by restart")
@@ -263,11 +271,20 @@ def test_status_and_the_board_show_a_move_by_restart_as_a_move(tmp_path):
         line = next(x for x in text.splitlines() if "moving gpu" in x)
         assert engine in line and "W" in line and "restart" in line, text
         assert "drained (" not in text, text
+        # Still moving while the load is held, the same move, its clock running.
+        again = _moving_run(d)
+        assert again and again[0] == engine, again
+        assert {k: again[1][k] for k in ("from", "to", "how")} == \
+            {k: m[k] for k in ("from", "to", "how")}, (again, m)
+        assert again[1]["elapsed_s"] >= m["elapsed_s"], (again, m)
+        assert _card(d, engine) is None
+        hold.unlink()             # the load finishes: the move can end
         wait_for(lambda: _card(d, "W") and _card(d, engine) == m["to"], 120,
                  "W serving and the moved engine serving on its new card")
         wait_for(lambda: _moving_run(d) is None, 30, "the move gone from the board")
         counters = d.status()["counters"]
         assert counters["drains"] == 0 and counters["moves"] >= 1, counters
     finally:
+        hold.unlink(missing_ok=True)
         _end(clients, procs, tmp_path)
     assert d.sim_oom() == 0

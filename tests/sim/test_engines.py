@@ -235,6 +235,80 @@ def test_protocol_test_knobs_park_noop_and_wake_hang(kit):
     wait_for(lambda: eng.proc.poll() is None and eng.healthy(), what="engine still serving")
 
 
+def test_load_hold_test_knob_holds_a_load_until_its_file_is_gone(kit, tmp_path):
+    """``--load-hold PATH``: while PATH exists the load has its memory on the card but does not
+    finish (``/health`` 503, a chat 503 "Loading model"); it finishes once PATH is removed.
+    Without the file the knob changes nothing."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    eng = kit.start("--load-hold", str(hold), weights="4GiB", ready=False)
+    wait_for(lambda: "(--load-hold)" in eng.stderr(), what="the load held")
+    assert kit.driver.read(PCI).processes[eng.pid] == 4 * GiB + CONTEXT   # weights all loaded
+    assert not eng.healthy()
+    status, body = http("POST", eng.url + "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "hi"}]})
+    assert status == 503 and body["error"]["message"] == "Loading model", body
+    hold.unlink()
+    wait_for(eng.healthy, what="the load finished once the hold file was gone")
+    assert kit.driver.read(PCI).processes[eng.pid] == 4 * GiB + CONTEXT
+    free = kit.start("--load-hold", str(hold), weights="1GiB")   # no file: loads at once
+    assert "(--load-hold)" not in free.stderr()
+
+
+def test_token_hold_test_knob_holds_a_request_after_its_first_token(kit, tmp_path):
+    """``--token-hold PATH``: while PATH exists a request stops after its first token (a second
+    request gets its own first token meanwhile, where at 500 tokens/s the first would have
+    ended); both end once PATH is removed."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    eng = kit.start("--token-hold", str(hold), weights="1GiB")
+    client = OpenAI(base_url=eng.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    got: list[list[str]] = [[], []]
+    finish: list[str | None] = [None, None]
+
+    def stream(k: int) -> None:
+        for chunk in client.chat.completions.create(
+                model="stub", messages=[{"role": "user", "content": "hi"}], max_tokens=20,
+                stream=True):
+            if chunk.choices and chunk.choices[0].delta.content:
+                got[k].append(chunk.choices[0].delta.content)
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish[k] = chunk.choices[0].finish_reason
+
+    threads = [threading.Thread(target=stream, args=(k,), daemon=True) for k in (0, 1)]
+    threads[0].start()
+    wait_for(lambda: got[0], what="the first request's first token")
+    threads[1].start()
+    wait_for(lambda: got[1], what="the second request's first token")
+    assert len(got[0]) == 1 and len(got[1]) == 1, got      # both held after their first
+    hold.unlink()
+    for t in threads:
+        t.join(30)
+    assert [len(g) for g in got] == [20, 20] and finish == ["length", "length"], (got, finish)
+
+
+def test_restore_hold_test_knob_holds_a_restore_until_its_file_is_gone(kit, tmp_path):
+    """``$BERTH_SIM_RESTORE_HOLD=PATH``: a restore has taken its memory back (the process is
+    ``locked``) but does not finish while PATH exists; it exits 0 once PATH is removed."""
+    eng = kit.start(weights="2GiB")
+    for action in ("lock", "checkpoint"):
+        assert kit.checkpoint("--action", action, "--pid", str(eng.pid)).returncode == 0
+    hold = tmp_path / "hold"
+    hold.touch()
+    restore = subprocess.Popen(
+        [sys.executable, "-m", "berth.sim.checkpoint", "--action", "restore", "--pid",
+         str(eng.pid)], env=dict(kit.env, BERTH_SIM_RESTORE_HOLD=str(hold)))
+    try:
+        wait_for(lambda: kit.state(eng.pid) == "locked", what="the restore's memory taken")
+        assert kit.driver.read(PCI).processes[eng.pid] == 2 * GiB + CONTEXT
+        assert restore.poll() is None, "the restore finished while held"
+        hold.unlink()
+        assert restore.wait(timeout=30) == 0
+    finally:
+        restore.kill()
+        restore.wait()
+
+
 def test_checkpoint_test_knobs_hang_and_not_supported(kit):
     eng = kit.start(weights="1GiB")
     with pytest.raises(subprocess.TimeoutExpired):   # the caller's timeout fires first

@@ -18,15 +18,21 @@ FLUX = ("UNETLoader", "unet_name", "flux-dev.safetensors")
 POLICY = {"min_turn": "30s", "ram_budget": "64GiB", "wait_limit": "3s"}
 
 
-def _busy_llm_beside_comfyui(world, wait_limit: str = "3s"):
+def _busy_llm_beside_comfyui(world, wait_limit: str = "3s", held: bool = False):
     """berthd, a 14 GiB LLM answering one slow chat (about 8 s), and ComfyUI leased beside it
-    with nothing loaded. Returns ``(berthd, comfyui, chat thread)``."""
+    with nothing loaded. Returns ``(berthd, comfyui, chat thread)``. ``held``: the chat is held
+    after its first token while the file ``d.tmp / "token-hold"`` exists (the stub's
+    ``--token-hold``; created here, removed by the test) and then ends at once."""
     d = world.berthd(policy={**POLICY, "wait_limit": wait_limit})
     front = free_port()
+    hold = d.tmp / "token-hold"
+    if held:
+        hold.touch()
     world.procs.append(berth_run(
         d, "llm", "--front", f"127.0.0.1:{front}", "--size", "14GiB", "--park", "checkpoint",
         "--checkpoint-path", str(BERTH) + "-sim-cuda-checkpoint", weights="13GiB",
-        extra_engine=("--kv-per-token", "1MiB", "--tokens-per-s", "10")))
+        extra_engine=("--kv-per-token", "1MiB",
+                      *(("--token-hold", str(hold)) if held else ("--tokens-per-s", "10")))))
     wait_for(lambda: d.lease_of("llm") and d.lease_of("llm")["ready"], 20, "the LLM serving")
     c = world.comfyui("--disable-dynamic-vram")
     wait_for(lambda: d.state_of("comfyui") == "active" and c.berth()["gate"]["state"] == "open",

@@ -23,8 +23,9 @@ from .test_requests_for_room import FLUX, _busy_llm_beside_comfyui
 
 def _parked_comfyui_beside_a_busy_llm(world):
     """ComfyUI parked, a busy LLM inside its minimum turn, and the rest of the card held by
-    an engine nothing displaces: a wake of ComfyUI waits for the LLM."""
-    d, c, chat = _busy_llm_beside_comfyui(world, wait_limit="30s")
+    an engine nothing displaces: a wake of ComfyUI waits for the LLM. The LLM's chat is held
+    (``--token-hold``) until :func:`_nothing_parked_for_nobody` lets it end."""
+    d, c, chat = _busy_llm_beside_comfyui(world, wait_limit="30s", held=True)
     assert d.call("POST", "/v1/operator/park", {"target": "comfyui"})[0] == 200
     wait_for(lambda: d.state_of("comfyui") == "parked" and c.berth()["gate"]["state"] == "asleep",
              20, "ComfyUI parked")
@@ -58,6 +59,8 @@ def _nothing_parked_for_nobody(world, d, c, chat) -> None:
     left queued. It stays active, and no checkpoint starts."""
     assert any(e["kind"] == "wake.off" for e in d.timeline()), d.timeline()
     assert c.berth()["gate"]["state"] == "asleep"
+    assert chat.is_alive() and d.lease_of("llm")["in_flight"] >= 1   # still busy all along
+    (d.tmp / "token-hold").unlink()
     chat.join(30)
     wait_for(lambda: d.lease_of("llm")["in_flight"] == 0, 10, "the LLM idle")
     assert d.call("POST", f"/v1/leases/{d.filler}/release", {"reason": "done"})[0] == 200
