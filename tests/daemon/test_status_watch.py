@@ -138,24 +138,32 @@ def test_status_json_says_when_the_turn_and_keep_warm_end(serving):
     assert "turn until" in line and "keep_warm until" in line, (out, d.lease_of("llm"))
 
 
-def test_status_watch_prints_at_least_twice(serving):
-    d = serving
+def _watch_twice(d: Berthd, sig: int, board_starts=lambda line: "since start:" in line,
+                 **popen) -> tuple[int, list[str], str]:
+    """``berth status --watch 0.2`` until it printed two boards (a line where ``board_starts``
+    holds, twice), then ``sig`` to its group: its exit status, the lines seen, its stderr."""
     p = subprocess.Popen([BERTH, "status", "--watch", "0.2"], env=d.env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, **popen)
     seen: list[str] = []
     try:
         def twice():
             seen.append(p.stdout.readline())
-            return sum("since start:" in s for s in seen) >= 2
+            return sum(board_starts(s) for s in seen) >= 2
         wait_for(twice, 30, "two boards from berth status --watch", every_s=0)
-        os.killpg(p.pid, signal.SIGINT)                  # Ctrl-C ends the watch
-        out, err = p.communicate(timeout=20)
+        os.killpg(p.pid, sig)
+        _out, err = p.communicate(timeout=20)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(5)
-    assert p.returncode == 0 and "Traceback" not in err, (p.returncode, err)
+    return p.returncode, seen, err
+
+
+def test_status_watch_prints_at_least_twice(serving):
+    d = serving
+    code, seen, err = _watch_twice(d, signal.SIGINT)          # Ctrl-C ends the watch
+    assert code == 0 and "Traceback" not in err, (code, err)
     assert sum("llm" in s for s in seen) >= 2
     # As JSON: one document a line.
     p = subprocess.Popen([BERTH, "status", "--watch", "0.2", "--json"], env=d.env,
@@ -229,22 +237,7 @@ def test_a_drained_runs_line_separates_its_front():
 def test_sighup_ends_the_watch_as_ctrl_c_and_sigterm_do(berthd, sig):
     """The watch's terminal closed (SIGHUP): it died of it (the default action), exit -1. It
     ends as on Ctrl-C or SIGTERM: exit 0, no traceback."""
-    d = berthd()
-    p = subprocess.Popen([BERTH, "status", "--watch", "0.2"], env=d.env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    try:
-        seen: list[str] = []
-
-        def twice():
-            seen.append(p.stdout.readline())
-            return sum(s.startswith("--- ") for s in seen) >= 2
-        wait_for(twice, 30, "two boards from berth status --watch", every_s=0)
-        os.killpg(p.pid, sig)
-        out, err = p.communicate(timeout=20)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(5)
-    assert p.returncode == 0 and "Traceback" not in err, (p.returncode, err)
+    code, _seen, err = _watch_twice(
+        berthd(), sig, lambda line: line.startswith("--- "),
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    assert code == 0 and "Traceback" not in err, (code, err)
