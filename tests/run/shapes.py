@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.policy.policies import make
-from bench.policy.workload import Workload
+from bench.policy.workload import ClientSpec, Workload
 from bench.policy.world import World as SimWorld
 from tests.berthd import BERTH, Berthd
 from tests.helpers import wait_for
@@ -49,6 +49,94 @@ def shortened(wl: Workload, run_s: float) -> Workload:
                     if c.start_s < run_s)
     return replace(cut, clients=clients,
                    generator={**cut.generator, "shortened_to_s": run_s}).validate()
+
+
+def shifted(wl: Workload, from_s: float, by_s: float) -> Workload:
+    """``wl`` with the idle time just before ``from_s`` taken out: every request that arrives
+    at or after ``from_s`` and every client that starts at or after it come ``by_s`` seconds
+    earlier (a client's ``until_s`` too), and the duration is ``by_s`` shorter; what comes
+    before ``from_s`` is unchanged, and so is everything each request and client does (the
+    clients' draws come from their seeds). Issue 38: these shapes' files keep long idle
+    spells between their acts, which a live replay spends in real time. Raises
+    ``ValueError`` when that would move an arrival before one that came earlier, or before a
+    client's start that stays.
+
+    What makes a shift safe is that the idle spell left is still longer than every timer
+    that could end in it: the holder's minimum turn (``max(min_turn, switch cost)`` from the
+    moment it could serve), its first-request window and its forecast's keep (the rent, a
+    switch back: a cold start or a restore plus a park), a higher priority's ``keep_warm``;
+    the windows that count history (the juggle guard's 120 s, the forecast's 900 s) hold
+    these whole workloads before and after. A test checks that with :func:`story`: the
+    simulator's replay of the shifted workload makes the same decisions in the same order."""
+    if by_s < 0:
+        raise ValueError(f"shifted: by_s must be >= 0, got {by_s}")
+    kept = [r.t_s for r in wl.requests if r.t_s < from_s] + \
+        [c.start_s for c in wl.clients if c.start_s < from_s]
+    moved = [r.t_s for r in wl.requests if r.t_s >= from_s] + \
+        [c.start_s for c in wl.clients if c.start_s >= from_s]
+    if kept and moved and min(moved) - by_s < max(kept):
+        raise ValueError(f"shifted: {by_s}s earlier moves an arrival at {min(moved)}s before "
+                         f"one at {max(kept)}s")
+    reqs = tuple(replace(r, t_s=r.t_s - by_s) if r.t_s >= from_s else r for r in wl.requests)
+    clients = tuple(replace(c, start_s=c.start_s - by_s, until_s=c.until_s - by_s)
+                    if c.start_s >= from_s else c for c in wl.clients)
+    shifts = [*wl.generator.get("shifted", []), [from_s, by_s]]
+    return replace(wl, requests=reqs, clients=clients, duration_s=wl.duration_s - by_s,
+                   generator={**wl.generator, "shifted": shifts}).validate()
+
+
+def served_for(wl: Workload, index: int, service_s: float) -> Workload:
+    """``wl`` with its ``index``-th request (of ``wl.requests``) serving ``service_s`` seconds:
+    for a request that nobody waits behind (the last engine's job at the end of a shape), whose
+    length is time the live replay spends and no decision reads."""
+    reqs = list(wl.requests)
+    reqs[index] = replace(reqs[index], service_s=service_s)
+    return replace(wl, requests=tuple(reqs)).validate()
+
+
+@dataclass(frozen=True)
+class _CappedClient(ClientSpec):
+    """A client whose think times are at most ``think_cap_s`` (its draws otherwise unchanged:
+    the same engines and services, from the same seed)."""
+
+    think_cap_s: float = float("inf")
+
+    def steps(self):
+        for engine, service_s, think_s in super().steps():
+            yield engine, service_s, min(think_s, self.think_cap_s)
+
+
+def thinks_capped(wl: Workload, cap_s: float) -> Workload:
+    """``wl`` with every client's think time cut to ``cap_s`` seconds at most (issue 38: a
+    think longer than every timer an idle holder's turn reads is time the live replay spends
+    and no decision reads; :func:`shifted` says which timers, and :func:`story` checks)."""
+    clients = tuple(_CappedClient(**{**{f: getattr(c, f) for f in c.__dataclass_fields__},
+                                     "think_cap_s": cap_s}) for c in wl.clients)
+    return replace(wl, clients=clients,
+                   generator={**wl.generator, "thinks_capped_s": cap_s}).validate()
+
+
+def story(wl: Workload, knobs: dict | None = None) -> list[str]:
+    """What the simulator's replay of ``wl`` under ``berth-default`` decided, in order and
+    without the times: each switch (``"load"``, ``"park"``, ``"wake"``, ``"drain"`` ...), each
+    request's start (``"serve A"``) and each client that left (``"left B"``). A quicker replay
+    of a file (:func:`shifted`, :func:`served_for`, :func:`thinks_capped`) with the file's
+    story made the same decisions in the same order, only sooner."""
+    world = SimWorld(wl, make("berth-default", knobs))
+    events: list[tuple[float, int, str]] = []
+    switch = world.stats.switch
+
+    def record(kind: str, n_bytes: int) -> None:
+        events.append((world.now, len(events), kind))
+        switch(kind, n_bytes)
+    world.stats.switch = record
+    world.run()
+    for j in world.jobs:
+        if j.start_s is not None:
+            events.append((j.start_s, len(events), f"serve {j.engine}"))
+        elif j.dropped == "client left":
+            events.append((j.answered_s, len(events), f"left {j.engine}"))
+    return [e for _, _, e in sorted(events)]
 
 
 @dataclass
