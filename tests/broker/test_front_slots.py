@@ -17,8 +17,15 @@ import signal
 import pytest
 
 from tests.berthd import wait_for
-from tests.broker.conftest import (Chat, engine_run, free_port, in_thread, run_log, serving,
-                                   token_hold)
+from tests.broker.conftest import (
+    Chat,
+    engine_run,
+    free_port,
+    in_thread,
+    run_log,
+    serving,
+    token_hold,
+)
 
 LONG_TOKENS = 400          # held after its first token until B was told why it waits
 BACKLOG = 5
