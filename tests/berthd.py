@@ -64,16 +64,20 @@ RELEASE_GRACE = "30s"
 
 def sim_config(tmp: Path, cards: list[tuple[str, str]], *, reserve: str = "1GiB",
                policy: dict | None = None, extra: str = "",
-               free_delay: str = FREE_DELAY) -> Path:
+               free_delay: str = FREE_DELAY, checkpoint_rate: str | None = None) -> Path:
     """``tmp/berth.toml`` for a berthd on simulated ``cards`` (``(name, total)``), state and
     sim directories under ``tmp``. The board is off (``[board] listen = "off"``) unless
     ``extra`` has a ``[board]`` table of its own: test berthds never bind the default port.
     ``policy`` entries override the test defaults (no minimum turn, ``READ_INTERVAL``, and a
     30 s release grace: a park's several checkpoint-tool processes take seconds on a loaded
     machine, and a test about the fallback sets its own); ``extra`` is TOML appended at the end,
-    tables only."""
+    tables only. ``checkpoint_rate`` (``[driver]``, e.g. ``"70GB"``): the stand-in
+    cuda-checkpoint's speed and berthd's estimate of it together, for a test whose moves are
+    not what it tests (default: the product's 7 GB/s)."""
     lines = [f'state_dir = "{tmp / "state"}"', "[driver]", 'kind = "sim"',
              f'sim_dir = "{tmp / "sim"}"', f'free_delay = "{free_delay}"']
+    if checkpoint_rate is not None:
+        lines.append(f'checkpoint_rate = "{checkpoint_rate}"')
     for i, (name, total) in enumerate(cards):
         lines += ["[[driver.cards]]", f'pci = "0000:{i + 1:02x}:00.0"', f'name = "{name}"',
                   f'total = "{total}"']

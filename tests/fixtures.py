@@ -20,7 +20,8 @@ from tests.helpers import stop_all
 def berthd(tmp_path):
     """``berthd(cards=(("gpu0", "24GiB"),), start=True, **config)`` -> a :class:`Berthd` in
     ``tmp_path`` (started unless ``start=False``); ``config`` goes to
-    :func:`tests.berthd.sim_config` (``reserve``, ``policy``, ``extra``, ``free_delay``)."""
+    :func:`tests.berthd.sim_config` (``reserve``, ``policy``, ``extra``, ``free_delay``,
+    ``checkpoint_rate``)."""
     made: list[Berthd] = []
 
     def make(cards=(("gpu0", "24GiB"),), start: bool = True, **kw) -> Berthd:

@@ -17,10 +17,17 @@ import signal
 import pytest
 
 from tests.berthd import wait_for
-from tests.broker.conftest import Chat, engine_run, free_port, in_thread, run_log, serving
+from tests.broker.conftest import (
+    Chat,
+    engine_run,
+    free_port,
+    in_thread,
+    run_log,
+    serving,
+    token_hold,
+)
 
-RATE = 20.0
-LONG_TOKENS = 400          # 20 s: B's start (seconds on a loaded machine) comes out of it
+LONG_TOKENS = 400          # held after its first token until B was told why it waits
 BACKLOG = 5
 
 
@@ -29,8 +36,9 @@ def test_a_park_waits_for_the_running_request_and_the_backlog_stays_held(berthd,
     d = berthd(policy={"release_grace": "10s", "ram_budget": "64GiB"},
                extra="[engines.B]\npriority = 5\n")
     port = free_port()
-    engine_run(d, runs, "A", front=port, park=True, tokens_per_s=RATE, weights="2GiB",
-               engine_args=("--parallel", "1"))
+    hold, flags = token_hold(d)
+    engine_run(d, runs, "A", front=port, park=True, weights="2GiB",
+               engine_args=("--parallel", "1", *flags))
     wait_for(lambda: serving(d, "A"), 60, "A serving")
     assert "forwards at most 1 request at once to A (measured" in run_log(d, "A")
     running = Chat(port, max_tokens=LONG_TOKENS, stream=True, timeout_s=120)
@@ -45,6 +53,13 @@ def test_a_park_waits_for_the_running_request_and_the_backlog_stays_held(berthd,
         wait_for(lambda i=i: (d.lease_of("A") or {}).get("in_flight") == i + 2, 10,
                  f"request {i + 2} known to berthd")
     b = engine_run(d, runs, "B", weights="2GiB")
+    # The long request holds A's park: B waits for it, A still serving, the backlog held.
+    why = wait_for(lambda: (d.status()["waiting"] or [{}])[0].get("why"), 60, "B waiting")
+    assert "park A" in why and f"{BACKLOG + 1} requests in flight" in why, why
+    assert d.state_of("A") != "parked" and d.lease_of("A")["in_flight"] == BACKLOG + 1
+    assert running.tokens == 1 and running.finish is None, (running.tokens, running.finish)
+    assert [j.status for j in backlog] == [None] * BACKLOG
+    hold.unlink()
     wait_for(lambda: d.state_of("A") == "parked", 60, "A parked for B")
     assert running.status == 200 and running.finish == "length", (running.status,
                                                                    running.error)

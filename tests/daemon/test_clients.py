@@ -72,7 +72,8 @@ def test_the_policy_wait_limit_applies_to_the_runs_front(berthd, runs):
 
 
 def test_a_wake_nobody_waits_for_is_withdrawn(berthd, runs):
-    d = berthd(policy={"min_turn": "30s", "ram_budget": "64GiB"})
+    # A's 14 GiB park at 70 GB/s: 0.2 s, not 2 (the park only sets the scene).
+    d = berthd(policy={"min_turn": "30s", "ram_budget": "64GiB"}, checkpoint_rate="70GB")
     port = _port()
     runs.append(berth_run(d, "A", "--front", f"127.0.0.1:{port}", "--size", "14GiB",
                           "--park", "checkpoint", "--checkpoint-path", CKPT,

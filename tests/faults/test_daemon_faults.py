@@ -1,5 +1,6 @@
 """berthd killed with SIGKILL while a share is parking, resuming, lending, returning or draining
-(the stand-in checkpoint and the card's frees are slowed so each fault lands inside the move),
+(the stand-in checkpoint and the card's frees are slowed, or a restore is held open, so each
+fault lands inside the move),
 then restarted: every share settles
 to a legal state that matches the driver, a request held across the fault is answered or gets
 a 503 with a reason, and the card records no OOM (issue 18 "daemon faults")."""
@@ -23,6 +24,16 @@ def _use_of(d: Berthd, pid: int) -> int:
     return SimCards(d.tmp / "sim").snapshot().cards[0].processes.get(pid, 0)
 
 
+def _restoring(pid: int) -> bool:
+    """The stand-in cuda-checkpoint's restore of ``pid`` is still running."""
+    import psutil
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info.get("cmdline") or []
+        if "restore" in argv and str(pid) in argv and any("cuda-checkpoint" in a for a in argv):
+            return True
+    return False
+
+
 def _held_request(port: int, out: Outcome) -> threading.Thread:
     t = threading.Thread(target=chat, args=(port, "A", 60.0, out), daemon=True)
     t.start()
@@ -40,7 +51,15 @@ def _held_request(port: int, out: Outcome) -> threading.Thread:
     ("draining", "3s"),
 ], ids=["parking", "parking-free-late", "resuming", "draining"])
 def test_sigkill_of_berthd_inside_a_move_settles(tmp_path, runs, phase, free_delay):
-    d = Berthd(tmp_path, config(tmp_path, free_delay=free_delay))
+    # Resuming: the restore is held open (the stand-in tool's $BERTH_SIM_RESTORE_HOLD) with
+    # A's memory back on the card until berthd has been killed and started again, so the
+    # moves need not be slow to land the fault inside it.
+    hold = tmp_path / "restore-hold"
+    rate = {"checkpoint_rate": "60GB"} if phase == "resuming" else {}
+    d = Berthd(tmp_path, config(tmp_path, free_delay=free_delay, **rate))
+    if phase == "resuming":
+        hold.touch()
+        d.env = {**d.env, "BERTH_SIM_RESTORE_HOLD": str(hold)}
     d.start()
     try:
         run, port = start_run(d, "A")
@@ -58,8 +77,12 @@ def test_sigkill_of_berthd_inside_a_move_settles(tmp_path, runs, phase, free_del
             op = "park" if phase == "parking" else "drain"
             assert d.call("POST", f"/v1/operator/{op}", {"target": "A"})[0] == 200
         wait_for(lambda: d.state_of("A") in (phase, "released"), 60, f"A {phase}")
+        if phase == "resuming":
+            wait_for(lambda: _use_of(d, pid) > 9 * GiB, 60, "A's restore held, its memory back")
+            assert d.state_of("A") == "resuming" and _restoring(pid)
         d.kill9()
         d.start()
+        hold.unlink(missing_ok=True)            # the restore ends after the restart
         if phase == "draining":
             wait_for(lambda: d.lease_of("A") is None, 60, "the drained lease to end")
             wait_for(lambda: _use_of(d, pid) == 0, 60, "A's memory freed")

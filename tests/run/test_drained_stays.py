@@ -37,8 +37,10 @@ def test_a_drained_run_keeps_its_front_and_serves_again_once_the_card_has_room(t
     try:
         wait_for(lambda: d.state_of("B") == "active", 60, "B granted")
         assert chat(pb, "B").finish_reason is not None
+        hold = tmp_path / "token-hold"     # W's stream holds after its first token meanwhile
+        hold.touch()
         w = berth_run(d, "W", "--front", f"127.0.0.1:{pw}", "--size", "20GiB", weights="19GiB",
-                      extra_engine=("--tokens-per-s", "20"))
+                      extra_engine=("--token-hold", str(hold)))
         procs.append(w)
         wait_for(lambda: d.state_of("W") == "active", 60, "W granted")
         entry = wait_for(lambda: _drained(d, "B"), 30, "B listed as drained")
@@ -47,7 +49,7 @@ def test_a_drained_run_keeps_its_front_and_serves_again_once_the_card_has_room(t
         assert d.lease_of("B") is None          # no lease: it holds nothing on the card
 
         wait_for(lambda: chat(pw, "W", max_tokens=1), 30, "W serving")
-        busy = pool.submit(chat, pw, "W", max_tokens=300, timeout_s=120)   # 15 s of tokens
+        busy = pool.submit(chat, pw, "W", max_tokens=300, timeout_s=120)
         wait_for(lambda: (d.lease_of("W") or {}).get("in_flight"), 30, "W's stream reported")
         held = pool.submit(chat, pb, "B", timeout_s=120)
         entry = wait_for(lambda: (_drained(d, "B") or {}).get("waiters") == 1
@@ -60,6 +62,8 @@ def test_a_drained_run_keeps_its_front_and_serves_again_once_the_card_has_room(t
         assert "drained" in board and "1 request(s) waiting" in board, board
         metrics = d.call("GET", "/metrics")[1]["raw"]
         assert 'berth_drained_waiters{engine="B"} 1.0' in metrics, metrics
+        assert not busy.done() and not held.done()
+        hold.unlink()                           # W's stream goes on to its end
 
         answer = held.result(timeout=120)       # W's turn ends with its stream: room again
         assert answer.finish_reason is not None and answer.text, answer
@@ -200,12 +204,14 @@ def test_a_drained_runs_new_grant_is_withdrawn_when_its_client_goes(tmp_path):
     try:
         wait_for(lambda: d.state_of("B") == "active", 60, "B granted")
         assert chat(pb, "B").finish_reason is not None
+        hold = tmp_path / "token-hold"     # W's stream holds after its first token meanwhile
+        hold.touch()
         w = berth_run(d, "W", "--front", f"127.0.0.1:{pw}", "--size", "14GiB", weights="13GiB",
-                      extra_engine=("--tokens-per-s", "20"))
+                      extra_engine=("--token-hold", str(hold)))
         procs.append(w)
         wait_for(lambda: _drained(d, "B"), 60, "B drained for W")
         wait_for(lambda: chat(pw, "W", max_tokens=1), 30, "W serving")
-        busy = pool.submit(chat, pw, "W", max_tokens=200, timeout_s=120)   # 10 s of tokens
+        busy = pool.submit(chat, pw, "W", max_tokens=200, timeout_s=120)
         wait_for(lambda: (d.lease_of("W") or {}).get("in_flight"), 30, "W's stream reported")
         body = json.dumps({"model": "B", "messages": [{"role": "user", "content": "hi"}]})
         s = socket.create_connection(("127.0.0.1", pb), timeout=10)
@@ -215,6 +221,7 @@ def test_a_drained_runs_new_grant_is_withdrawn_when_its_client_goes(tmp_path):
         s.close()                                   # the client gives up
         wait_for(lambda: _waiting(d, "B") is None, 30, "B's request for a grant withdrawn")
         assert not busy.done(), "B's grant ended only with W's stream, not with its client"
+        hold.unlink()                               # W's stream goes on to its end
         assert busy.result(timeout=120).finish_reason is not None
         assert d.state_of("W") == "active" and _drained(d, "W") is None
         assert _drained(d, "B") is not None and b.poll() is None

@@ -116,17 +116,32 @@ def test_berthd_down_past_the_start_limit_the_run_gives_up(world):
     ("13GiB", ("--health", "none"), "its memory shows on the card")], ids=["health", "memory"])
 def test_berthd_down_two_runs_started_together_do_not_both_start(world, size, run_args, shown):
     """Two runs started at the same moment with berthd down, each asking 14 GiB, or 13 GiB (an
-    engine whose 13 GiB of weights load over 4 s) of a 24 GiB card with a 1 GiB reserve: each
-    fits alone, not both. Both measured the empty card and both started; the second engine's
+    engine whose 13 GiB of weights are on the card, its load held open by ``--load-hold``
+    while the test looks) of a 24 GiB card with a 1 GiB reserve: each fits alone, not both. Both measured the empty card and both started; the second engine's
     allocation failed (an out-of-memory event on the card). The fail-open decision is
     serialised: exactly one starts unleased; the other says it waits for that run, measures once
     the first engine's memory shows on the card (its health check answers; without one, its
     process uses the 13 GiB asked), and waits for berthd; once the first is stopped it starts."""
     _sim_card(world)
+    hold = world.tmp / "load-hold"          # both engines' loads end only once it is removed
+    hold.touch()
     runs = {n: world.model(n, run_cmd(n, size=size, run_args=run_args,
-                                      engine_args=("--load-s", "4"))) for n in "AB"}
+                                      engine_args=("--load-hold", str(hold)))) for n in "AB"}
     for m in runs.values():
         m.spawn()
+
+    def told():
+        logs = {n: world.log(n) for n in runs}
+        started = [n for n, t in logs.items() if "UNLEASED (fail-open)" in t]
+        waits = [n for n, t in logs.items() if "holds the fail-open lock" in t]
+        return (started, waits) if len(started) == 2 or (started and waits) else None
+    started, waits = wait_for(told, 90, "one run started, the other waiting for its lock")
+    assert len(started) == 1 and waits != started, (started, waits)
+    if not run_args:
+        # The first engine's load is held: its health check does not answer, so the lock is
+        # still held and the other has measured nothing yet.
+        assert not any("does not fit beside" in world.log(n) for n in runs), waits
+        hold.unlink()
 
     def settled():
         logs = {n: world.log(n) for n in runs}
@@ -139,6 +154,8 @@ def test_berthd_down_two_runs_started_together_do_not_both_start(world, size, ru
     said = world.log(second)
     assert f"berth run --engine {first} (pid {runs[first].pid}" in said, said
     assert "holds the fail-open lock" in said and "started " + second not in said, said
+    # (Without a health check, the lock was let go on the memory alone, the load still held.)
+    hold.unlink(missing_ok=True)
     runs[first].wait_ready()
     assert f"{first} started unleased and {shown}: the fail-open lock is let go" in \
         world.log(first), world.log(first)

@@ -154,8 +154,10 @@ class World:
                         ignore=shutil.ignore_patterns("__pycache__"))
         self.node = nodes / "berth-comfyui"
 
-    def berthd(self, policy: dict | None = None, entry: str = ENTRY) -> Berthd:
-        cfg = sim_config(self.tmp, [("gpu0", "24GiB")], policy=policy, extra=entry)
+    def berthd(self, policy: dict | None = None, entry: str = ENTRY,
+               checkpoint_rate: str | None = None) -> Berthd:
+        cfg = sim_config(self.tmp, [("gpu0", "24GiB")], policy=policy, extra=entry,
+                         checkpoint_rate=checkpoint_rate)
         self.d = Berthd(self.tmp, cfg).start()
         self.env = self.d.env
         return self.d

@@ -18,21 +18,19 @@ FLUX = ("UNETLoader", "unet_name", "flux-dev.safetensors")
 POLICY = {"min_turn": "30s", "ram_budget": "64GiB", "wait_limit": "3s"}
 
 
-def _busy_llm_beside_comfyui(world, wait_limit: str = "3s", held: bool = False):
-    """berthd, a 14 GiB LLM answering one slow chat (about 8 s), and ComfyUI leased beside it
-    with nothing loaded. Returns ``(berthd, comfyui, chat thread)``. ``held``: the chat is held
-    after its first token while the file ``d.tmp / "token-hold"`` exists (the stub's
-    ``--token-hold``; created here, removed by the test) and then ends at once."""
+def _busy_llm_beside_comfyui(world, wait_limit: str = "3s"):
+    """berthd, a 14 GiB LLM answering one chat, and ComfyUI leased beside it with nothing
+    loaded. Returns ``(berthd, comfyui, chat thread)``. The chat is held after its first token
+    while the file ``d.tmp / "token-hold"`` exists (the stub's ``--token-hold``; created here,
+    removed by the test) and then ends at once."""
     d = world.berthd(policy={**POLICY, "wait_limit": wait_limit})
     front = free_port()
     hold = d.tmp / "token-hold"
-    if held:
-        hold.touch()
+    hold.touch()
     world.procs.append(berth_run(
         d, "llm", "--front", f"127.0.0.1:{front}", "--size", "14GiB", "--park", "checkpoint",
         "--checkpoint-path", str(BERTH) + "-sim-cuda-checkpoint", weights="13GiB",
-        extra_engine=("--kv-per-token", "1MiB",
-                      *(("--token-hold", str(hold)) if held else ("--tokens-per-s", "10")))))
+        extra_engine=("--kv-per-token", "1MiB", "--token-hold", str(hold))))
     wait_for(lambda: d.lease_of("llm") and d.lease_of("llm")["ready"], 20, "the LLM serving")
     c = world.comfyui("--disable-dynamic-vram")
     wait_for(lambda: d.state_of("comfyui") == "active" and c.berth()["gate"]["state"] == "open",
@@ -63,6 +61,8 @@ def test_a_prompt_refused_with_a_503_leaves_no_request_and_parks_nothing_later(w
     assert any(e["kind"] == "extend.off" for e in d.timeline())
     # The stale-grant shape: the chat ends, the LLM goes idle. A new lease's admission pass
     # runs after that; a request left queued would have parked the LLM in that very pass.
+    assert chat.is_alive() and d.lease_of("llm")["in_flight"] >= 1     # busy all along
+    (d.tmp / "token-hold").unlink()
     chat.join(30)
     wait_for(lambda: d.lease_of("llm")["in_flight"] == 0, 10, "the LLM idle")
     world.procs.append(berth_run(d, "probe", "--size", "1GiB", weights="512MiB"))
@@ -91,6 +91,8 @@ def test_a_prompt_whose_client_goes_away_withdraws_its_request(world):
     assert c.berth()["gate"]["client_gone"] == 1
     assert any(e["kind"] == "extend.off" for e in d.timeline())       # withdrawn, not granted
     assert d.state_of("llm") == "active"
+    assert chat.is_alive()                  # the LLM was busy all along
+    (d.tmp / "token-hold").unlink()
     chat.join(30)
 
 
@@ -112,4 +114,6 @@ def test_a_held_prompt_tells_its_page_berthds_reason(world):
         assert page.messages and page.messages[0]["type"] == "status"
     finally:
         page.close()
+    assert chat.is_alive()                  # the LLM was busy all along
+    (d.tmp / "token-hold").unlink()
     chat.join(30)

@@ -25,7 +25,7 @@ def _parked_comfyui_beside_a_busy_llm(world):
     """ComfyUI parked, a busy LLM inside its minimum turn, and the rest of the card held by
     an engine nothing displaces: a wake of ComfyUI waits for the LLM. The LLM's chat is held
     (``--token-hold``) until :func:`_nothing_parked_for_nobody` lets it end."""
-    d, c, chat = _busy_llm_beside_comfyui(world, wait_limit="30s", held=True)
+    d, c, chat = _busy_llm_beside_comfyui(world, wait_limit="30s")
     assert d.call("POST", "/v1/operator/park", {"target": "comfyui"})[0] == 200
     wait_for(lambda: d.state_of("comfyui") == "parked" and c.berth()["gate"]["state"] == "asleep",
              20, "ComfyUI parked")
