@@ -13,6 +13,7 @@ must see it.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
 import subprocess
 
 from tests.berthd import BERTH, Berthd, berth_run, sim_config
@@ -28,20 +29,33 @@ def _waiting(d: Berthd, engine: str) -> dict | None:
     return next((w for w in d.status()["waiting"] if w["engine"] == engine), None)
 
 
-def test_a_drained_run_keeps_its_front_and_serves_again_once_the_card_has_room(tmp_path):
+@contextlib.contextmanager
+def _b_then_w(tmp_path, b_size: str, w_size: str):
+    """berthd on one 24 GiB card; B (``b_size``) granted and answering; then W (``w_size``)
+    asks, its engine holding each stream after its first token while ``hold`` exists (the
+    test removes it). Yields ``(d, pb, pw, b, w, hold, pool)``; stops everything after."""
     d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
     pb, pw = free_port(), free_port()
-    b = berth_run(d, "B", "--front", f"127.0.0.1:{pb}", "--size", "12GiB", weights="11GiB")
-    procs = [b, d.proc]
+    weights = f"{int(b_size.removesuffix('GiB')) - 1}GiB"
+    procs = [berth_run(d, "B", "--front", f"127.0.0.1:{pb}", "--size", b_size,
+                       weights=weights), d.proc]
     pool = futures.ThreadPoolExecutor(2)
     try:
         wait_for(lambda: d.state_of("B") == "active", 60, "B granted")
         assert chat(pb, "B").finish_reason is not None
-        hold = tmp_path / "token-hold"     # W's stream holds after its first token meanwhile
+        hold = tmp_path / "token-hold"
         hold.touch()
-        w = berth_run(d, "W", "--front", f"127.0.0.1:{pw}", "--size", "20GiB", weights="19GiB",
-                      extra_engine=("--token-hold", str(hold)))
-        procs.append(w)
+        weights = f"{int(w_size.removesuffix('GiB')) - 1}GiB"
+        procs.append(berth_run(d, "W", "--front", f"127.0.0.1:{pw}", "--size", w_size,
+                               weights=weights, extra_engine=("--token-hold", str(hold))))
+        yield d, pb, pw, procs[0], procs[2], hold, pool
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+        stop_all(procs, tmp_path)
+
+
+def test_a_drained_run_keeps_its_front_and_serves_again_once_the_card_has_room(tmp_path):
+    with _b_then_w(tmp_path, "12GiB", "20GiB") as (d, pb, pw, b, w, hold, pool):
         wait_for(lambda: d.state_of("W") == "active", 60, "W granted")
         entry = wait_for(lambda: _drained(d, "B"), 30, "B listed as drained")
         assert b.poll() is None, "B's run exited on the drain"
@@ -72,9 +86,6 @@ def test_a_drained_run_keeps_its_front_and_serves_again_once_the_card_has_room(t
         assert d.state_of("B") == "active" and b.poll() is None
         assert _drained(d, "W") is not None and w.poll() is None
         assert d.sim_oom() == 0
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        stop_all(procs, tmp_path)
 
 
 def test_exit_on_drain_ends_the_run_for_a_manager_that_must_see_it(tmp_path):
@@ -196,19 +207,7 @@ def test_a_drained_runs_new_grant_is_withdrawn_when_its_client_goes(tmp_path):
     card, and the drained run waits again for its next write."""
     import json
     import socket
-    d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
-    pb, pw = free_port(), free_port()
-    b = berth_run(d, "B", "--front", f"127.0.0.1:{pb}", "--size", "14GiB", weights="13GiB")
-    procs = [b, d.proc]
-    pool = futures.ThreadPoolExecutor(2)
-    try:
-        wait_for(lambda: d.state_of("B") == "active", 60, "B granted")
-        assert chat(pb, "B").finish_reason is not None
-        hold = tmp_path / "token-hold"     # W's stream holds after its first token meanwhile
-        hold.touch()
-        w = berth_run(d, "W", "--front", f"127.0.0.1:{pw}", "--size", "14GiB", weights="13GiB",
-                      extra_engine=("--token-hold", str(hold)))
-        procs.append(w)
+    with _b_then_w(tmp_path, "14GiB", "14GiB") as (d, pb, pw, b, w, hold, pool):
         wait_for(lambda: _drained(d, "B"), 60, "B drained for W")
         wait_for(lambda: chat(pw, "W", max_tokens=1), 30, "W serving")
         busy = pool.submit(chat, pw, "W", max_tokens=200, timeout_s=120)
@@ -228,6 +227,3 @@ def test_a_drained_runs_new_grant_is_withdrawn_when_its_client_goes(tmp_path):
         # B's next write still starts it again (its front asks anew).
         assert chat(pb, "B", timeout_s=100).finish_reason is not None
         assert d.sim_oom() == 0
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-        stop_all(procs, tmp_path)
