@@ -4,7 +4,8 @@ Two 14 GiB stub engines behind ``berth run --park checkpoint`` on one simulated 
 (host RAM for both parks, the stand-in cuda-checkpoint at the seed's 7 GB/s), berthd's default
 policy (only the reads made faster, as in ``berth demo``), with the parameters of
 ``bench/policy/workloads/e-ping-pong.json``: A is loaded, then B (A parks for it), then one
-client per engine sends a chat, waits for its answer, pauses 1 s, and sends again, for 90 s.
+client per engine sends a chat, waits for its answer, pauses 1 s, and sends again, for 90 s
+(here cut after 60 s, :data:`RUN_S`).
 Before the issue every pause made the holder "idle", it yielded at once, and every request paid
 a full park and restore: 10 to 13 answered in 90 s (10 on this machine, at a load average of
 about 12). An idle holder that expects demand keeps its card while its client comes back
@@ -16,18 +17,26 @@ agrees on who is served first and on the switches per request answered.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 
 from tests.helpers import sweep
-from tests.run.shapes import Live, agree_per_request, simulate, workload
+from tests.run.shapes import Live, agree_per_request, shortened, simulate, workload
+
+#: Seconds the two clients send for: the file's 90 s cut at 60 (issue 38: the suite's length).
+#: The simulator's replay of the cut file: 7 parks in 46 answered (the whole file: 9 in 66);
+#: the turns, the per-side floor and the agreement are all still tried.
+RUN_S = 60.0
 
 
-@pytest.mark.early(140)
+@pytest.mark.early(110)
 @pytest.mark.timeout(500)
 def test_two_busy_clients_are_served_in_turns_not_one_switch_per_request(tmp_path):
-    wl = workload("e-ping-pong")
-    start = wl.generator["clients_start_s"]
+    file_wl = workload("e-ping-pong")
+    start = file_wl.generator["clients_start_s"]
+    wl = replace(shortened(file_wl, start + RUN_S), generator={
+        **file_wl.generator, "run_s": RUN_S, "shortened_to_s": start + RUN_S})
     end = start + wl.generator["run_s"]
     lv = Live(tmp_path, wl).start()
     try:
@@ -48,7 +57,7 @@ def test_two_busy_clients_are_served_in_turns_not_one_switch_per_request(tmp_pat
         assert lv.d.sim_oom() == 0
         # Turns, not a switch per request: before issue 24 every answer paid a park and a
         # restore (10 parks in 10 to 13 answered); in turns, each park buys several answers.
-        # How many are answered in the 90 s is a speed, so it is not asserted here: the
+        # How many are answered in the window is a speed, so it is not asserted here: the
         # acceptance figure (>= 45 on a quiet machine) is printed above and by
         # `python bench/pingpong.py`.
         total = len(answered["A"]) + len(answered["B"])
