@@ -32,8 +32,9 @@ signed request that fails the check gets a 401 and is not served.
 
 Lifetime: :meth:`Gateway.start` builds each part on one ``AsyncExitStack`` (the table, the peer
 session and polls, the board's hub, the hand-off server, the ComfyUI port, the listener, the
-relay sweep: the gateway's own address answers only once every listener is bound), so a failed start stops only what was built, in reverse order, and
-:meth:`Gateway.stop` is that stack's close.
+relay sweep: the gateway's own address answers only once every listener is bound), so a failed
+start stops only what was built, in reverse order, and :meth:`Gateway.stop` is that stack's
+close.
 """
 
 from __future__ import annotations
