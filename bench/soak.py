@@ -242,14 +242,17 @@ class Soak:
                 data = json.loads(r.read())
                 kind = "ok" if data.get("usage", {}).get("completion_tokens", 0) > 0 else "200 empty"
         except urllib.error.HTTPError as e:
+            raw, plain = e.read() or b"{}", ""
             try:
-                data = json.loads(e.read() or b"{}")
+                data = json.loads(raw)
                 msg = data.get("error", {}).get("message", "")
             except (ValueError, AttributeError):
                 msg = ""
+                text = raw.decode(errors="replace").strip().splitlines()
+                plain = "plain: " + (text[0] if text else "")   # aiohttp's own 500 is text
             kind = ("503:" + msg.split(":")[0][:50]) if e.code == 503 and msg else str(e.code)
-            if e.code not in (502, 503) and msg:
-                kind += ": " + msg[:80]       # a failure's report says what answered it so
+            if e.code not in (502, 503) and (msg or plain):
+                kind += ": " + (msg or plain)[:80]   # a failure's report says what answered it
         except (TimeoutError, socket.timeout):
             kind = "hang"
         except (urllib.error.URLError, OSError) as e:

@@ -31,9 +31,10 @@ by this machine only: it is never forwarded again, so two gateways cannot bounce
 signed request that fails the check gets a 401 and is not served.
 
 Lifetime: :meth:`Gateway.start` builds each part on one ``AsyncExitStack`` (the table, the peer
-session and polls, the board's hub, the hand-off server, the listener, the ComfyUI port, the
-relay sweep), so a failed start stops only what was built, in reverse order, and
-:meth:`Gateway.stop` is that stack's close.
+session and polls, the board's hub, the hand-off server, the ComfyUI port, the listener, the
+relay sweep: the gateway's own address answers only once every listener is bound), so a failed
+start stops only what was built, in reverse order, and :meth:`Gateway.stop` is that stack's
+close.
 """
 
 from __future__ import annotations
@@ -145,12 +146,16 @@ class Gateway:
             self._handoff = HandOff(await self._handoff_app(stack))
             await self._handoff.start()
             stack.push_async_callback(self._handoff.stop)
-            await self.listener.start()
-            stack.push_async_callback(self._stop_listening, self.listener)
-            self.port = self.listener.port
+            stack.callback(self.pool.close)     # after both listeners: they share the pool
+            # The ComfyUI port listens before the gateway's own address answers: whoever reads
+            # the gateway (its /berth/v1/gateway names the port) may use the port at once.
+            # Bound after, a client told of the port by the gateway found it refused (issue 38).
             if self.comfy is not None:
                 await self.comfy.start()
                 stack.push_async_callback(self.comfy.stop)
+            await self.listener.start()
+            stack.push_async_callback(self._stop_listening, self.listener)
+            self.port = self.listener.port
             sweep = asyncio.get_running_loop().create_task(self._sweep())
             stack.callback(sweep.cancel)
             self._stack = stack.pop_all()
@@ -168,7 +173,6 @@ class Gateway:
             await asyncio.wait(busy, timeout=2.0)
         listener.close_clients()
         await listener.wait_closed(server)
-        self.pool.close()
 
     async def _handoff_app(self, stack: contextlib.AsyncExitStack) -> web.Application:
         # The board (issue 15: served by the gateway when it runs), read over berthd's socket.

@@ -82,6 +82,11 @@ class _Reject(Exception):
         self.status, self.type = status, type_
 
 
+def _shutting_down() -> _Reject:
+    """What a request still in the engine gets once SIGTERM has come: a 503."""
+    return _Reject(503, "the engine is shutting down", "unavailable_error")
+
+
 def _error_body(status: int, message: str, type_: str) -> dict:
     return {"error": {"message": message, "type": type_, "code": status}}
 
@@ -137,7 +142,7 @@ class StubEngine:
         while self.store.state_of(self.pid) not in (RUNNING, None):
             await asyncio.sleep(0.01)
         if self.closing:
-            raise _Reject(503, "the engine is shutting down", "unavailable_error")
+            raise _shutting_down()
 
     async def _card(self, nbytes: int, sign: int, pci: str | None = None) -> None:
         """Allocate (``sign`` +1) or free ``nbytes`` on ``pci``, or on every card when None."""
@@ -148,7 +153,9 @@ class StubEngine:
         if nbytes <= 0:
             return
         if self.closing:
-            raise SimError("the engine is shutting down")
+            # A request that waited for the memory lock while the engine stopped: the same 503
+            # as one that waited for the card (a SimError here reached aiohttp as a 500).
+            raise _shutting_down()
         op = self.store.alloc if sign > 0 else self.store.free
         while True:
             await self.gpu_step()

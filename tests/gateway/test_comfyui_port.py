@@ -5,6 +5,7 @@ idle open websocket never holds up a park (issue 14 "Acceptance", third line; ll
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import aiohttp
@@ -14,7 +15,7 @@ from berth.config import parse
 from berth.gateway.comfy import EDGES, TRANSITIONS, PortState
 from berth.gateway.server import Gateway
 
-from tests.helpers import ceiling
+from tests.helpers import ceiling, free_port
 
 
 def _comfy_stand_in() -> web.Application:
@@ -148,3 +149,41 @@ def test_the_ports_states_are_an_enum_with_a_transition_table():
     assert all(isinstance(why, str) and why for why in EDGES.values())
     assert TRANSITIONS[PortState.OPEN] == {PortState.CLOSING}
     assert TRANSITIONS[PortState.CLOSING] == {PortState.OPEN}
+
+
+def test_the_gateway_answers_only_once_its_comfyui_port_listens(tmp_path):
+    """The gateway's address accepts only once the ComfyUI port is bound: a client that reads
+    ``/berth/v1/gateway`` (which names the port) may use the port at once. The port was bound
+    after the gateway's own listener, so under load tests/hosts/comfyui/test_gateway_port.py
+    read the gateway and then found the port refusing connections (issue 38). Here a
+    connection to the gateway's address is tried at the moment the port is about to bind."""
+    async def scenario():
+        port = free_port()
+        gw = Gateway(parse({"network": {"name": "solo"}}), f"127.0.0.1:{port}", "127.0.0.1:0",
+                     client=Client(socket=tmp_path / "no-berthd.sock"))
+        seen: list[str] = []
+        bind = gw.comfy.listener.start
+
+        async def start() -> None:
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", port)
+                w.close()
+                seen.append("the gateway accepted")
+            except ConnectionRefusedError:
+                seen.append("refused")
+            await bind()
+        gw.comfy.listener.start = start
+        await gw.start()
+        try:
+            assert seen == ["refused"], seen
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{gw.port}/berth/v1/gateway") as r:
+                    doc = await r.json()
+                assert doc["comfyui_port"]["state"] == "open", doc
+                named = {x["name"]: x["port"] for x in doc["listeners"]}
+                assert named == {"gateway": port, "comfyui port": gw.comfy.port}, named
+        finally:
+            await gw.stop()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))          # stopped in order: its address is free again
+    asyncio.run(asyncio.wait_for(scenario(), 20))

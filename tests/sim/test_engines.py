@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client as httpclient
+import json
 import os
 import queue
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -405,3 +407,39 @@ def test_a_deeply_nested_body_is_a_400_naming_the_body_not_a_500(kit):
     assert "Traceback" not in eng.stderr()
     code, _ = http("GET", eng.url + "/health")
     assert code == 200
+
+
+def _chat_raw(url: str, out: list) -> None:
+    """One chat; append ``(status, body bytes)`` (a body that is not JSON included)."""
+    req = urllib.request.Request(url + "/v1/chat/completions", headers={
+        "Content-Type": "application/json"},
+        data=b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":4}')
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            out.append((r.status, r.read()))
+    except urllib.error.HTTPError as e:
+        out.append((e.code, e.read()))
+
+
+def test_requests_in_flight_when_the_engine_stops_are_503s_not_500s(kit):
+    """Two chats wait on a locked engine (the first for the card, the second for the engine's
+    memory lock behind it); SIGTERM ends both with the engine's 503 "shutting down". The second
+    went on to grow its KV cache on an engine already shutting down, and the store's SimError
+    reached aiohttp: a plain-text 500 and a traceback (issue 38: a 500 in the soak)."""
+    eng = kit.start("--protocol", weights="1GiB")
+    assert kit.checkpoint("--action", "lock", "--pid", str(eng.pid)).returncode == 0
+    answers: list = []
+    chats = [threading.Thread(target=_chat_raw, args=(eng.url, answers), daemon=True)
+             for _ in range(2)]
+    for t in chats:
+        t.start()
+    wait_for(lambda: http("GET", eng.url + "/berth/v1/state")[1]["in_flight"] == 2,
+             timeout_s=20, what="both chats in the engine")
+    eng.proc.send_signal(signal.SIGTERM)
+    for t in chats:
+        t.join(30)
+    assert eng.proc.wait(timeout=20) == 0
+    assert [code for code, _ in answers] == [503, 503], (answers, eng.stderr())
+    for _, body in answers:
+        assert "shutting down" in json.loads(body)["error"]["message"], body
+    assert "Traceback" not in eng.stderr()

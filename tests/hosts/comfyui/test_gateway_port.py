@@ -8,10 +8,11 @@ import asyncio
 import subprocess
 
 import aiohttp
+from berth.sim.ports import free_ports
 
 from tests.berthd import BERTH, wait_for
 
-from .conftest import free_port, http, prompt
+from .conftest import http, prompt
 
 SD15 = ("CheckpointLoaderSimple", "ckpt_name", "sd15.safetensors")
 
@@ -21,14 +22,19 @@ def test_a_park_with_an_idle_websocket_open_through_the_port_is_not_held_up(worl
     c = world.comfyui()
     wait_for(lambda: d.state_of("comfyui") == "active" and c.berth()["gate"]["state"] == "open",
              10, "ComfyUI leased")
-    gw_port, port = free_port(), free_port()
+    gw_port = free_ports(2)             # two ports, never the same one twice
+    port = gw_port + 1
     log = world.tmp / "gateway.log"
-    world.procs.append(subprocess.Popen(
+    gw = subprocess.Popen(
         [BERTH, "gateway", "--listen", f"127.0.0.1:{gw_port}", "--comfyui-listen",
          f"127.0.0.1:{port}", "--config", str(d.config)],
-        env=d.env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True))
+        env=d.env, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    world.procs.append(gw)
 
     def gateway() -> dict | None:
+        # It answers only once the ComfyUI port listens too (berth.gateway.server's start).
+        if gw.poll() is not None:
+            raise AssertionError(f"the gateway exited {gw.returncode}:\n{log.read_text()}")
         try:
             code, doc = http("GET", f"http://127.0.0.1:{gw_port}/berth/v1/gateway", timeout=2)
         except OSError:
