@@ -188,22 +188,45 @@ def free_port() -> int:
     """A TCP port free on 127.0.0.1 now, chosen below the kernel's ephemeral range: a port the
     kernel hands out for ``bind(0)`` is also handed to the next outgoing connection of any
     process, so a server started on it seconds later could find it taken (seen under xdist:
-    "address already in use"). Random in :data:`berth.sim.ports.LOW` (20000: the docs' fixed
-    ports lie below it, and their tests run beside these) up to that range, checked by binding
-    it."""
-    from berth.sim.ports import LOW
-    hi = max(LOW + 1, min(_ephemeral_start(), 32768))
+    "address already in use"). Random in this xdist worker's stripe (:func:`_stripe`) of
+    :data:`berth.sim.ports.LOW` (20000: the docs' fixed ports lie below it, and their tests run
+    beside these) up to that range, checked by binding it, and never one this process was
+    given already (two calls in a row returned the same port about once in 12,000, and two
+    workers could draw the same port at once)."""
+    lo, hi = _stripe()
+    if len(_GIVEN) * 2 > hi - lo:
+        _GIVEN.clear()              # most of the stripe given: the oldest are long closed
     for _ in range(200):
-        port = _PORTS.randrange(LOW, hi)
+        port = _PORTS.randrange(lo, hi)
+        if port in _GIVEN:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _GIVEN.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_GIVEN: set[int] = set()
+
+
+def _stripe() -> tuple[int, int]:
+    """This process's ports, ``[lo, hi)``: the band from :data:`berth.sim.ports.LOW` to the
+    ephemeral range cut in one stripe per xdist worker (the whole band outside xdist)."""
+    from berth.sim.ports import LOW
+    hi = max(LOW + 1, min(_ephemeral_start(), 32768))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else -1
+    if not 0 <= index < count:
+        return LOW, hi
+    width = (hi - LOW) // count
+    return LOW + index * width, LOW + (index + 1) * width
 
 
 def sigint_as_a_terminal() -> None:

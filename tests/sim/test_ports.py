@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 
 from berth.sim.ports import LOW, ephemeral_low, free_ports
@@ -35,3 +36,24 @@ def test_the_docs_fixed_ports_lie_below_the_picked_ones():
     ports = {int(p) for page in (root / "docs" / "hosts").glob("*.md")
              for p in re.findall(r"127\.0\.0\.1:(\d{4,5})", page.read_text())}
     assert ports and max(ports) < LOW, sorted(ports)
+
+
+def test_a_tests_ports_are_never_given_twice_and_each_worker_draws_from_its_own_stripe(
+        monkeypatch):
+    """``tests.helpers.free_port``: two calls in a row could return the same port (one in
+    12,000 draws; a test that took two then had both servers on one port), and two xdist
+    workers could draw the same port at once."""
+    from tests import helpers
+    monkeypatch.setattr(helpers, "_GIVEN", set())
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)      # outside xdist: the band
+    lo, hi = helpers._stripe()
+    drawn = [helpers.free_port() for _ in range(min(1000, (hi - lo) // 4))]
+    assert len(set(drawn)) == len(drawn)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "6")
+    stripes = []
+    for i in range(6):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{i}")
+        stripes.append(helpers._stripe())
+        assert stripes[-1][0] <= helpers.free_port() < stripes[-1][1]
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(stripes)), stripes
+    assert stripes[0][0] == lo and stripes[-1][1] <= hi, stripes
