@@ -36,7 +36,8 @@ from .model import Lease, ParkMechanism, ShareState
 from .turns import SwapLog, displaceable
 from .units import format_size
 
-__all__ = ["Rung", "RUNGS", "Action", "Step", "Plan", "NoPlan", "plan", "expected_residual"]
+__all__ = ["Rung", "RUNGS", "Action", "Step", "Plan", "NoPlan", "plan", "expected_residual",
+           "ram_cost"]
 
 S = ShareState
 
@@ -134,7 +135,9 @@ def _lendable(lease: Lease, pci: str) -> int:
     return max(0, min(limit, sh.reserved_bytes))
 
 
-def _ram_cost(lease: Lease, policy: Policy) -> int:
+def ram_cost(lease: Lease, policy: Policy) -> int:
+    """The host RAM a park of ``lease`` would hold (bytes): each share's counted bytes less the
+    residual its park keeps on the card."""
     return sum(max(0, counted_bytes(sh) - expected_residual(lease, p, policy))
                for p, sh in lease.shares.items())
 
@@ -190,7 +193,7 @@ def plan(ledger: Ledger, w: Waiter, policy: Policy, now: float,
             steps[st.lease_id] = st
             rung = max(rung, _RUNG_OF[st.action], key=RUNGS.index)
             if st.action is Action.PARK and ram_left is not None:
-                ram_left -= _ram_cost(ledger.leases[st.lease_id], policy)
+                ram_left -= ram_cost(ledger.leases[st.lease_id], policy)
     return Plan(w.lease_id, rung, tuple(steps.values()))
 
 
@@ -263,10 +266,10 @@ def _unfreeable(lease: Lease, ram: int | None, policy: Policy) -> tuple[str | No
     if why is not None:
         return (f"Berth cannot free it: {why}; it is an in-process host, which Berth never "
                 f"stops"), True
-    if ram is not None and _ram_cost(lease, policy) > ram:
+    if ram is not None and ram_cost(lease, policy) > ram:
         return (f"it can only park (an in-process host, which Berth never stops) and the host "
                 f"RAM budget has {format_size(max(0, ram))} left for its "
-                f"{format_size(_ram_cost(lease, policy))}"), False
+                f"{format_size(ram_cost(lease, policy))}"), False
     return None, False
 
 
@@ -325,7 +328,7 @@ def _park_or_drain(waiter: Lease, p: str, gap: int, cands: list[Lease], steps: d
             if st is None:
                 continue
             if st.action is Action.PARK and ram is not None:
-                ram -= _ram_cost(le, policy)
+                ram -= ram_cost(le, policy)
             trial[le.id] = st
             got += st.frees_bytes[p]
         if got >= gap:
@@ -344,7 +347,7 @@ def _victim_step(le: Lease, waiter: Lease, p: str, ram: int | None, allow_drain:
     whole = all(sh.state is S.ACTIVE for sh in le.shares.values())
     why = ""
     if park_ok and le.caps.can_park() and whole and not _preempts(le, waiter) and (
-            ram is None or _ram_cost(le, policy) <= ram):
+            ram is None or ram_cost(le, policy) <= ram):
         action = Action.PARK
     elif allow_drain and le.caps.drain:
         action = Action.DRAIN
@@ -352,7 +355,7 @@ def _victim_step(le: Lease, waiter: Lease, p: str, ram: int | None, allow_drain:
             why = (f"no park: it would leave {format_size(expected_residual(le, p, policy))} "
                    f"on the card, and the waiter needs that room too")
         elif le.caps.can_park() and whole:
-            why = (f"no park: it would put {format_size(_ram_cost(le, policy))} in host RAM "
+            why = (f"no park: it would put {format_size(ram_cost(le, policy))} in host RAM "
                    f"and the RAM budget has {format_size(max(0, ram or 0))} left")
     else:
         return None

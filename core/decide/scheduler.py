@@ -55,6 +55,7 @@ from .effects import (
     Until,
     Watch,
 )
+from .ladder import ram_cost
 from .ledger import Ledger
 from .measures import Counters, GrowthMeter
 from .model import Lease, Op, ShareState
@@ -398,6 +399,15 @@ def _park_or_drain(st: State, lease: Lease, op: Op, now: float) -> list[Effect]:
         return [Note(lease.id, "park.none", f"{lease.engine} is already "
                      f"{', '.join(sorted(s.value for s in sts))}; nothing to park")]
     _check_parkable(lease)
+    # The ladder never plans a park the host RAM budget cannot hold; nor may the operator's
+    # (before, `berth park` said "parks by checkpoint" and the mechanism then refused it, and
+    # the engine was stopped instead).
+    ram, need = st.ledger.ram_available_bytes(lease.id), ram_cost(lease, st.policy)
+    if ram is not None and need > ram:
+        raise ValueError(f"lease {lease.id}: {lease.engine} cannot park now: its park would put "
+                         f"{format_size(need)} in host RAM and the budget ([policy] ram_budget) "
+                         f"has {format_size(max(0, ram))} left beside the parked engines; "
+                         f"`berth drain {lease.engine}` stops it instead")
     return _overrides(lease, "park") + begin_park(st, lease, now, "operator") \
         + rooms.admit(st, now)
 
