@@ -70,6 +70,8 @@ def parse_size(text: str | int, *, field: str = "size", allow_card: bool = False
         raise _too_big(field, text, "1 EiB")
     m = _SIZE_RE.match(text)
     if not m:
+        if _SIZE_RE.match(text.strip().removeprefix("-").lstrip()):
+            raise ValueError(f"{field}: a size cannot be negative, got {text!r}")
         raise ValueError(f"{field}: expected a size like '24GiB' or '512MiB', got {text!r}")
     if _BITS_RE.match(m.group(2)):
         p = m.group(2)[0]
@@ -125,11 +127,23 @@ def parse_duration(text: str | int | float, *, field: str = "duration") -> float
             break
         total += float(m.group(1)) * _DUR_UNIT[m.group(2)]
         pos = m.end()
+    if (pos != len(s) or pos == 0) and s.startswith("-") \
+            and parse_ok(lambda: parse_duration(s[1:], field=field)):
+        raise ValueError(f"{field}: a duration cannot be negative, got {text!r}")
     if pos != len(s) or pos == 0:
         raise ValueError(f"{field}: expected a duration like '20s', '500ms', '2m' or '1h', got {text!r}")
     if not total <= MAX_DURATION_S:
         raise _too_big(field, text, "ten years")
     return total
+
+
+def parse_ok(parse) -> bool:
+    """Whether ``parse()`` returns without a ``ValueError``."""
+    try:
+        parse()
+    except ValueError:
+        return False
+    return True
 
 
 def format_size(n_bytes: int | None) -> str:

@@ -135,9 +135,9 @@ def test_an_engine_name_with_a_slash_is_a_lease(berthd):
     (["--size", "14"], "--size: '14' has no unit"),
     (["--size", "14@gpu0"], "--size: '14@gpu0' has no unit"),
     # argparse read "-5GiB" as an option ("expected one argument"), naming no size
-    (["--size", "-5GiB"], "--size: expected a size like '24GiB' or '512MiB', got '-5GiB'"),
-    (["--size=-5GiB"], "--size: expected a size like '24GiB' or '512MiB', got '-5GiB'"),
-    (["--lend-max", "-1GiB"], "--lend-max: expected a size like '24GiB' or '512MiB', got '-1GiB'"),
+    (["--size", "-5GiB"], "--size: a size cannot be negative, got '-5GiB'"),
+    (["--size=-5GiB"], "--size: a size cannot be negative, got '-5GiB'"),
+    (["--lend-max", "-1GiB"], "--lend-max: a size cannot be negative, got '-1GiB'"),
     (["--front", "127.0.0.1:1", "--upstream", "notaurl"], "--upstream: expected the engine's URL"),
     (["--health", "health"], "--health: expected a path starting with '/'"),
     (["--front", "127.0.0.1:1", "--park", "hook", "--adapter", "bogus"],

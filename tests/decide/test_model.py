@@ -96,6 +96,13 @@ class TestUnits:
         with pytest.raises(ValueError, match="policy.release_grace"):
             parse_duration(bad, field="policy.release_grace")
 
+    @pytest.mark.parametrize("parse,bad", [(parse_size, "-1GiB"), (parse_size, " -2 MiB"),
+                                           (parse_duration, "-5s"), (parse_duration, "-1h30m")])
+    def test_a_negative_value_is_called_negative(self, parse, bad):
+        """A new user's `--size -1GiB` was told only "expected a size like '24GiB'"."""
+        with pytest.raises(ValueError, match=f"--x: a .* cannot be negative, got '{bad}'"):
+            parse(bad, field="--x")
+
     def test_format(self):
         assert format_size(24 << 30) == "24.0GiB" and format_size(None) == "card"
 
