@@ -329,7 +329,8 @@ def _cmd_daemon(args) -> int:
 
 def _cmd_config_check(args) -> int:
     """``berth config check [PATH]``: the file named, else the one berthd would read
-    (:func:`berth.paths.find_config`); with none there, what the defaults mean."""
+    (:func:`berth.paths.find_config`); with none there, what the defaults mean. On NVML, the
+    cards it names are checked against NVML's (:func:`_check_cards`)."""
     try:
         path = args.path or paths.find_config()
         cfg = load(path) if path is not None else Config()
@@ -340,6 +341,7 @@ def _cmd_config_check(args) -> int:
     try:
         load_plugins(cfg)
         socket_gid(cfg)
+        _check_cards(cfg, name)
     except StartRefused as e:
         print(str(ConfigError(name, e.problems)) if e.problems else f"{name}: {e}",
               file=sys.stderr)
@@ -349,6 +351,35 @@ def _cmd_config_check(args) -> int:
     else:
         print(f"{name}: valid\n{summary(cfg)}")
     return 0
+
+
+def _check_cards(cfg: Config, name: str) -> None:
+    """The cards the config names against the cards NVML sees (a simulated card is checked
+    with the config's own values, :mod:`berth.config.cross`). Raises :class:`StartRefused`
+    (code 2) naming each key and value no card answers to. Where NVML cannot be read (no
+    NVIDIA driver here), each is named in a warning on stderr: an unknown card passed the
+    check silently."""
+    from berth.config import card_problems, named_cards
+    named = named_cards(cfg)
+    if cfg.driver.kind != "nvml" or not named:
+        return
+    try:
+        driver = open_driver(cfg)
+        try:
+            seen = [(info.pci, f"gpu{i}") for i, info in enumerate(driver.cards())]
+        finally:
+            driver.close()
+    except DriverError as e:
+        from berth.driver.nvml import NO_DRIVER_HINT
+        why = str(e).removesuffix(NO_DRIVER_HINT).strip()
+        for key, card in named:
+            what = f"[{key}]" if key.startswith("cards.") else f"{key} = {card!r}"
+            print(f"{name}: warning: {what} could not be checked against the driver's cards: "
+                  f"{why}", file=sys.stderr)
+        return
+    problems = card_problems(cfg, seen, "NVML")
+    if problems:
+        raise StartRefused("; ".join(f"{k}: {m}" for k, m in problems), 2, problems)
 
 
 def daemon_arguments(p) -> None:
