@@ -70,6 +70,63 @@ COMMANDS = (
 )
 
 
+def _close(word: str, known) -> str | None:
+    """The one of ``known`` that ``word`` most likely misspells, or ``None``. Options are
+    compared without their dashes, which every one shares: with them, ``--bogus`` was "like"
+    ``--host``."""
+    import difflib  # only on a refusal: every start would pay for it
+    names = {k.lstrip("-"): k for k in known if isinstance(k, str)}
+    found = difflib.get_close_matches(word.lstrip("-"), list(names), n=1)
+    return names[found[0]] if found else None
+
+
+class _Parser(argparse.ArgumentParser):
+    """``berth``'s parsers, every subcommand's included (argparse makes a subparser of its
+    parent's class). A new user's ``berth run --sise 8GiB`` got ``berth``'s own usage and
+    "unrecognized arguments" with no hint: argparse hands a subcommand's unknown words up to
+    the top parser, which knows neither the subcommand's usage nor its options. Here the
+    subcommand that got them refuses them itself, and a misspelled option or choice (a
+    subcommand's name) names the likely one."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._words = list(sys.argv[1:] if args is None else args)
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._guess(extras)}")
+        return parsed, extras
+
+    def error(self, message):
+        # argparse checks required options before it looks at unknown words: `berth sim engine
+        # --port 1 --wieghts 1GiB` only said "--weights is required", not what was misspelled.
+        if message.startswith("the following arguments are required"):
+            words = getattr(self, "_words", [])
+            words = words[:words.index("--")] if "--" in words else words
+            unknown = [w for w in words if w.startswith("--") and not any(
+                o.startswith(w.partition("=")[0]) for o in self._option_string_actions)]
+            guess = self._guess(unknown)
+            if guess:
+                message += f"; unrecognized: {' '.join(unknown)}{guess}"
+        super().error(message)
+
+    def _guess(self, words: list[str]) -> str:
+        """`` (did you mean --size?)`` for the first of ``words`` that misspells an option."""
+        for word in words:
+            if word.startswith("-") and len(word) > 1:
+                like = _close(word.partition("=")[0], self._option_string_actions)
+                if like:
+                    return f" (did you mean {like}?)"
+        return ""
+
+    def _check_value(self, action, value):
+        if action.choices is not None and isinstance(value, str) and value not in action.choices:
+            like = _close(value, action.choices)
+            if like:
+                raise argparse.ArgumentError(action, (
+                    f"invalid choice: {value!r} (did you mean {like!r}? choose from "
+                    f"{', '.join(map(repr, action.choices))})"))
+        super()._check_value(action, value)
+
+
 def _chosen(argv: list[str]) -> str | None:
     """The subcommand ``argv`` names: its first word that is not an option (``berth``'s own
     options, ``-h`` and ``--version``, take no value)."""
@@ -84,7 +141,7 @@ def _chosen(argv: list[str]) -> str | None:
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """``berth``'s parser. Every subcommand of :data:`COMMANDS` is listed; only the one
     ``argv`` names (none when ``argv`` is ``None``) is filled, importing its module."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="berth", description="Berth: a GPU-memory broker for local inference engines.",
         epilog=f"Every command reads the config berthd reads: {CONFIG_PLACES}; "
                f"`berth config check` with no path checks it.")

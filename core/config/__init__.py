@@ -29,18 +29,20 @@ from .errors import ConfigError
 from .summary import summary
 
 __all__ = ["Config", "ConfigError", "load", "load_config", "parse", "plugin_problems", "summary",
+           "card_problems", "named_cards",
            "ApiConfig", "CardConfig", "DriverConfig", "EngineConfig", "HostsConfig",
            "NetworkConfig", "PolicyConfig", "SimCard", "SupervisorHostConfig", "MAX_CARD_BYTES",
            "MIN_READ_INTERVAL_S"]
 
 #: The module of each name loaded on first use.
 _HOME = {"load": ".loading", "load_config": ".loading", "parse": ".loading",
-         "plugin_problems": ".loading", "MAX_CARD_BYTES": ".values",
+         "plugin_problems": ".loading", "card_problems": ".loading",
+         "named_cards": ".loading", "MAX_CARD_BYTES": ".values",
          "MIN_READ_INTERVAL_S": ".values"}
 _HOME.update((name, ".models") for name in __all__ if name not in _HOME and name not in globals())
 
 if TYPE_CHECKING:
-    from .loading import load, load_config, parse, plugin_problems
+    from .loading import card_problems, load, load_config, named_cards, parse, plugin_problems
     from .models import (
                          ApiConfig,
                          CardConfig,

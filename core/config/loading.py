@@ -1,5 +1,6 @@
 """Reading berth.toml: :func:`load`, :func:`parse`, :class:`ConfigError`, and what a config
-names against the plugins (:func:`plugin_problems`)."""
+names against the plugins (:func:`plugin_problems`) and against the cards a driver sees
+(:func:`card_problems`, :func:`named_cards`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from berth import paths
+from berth.decide.model import names_card
 from pydantic import ValidationError
 
 from .cross import RAW, RULES_OFF, UNKNOWN
@@ -200,3 +202,34 @@ def plugin_problems(cfg: Config, known: set[str],
     return out
 
 
+
+
+def named_cards(cfg: Config) -> list[tuple[str, str]]:
+    """Every card the config names, ``(key path, the name or PCI address)``: each ``[cards.X]``
+    entry's key and each engine's ``card``."""
+    out = [(f"cards.{key_str(key)}", key) for key in cfg.cards]
+    out += [(f"engines.{key_str(name)}.card", e.card) for name, e in cfg.engines.items()
+            if e.card is not None]
+    return out
+
+
+def card_problems(cfg: Config, seen: list[tuple[str, str]], driver: str
+                  ) -> list[tuple[str, str]]:
+    """:func:`named_cards` that no card ``driver`` sees answers to: ``(key path, message)``
+    pairs. ``seen`` is each card's ``(PCI address, name)`` as berthd names it (``gpuN`` in the
+    driver's order). A ``[cards.X]`` key matches that name, an engine's ``card`` the name the
+    card's ``[cards.X] name`` gives it, as berthd's ledger matches them."""
+    shown = [(pci, cfg.card_config(pci, name).name or name) for pci, name in seen]
+    listed = ", ".join(f"{name} ({pci})" for pci, name in shown) or "none"
+    out = []
+    for key, card in named_cards(cfg):
+        against = seen if key.startswith("cards.") else shown
+        if any(names_card(card, pci, name) for pci, name in against):
+            continue
+        renamed = next((n for (_, old), (_, n) in zip(seen, shown, strict=True)
+                        if old == card != n), None)
+        hint = (f"; [cards.{key_str(card)}] shows it as {renamed!r}: use that name or its PCI "
+                f"address" if renamed else "")
+        out.append((key, f"no card {driver} sees is named {card!r} or has that PCI address "
+                         f"({driver} sees: {listed}){hint}"))
+    return out

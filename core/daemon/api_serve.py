@@ -34,7 +34,8 @@ CONTROL_BACKLOG = 1024
 
 async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
                 key: str | None = None, waits=None) -> web.AppRunner:
-    """Start the API on ``socket_path`` (mode 0660) and optionally ``tcp`` (``host:port``).
+    """Start the API on ``socket_path`` (mode 0660) and optionally ``tcp`` (``host:port``; one
+    that cannot listen raises :class:`~berth.exposed.CannotListen` naming the key).
     ``waits``: the board's :class:`~berth.daemon.board_web.WaitTimes`, for the wait-time
     histogram."""
     app = make_app(broker, key, waits)
@@ -59,5 +60,11 @@ async def serve(broker: Broker, socket_path: Path, tcp: str | None = None,
     os.chmod(socket_path, 0o660)
     if tcp:
         host, _, port = tcp.rpartition(":")
-        await web.TCPSite(runner, host or "127.0.0.1", int(port), shutdown_timeout=2.0).start()
+        try:
+            await web.TCPSite(runner, host or "127.0.0.1", int(port),
+                              shutdown_timeout=2.0).start()
+        except OSError as e:
+            from berth.exposed import cannot_listen
+            await runner.cleanup()      # the socket too: berthd does not start
+            raise cannot_listen(f"[api] tcp = {tcp!r}", tcp, e) from None
     return runner

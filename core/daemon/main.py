@@ -15,7 +15,9 @@ reverse and a failed start leaves nothing behind (and says why in one line):
 6. start the broker: restore the state file, re-attach live leases, measure baselines;
 7. serve the control API on the Unix socket (``[api] socket_mode``, default 0660, and
    ``[api] socket_group``: a group that does not exist, or one berthd's user may not give the
-   socket to, stops the start at step 2 with exit 2) - exit 4 if it cannot be bound;
+   socket to, stops the start at step 2 with exit 2) - exit 4 if it cannot be bound, and on
+   ``[api] tcp`` when set - exit 2 if that cannot listen (its port already in use, say: one line
+   naming the key and the address, as ``berth run --front`` and ``berth gateway --listen``);
 8. serve the web board on ``[board] listen`` (default ``127.0.0.1:7088``; a port already taken
    is logged and berthd runs on without the board).
 
@@ -190,12 +192,17 @@ async def _start_broker(stack: contextlib.AsyncExitStack, cfg: Config, broker: "
 async def _serve(stack: contextlib.AsyncExitStack, cfg: Config, broker: "Broker", sock: Path,
                  gid: int | None) -> None:
     """Steps 7 and 8 on ``stack``: the control API on ``sock`` (group ``gid``), then the web
-    board. Raises :class:`StartRefused` (code 4) when the API cannot listen."""
+    board. Raises :class:`StartRefused` when the API cannot listen: code 4 on its socket, 2 on
+    ``[api] tcp``."""
     from berth.daemon import board_web as board
     from berth.daemon.api_serve import serve
     hub = board.Hub(board.BrokerSource(broker))
+    from berth.exposed import CannotListen
     try:
         runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key, waits=hub.waits)
+    except CannotListen as e:
+        # A config value that cannot be used, as at step 1 (and as berth run's --front): 2.
+        raise StartRefused(str(e), 2) from None
     except OSError as e:
         raise StartRefused(f"the control API cannot listen: {e}", 4) from None
     stack.push_async_callback(runner.cleanup)
@@ -322,7 +329,8 @@ def _cmd_daemon(args) -> int:
 
 def _cmd_config_check(args) -> int:
     """``berth config check [PATH]``: the file named, else the one berthd would read
-    (:func:`berth.paths.find_config`); with none there, what the defaults mean."""
+    (:func:`berth.paths.find_config`); with none there, what the defaults mean. On NVML, the
+    cards it names are checked against NVML's (:func:`_check_cards`)."""
     try:
         path = args.path or paths.find_config()
         cfg = load(path) if path is not None else Config()
@@ -333,6 +341,7 @@ def _cmd_config_check(args) -> int:
     try:
         load_plugins(cfg)
         socket_gid(cfg)
+        _check_cards(cfg, name)
     except StartRefused as e:
         print(str(ConfigError(name, e.problems)) if e.problems else f"{name}: {e}",
               file=sys.stderr)
@@ -344,11 +353,45 @@ def _cmd_config_check(args) -> int:
     return 0
 
 
+def _check_cards(cfg: Config, name: str) -> None:
+    """The cards the config names against the cards NVML sees (a simulated card is checked
+    with the config's own values, :mod:`berth.config.cross`). Raises :class:`StartRefused`
+    (code 2) naming each key and value no card answers to. Where NVML cannot be read (no
+    NVIDIA driver here), each is named in a warning on stderr: an unknown card passed the
+    check silently."""
+    from berth.config import card_problems, named_cards
+    named = named_cards(cfg)
+    if cfg.driver.kind != "nvml" or not named:
+        return
+    try:
+        driver = open_driver(cfg)
+        try:
+            seen = [(info.pci, f"gpu{i}") for i, info in enumerate(driver.cards())]
+        finally:
+            driver.close()
+    except DriverError as e:
+        from berth.driver.nvml import NO_DRIVER_HINT
+        why = str(e).removesuffix(NO_DRIVER_HINT).strip()
+        for key, card in named:
+            what = f"[{key}]" if key.startswith("cards.") else f"{key} = {card!r}"
+            print(f"{name}: warning: {what} could not be checked against the driver's cards: "
+                  f"{why}", file=sys.stderr)
+        return
+    problems = card_problems(cfg, seen, "NVML")
+    if problems:
+        raise StartRefused("; ".join(f"{k}: {m}" for k, m in problems), 2, problems)
+
+
 def daemon_arguments(p) -> None:
     """Fill ``berth daemon``'s parser (:data:`berth.cli.COMMANDS`)."""
     p.add_argument("--config", metavar="PATH",
                    help=f"berth.toml (default: {paths.CONFIG_PLACES}; none there: the defaults)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.epilog = ("exit codes: 0 on SIGTERM, SIGINT or SIGHUP; 2 for a config that cannot be "
+                "used, [api] tcp that cannot listen included (another process listens on its "
+                "port), as berth run's --front; 3 when the driver cannot be opened; 4 when "
+                "another berthd answers on the socket or holds the state directory, or the "
+                "socket cannot be bound")
     p.set_defaults(func=_cmd_daemon)
 
 

@@ -21,6 +21,9 @@ def arguments(p) -> None:
     p.add_argument("--comfyui-listen", metavar="HOST:PORT",
                    help="also front ComfyUI's whole surface (web UI, API, /ws) here")
     p.add_argument("--config", help="berth.toml (default: $BERTH_CONFIG or the usual place)")
+    p.epilog = ("exit codes: 0 on SIGTERM, SIGINT or SIGHUP; 2 for bad input or an address "
+                "that cannot listen (another process listens on the port of --listen or "
+                "--comfyui-listen), as berth run's --front")
     p.set_defaults(func=_main)
 
 
@@ -86,7 +89,9 @@ def _stop_on(sig: signal.Signals, got: list[signal.Signals], stop: asyncio.Event
 
 async def _serve(gw) -> int:
     """Serve until SIGTERM, SIGINT or SIGHUP (:data:`STOP_SIGNALS`), then stop in order and say
-    which signal; 0, or 1 where it cannot listen."""
+    which signal; 0, or 2 where it cannot listen (the code of bad input, as for berth run's
+    --front)."""
+    from berth.exposed import CannotListen
     stop = asyncio.Event()
     got: list[signal.Signals] = []
     loop = asyncio.get_running_loop()
@@ -95,8 +100,9 @@ async def _serve(gw) -> int:
     try:
         await gw.start()
     except OSError as e:
-        print(f"berth gateway: cannot listen: {e.strerror or e}", file=sys.stderr)
-        return 1
+        print(f"berth gateway: {e if isinstance(e, CannotListen) else e.strerror or e}",
+              file=sys.stderr)
+        return 2
     print(start_line(gw), flush=True)
     _warn_exposed(gw)
     try:

@@ -106,6 +106,7 @@ class Gateway:
         self.machine = net.name or socket.gethostname()
         self.machine_line = b"X-Berth-Machine: %s\r\n" % self.machine.encode("latin-1", "replace")
         self.host, self.port = _addr(listen, "--listen")
+        self.addresses = {"--listen": listen, "--comfyui-listen": comfyui_listen}
         self.table = LocalTable(cfg, client or Client(socket=paths.socket_path(cfg)), refresh_s)
         nonces = paths.state_dir(cfg) / f"gateway-{_file_safe(self.machine)}.nonces"
         self.verifier = Verifier(net.key, net.replay_window, self.machine,
@@ -131,7 +132,8 @@ class Gateway:
 
     # -- lifetime ----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Read berthd, ask the peers once, listen. Raises ``OSError`` if an address is taken;
+        """Read berthd, ask the peers once, listen. Raises ``OSError`` if an address is taken
+        (:class:`~berth.exposed.CannotListen`, naming the flag, where a listener cannot listen);
         what was started by then is stopped again, in reverse order."""
         async with contextlib.AsyncExitStack() as stack:
             await self.table.start()
@@ -151,14 +153,26 @@ class Gateway:
             # the gateway (its /berth/v1/gateway names the port) may use the port at once.
             # Bound after, a client told of the port by the gateway found it refused (issue 38).
             if self.comfy is not None:
-                await self.comfy.start()
+                with self._naming("--comfyui-listen"):
+                    await self.comfy.start()
                 stack.push_async_callback(self.comfy.stop)
-            await self.listener.start()
+            with self._naming("--listen"):
+                await self.listener.start()
             stack.push_async_callback(self._stop_listening, self.listener)
             self.port = self.listener.port
             sweep = asyncio.get_running_loop().create_task(self._sweep())
             stack.callback(sweep.cancel)
             self._stack = stack.pop_all()
+
+    @contextlib.contextmanager
+    def _naming(self, flag: str):
+        """An ``OSError`` of the listener ``flag`` gave, as one line naming the flag."""
+        from berth.exposed import cannot_listen
+        try:
+            yield
+        except OSError as e:
+            address = self.addresses[flag]
+            raise cannot_listen(f"{flag} {address}", address, e) from None
 
     async def stop(self) -> None:
         """Stop everything :meth:`start` built, in reverse order (idempotent)."""

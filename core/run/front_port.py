@@ -9,7 +9,7 @@ never came up. ``SO_REUSEADDR``, which the front's listener sets, does not cover
 Linux: the other socket would need it too, and a client's socket has not set it.
 
 Whether a listener holds the port is read from ``/proc/net/tcp`` and ``/proc/net/tcp6``
-(``LISTEN`` on that port, any address): one read of two small files, no connection made.
+(:func:`berth.exposed.listener_on`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import contextlib
 import errno
 import logging
 import time
-from pathlib import Path
 
+from berth.exposed import cannot_listen, listener_on
 from berth.front import Front
 
 __all__ = ["PORT_WAIT_S", "listen_front", "listener_on"]
@@ -32,28 +32,6 @@ log = logging.getLogger("berth.run")
 PORT_WAIT_S = 75.0
 #: The first and the longest pause between two tries to listen (seconds).
 FIRST_PAUSE_S, MAX_PAUSE_S = 0.05, 1.0
-_TCP_TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
-_LISTEN = "0A"          # the kernel's TCP_LISTEN, as /proc/net/tcp writes a socket's state
-
-
-def listener_on(port: int, tables: tuple[Path, ...] = _TCP_TABLES) -> bool:
-    """Whether a TCP socket in this network namespace listens on ``port``, on any address.
-    True too when no table can be read (then the run cannot tell, and exits as it always
-    did)."""
-    read = False
-    for table in tables:
-        try:
-            lines = table.read_text().splitlines()[1:]
-        except OSError:
-            continue
-        read = True
-        for line in lines:
-            # "sl local_address rem_address st ...": local "0100007F:1F90", st "0A"
-            fields = line.split()
-            if len(fields) > 3 and fields[3] == _LISTEN and \
-                    int(fields[1].rpartition(":")[2], 16) == port:
-                return True
-    return not read
 
 
 async def listen_front(front: Front, address: str, stop: asyncio.Event,
@@ -72,15 +50,11 @@ async def listen_front(front: Front, address: str, stop: asyncio.Event,
                          address)
             return True
         except OSError as e:
-            if e.errno != errno.EADDRINUSE:
-                log.error("cannot listen on the front %s: %s", address, e.strerror or e)
-                return False
-            if listener_on(front.port):
-                log.error("cannot listen on the front %s: another process listens on port %d",
-                          address, front.port)
+            if e.errno != errno.EADDRINUSE or listener_on(front.port):
+                log.error("%s", cannot_listen(f"--front {address}", address, e))
                 return False
             if time.monotonic() >= deadline:
-                log.error("cannot listen on the front %s: port %d is still held by a connection "
+                log.error("--front %s: cannot listen: port %d is still held by a connection "
                           "after %g s", address, front.port, wait_s)
                 return False
             if not waiting:

@@ -102,7 +102,8 @@ def test_a_port_another_process_listens_on_ends_the_run_at_once_naming_it(tmp_pa
                            capture_output=True, text=True, timeout=60)
     out = r.stdout + r.stderr
     assert r.returncode == 2, (r.returncode, out)
-    assert f"another process listens on port {port}" in out and WAITS not in out, out
+    assert (f"--front 127.0.0.1:{port}: the port is already in use (another process listens "
+            f"there)") in out and WAITS not in out, out
     assert "Traceback" not in out, out
 
 
