@@ -114,6 +114,25 @@ async def _routed(port: int, model: str = "m") -> None:
             await asyncio.sleep(0.05)
 
 
+async def _peers_up(port: int, n: int) -> None:
+    """Until the gateway on ``port`` counts ``n`` peers up in its ``/health``."""
+    async with aiohttp.ClientSession() as s:
+        async def up():
+            async with s.get(f"http://127.0.0.1:{port}/health") as r:
+                return (await r.json())["peers_up"] == n
+        end = time.monotonic() + ceiling(30.0)
+        while not await up():
+            assert time.monotonic() < end, f"the gateway never counted {n} peers up"
+            await asyncio.sleep(0.05)
+
+
+async def _until(check, what: str) -> None:
+    end = time.monotonic() + ceiling(30.0)
+    while not check():
+        assert time.monotonic() < end, f"waited for {what}"
+        await asyncio.sleep(0.01)
+
+
 def _run(coro, limit_s: float = 30.0):
     async def bounded():
         # A bound on a hung scenario, scaled as its waits are (the peer's first poll may be
@@ -195,8 +214,16 @@ def test_a_silent_peer_gives_a_504_within_its_timeout_and_a_request_it_took_goes
         gw = _gateway(tmp_path, [silent.port, other.port])
         await gw.start()
         try:
+            # Both peers' first polls answered (at load 15 both outlasted the 0.5 s peer
+            # timeout: no machine served m, a 404); then H1 takes the request and only then
+            # goes silent as a whole, so the request is surely one H1 took.
+            await _peers_up(gw.port, 2)
+            t0 = time.monotonic()
+            stream = asyncio.ensure_future(_stream(gw.port))
+            await _until(lambda: silent.chats == 1 or stream.done(), "H1 to take the request")
             silent.hang_polls = True       # accepts the request, then answers nothing at all
-            code, events, took, headers = await _stream(gw.port)
+            code, events, _, headers = await stream
+            took = time.monotonic() - t0
             # H1 took it and went down before a byte: the request went to H2
             assert code == 200 and headers["X-Berth-Machine"] == "H2", (code, events)
             assert silent.chats == 1 and other.chats == 1
@@ -222,6 +249,7 @@ def test_a_silent_peer_alone_gives_a_504_within_the_peer_timeout(tmp_path):
         gw = _gateway(tmp_path, [silent.port], timeout="1s")
         await gw.start()
         try:
+            await _peers_up(gw.port, 1)    # its first poll answered (see the test above)
             silent.hang_polls = True
             t0 = time.monotonic()
             async with aiohttp.ClientSession() as s:
