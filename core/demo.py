@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -219,8 +220,18 @@ class Demo:
     async def _stay(self) -> None:
         """``--stay``: berthd, both engines and the board stay up until SIGINT, SIGTERM or
         SIGHUP (its terminal closed)."""
-        self.out.write(f"\nberthd, the engines and the board stay up: {self.board_url} "
-                       f"(Ctrl-C to stop)\n")
+        # A user's next step is a second terminal: berth's commands there read the default
+        # socket, not the demo's, unless they are given the demo's config.
+        chat = json.dumps({"model": "A", "max_tokens": 24,
+                           "messages": [{"role": "user", "content": "hello A"}]})
+        self.out.write(
+            f"\nberthd, the engines and the board stay up: {self.board_url} (Ctrl-C to stop)\n"
+            f"  berth's commands reach this berthd in a shell with its config:\n"
+            f"    export BERTH_CONFIG={shlex.quote(self.env['BERTH_CONFIG'])}\n"
+            f"    berth status; berth park A; berth wake A\n"
+            f"    curl -s -H 'Content-Type: application/json' -d '{chat}' "
+            f"http://127.0.0.1:{self.ports['A']}/v1/chat/completions\n"
+            f"  ComfyUI (the stand-in): http://127.0.0.1:{self.ports['comfyui']}/\n")
         self.out.flush()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -140,6 +140,14 @@ def estimate(path: str, ctx: int, *, slots: int = 1, ubatch: int = 512,
     if cache_type not in CACHE_TYPES:
         raise ValueError(f"--cache-type: expected one of {', '.join(CACHE_TYPES)}, "
                          f"got {cache_type!r}")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        # The reader's own error for a short or foreign file is about numpy dtypes and array
+        # axes, which tells a user nothing about the file they gave.
+        raise ValueError(f"{path}: not a GGUF file: it does not start with 'GGUF' (its first "
+                         f"bytes are {magic!r}); berth size reads llama.cpp's .gguf files, "
+                         f"not safetensors or PyTorch checkpoints")
     import gguf  # only here: `berth size` on a lease needs none of it
     try:
         reader = gguf.GGUFReader(path, "r")

@@ -64,6 +64,13 @@ def _total(v: Any) -> int:
 def _engine_size(v: Any) -> int | None:
     if v is None:
         return None
+    if isinstance(v, str) and "@" in v:
+        # `berth run --size 14GiB@gpu1` is the README's form; in an entry the card has a key
+        # of its own, which the size's own message would not say.
+        size, _, card = v.partition("@")
+        raise ValueError(f"size: {v!r}: an [engines] entry names its card in its own key, "
+                         f"not after '@' (that is `berth run --size`); write "
+                         f"size = \"{size.strip()}\" and card = \"{card.strip()}\"")
     n = parse_size(_with_unit(v, "size"), field="size", allow_card=True)
     if n == 0:
         raise ValueError(f"size: an engine's size must be more than 0, got {v!r} "

@@ -415,6 +415,12 @@ def _park_or_drain(st: State, lease: Lease, op: Op, now: float) -> list[Effect]:
 def _hold(st: State, lease: Lease, held: bool, now: float) -> list[Effect]:
     """An operator's hold (the lease is never displaced for a waiter) or its release, which
     lets the waiters it kept out try again."""
+    if lease.held == held:
+        # The wish already holds: say so, as a park of a parked engine does, rather than
+        # "no longer held" for a hold that was never there.
+        if held:
+            return [Note(lease.id, "hold", f"{lease.engine} is already held; nothing to hold")]
+        return [Note(lease.id, "hold", f"{lease.engine} is not held; nothing to release")]
     lease.held = held
     if held:
         return [Note(lease.id, "hold", f"{lease.engine} held by the operator")]

@@ -175,7 +175,9 @@ def _options(args, cmd: list[str]) -> RunOptions:
     sizes = parse_sizes(args.size or [])
     if args.lend_max:
         parse_size(args.lend_max, field="--lend-max")
-    engine = args.engine or os.path.basename(cmd[0])
+    # Only a missing --engine takes the command's name: an empty one is most often a manager's
+    # unset variable, and running under another engine's entry would hide it.
+    engine = os.path.basename(cmd[0]) if args.engine is None else args.engine
     if not _ENGINE_NAME.fullmatch(engine):
         # berthd's API refuses it (as its pattern, not in words); say so before asking.
         raise ValueError(f"--engine: {engine!r}: an engine's name has no spaces or control "

@@ -10,6 +10,7 @@ warnings go to stderr. Exit status 0, or 2 with one message naming the model and
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -27,18 +28,10 @@ def _cmd_wrap(args) -> int:
         print(f"{_PROG}: --health-check-timeout: must be at least 1 second, got "
               f"{args.health_check_timeout}", file=sys.stderr)
         return 2
-    try:
-        if args.config == "-":
-            text, source = sys.stdin.read(), "<stdin>"
-        else:
-            text, source = Path(args.config).read_text(), args.config
-    except OSError as e:
-        print(f"{_PROG}: {args.config}: {e.strerror or e}", file=sys.stderr)
+    read = _read_source(args)
+    if read is None:
         return 2
-    except UnicodeDecodeError as e:
-        print(f"{_PROG}: {args.config}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
-              f"offset {e.start}); a llama-swap config is a YAML file", file=sys.stderr)
-        return 2
+    text, source = read
     sizes = None
     if args.size_from:
         try:
@@ -80,6 +73,38 @@ def _cmd_wrap(args) -> int:
         print(f"{_PROG}: {done}" + (f"; written to {args.output}" if args.output else ""),
               file=sys.stderr)
     return 0
+
+
+def _read_source(args) -> tuple[str, str] | None:
+    """CONFIG.yaml's text and its name for messages, or ``None`` once a message is printed."""
+    try:
+        if args.config == "-":
+            text, source = sys.stdin.read(), "<stdin>"
+        else:
+            text, source = Path(args.config).read_text(), args.config
+    except OSError as e:
+        print(f"{_PROG}: {args.config}: {e.strerror or e}", file=sys.stderr)
+        return None
+    except UnicodeDecodeError as e:
+        print(f"{_PROG}: {args.config}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+              f"offset {e.start}); a llama-swap config is a YAML file", file=sys.stderr)
+        return None
+    if args.output and args.config != "-" and _same_file(args.config, args.output):
+        # The wrapped config keeps no YAML comments, and its header says to edit the source
+        # and wrap it again: written over the source, there is no source left to edit.
+        suggested = Path(args.config).with_suffix(".berth.yaml").name
+        print(f"{_PROG}: -o {args.output}: that is the source {args.config} itself; its comments would be "
+              f"lost and the source gone; write the wrapped config to another file "
+              f"(-o {suggested}) and point llama-swap at it", file=sys.stderr)
+        return None
+    return text, source
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:                     # -o names a file not there yet: not the source
+        return False
 
 
 def _entries_missing(report) -> list[str]:

@@ -16,6 +16,8 @@ from tests.berthd import BERTH
     ("my engine", []),                   # the default name: the command's file name
     # "$" matched before a last newline: the run let it through, and berthd refused it
     ("trail\n", ["--engine", "trail\n"]),
+    # an empty --engine (an unset variable in a manager's line) ran as the command's name
+    ("", ["--engine", ""]),
 ])
 def test_an_engine_name_with_a_space_is_one_line_naming_it(berthd, tmp_path, name, args):
     d = berthd()

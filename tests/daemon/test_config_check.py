@@ -102,3 +102,16 @@ def test_a_bad_ram_budget_names_auto(tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
     said = r.stdout + r.stderr
     assert "policy.ram_budget" in said and "'200%'" in said and "'auto'" in said, said
+
+
+def test_a_size_with_a_card_in_berth_toml_says_card_is_its_own_key(tmp_path):
+    """``size = "14GiB@gpu1"`` in an ``[engines.X]`` entry, the README's ``--size 14GiB@gpu1``
+    copied into berth.toml (a new user's find), said only ``expected a size like '24GiB' or
+    '512MiB'``: nothing said where the card goes. The line names the field, the value and the
+    entry's own ``card`` key, with the two values split."""
+    cfg = tmp_path / "berth.toml"
+    cfg.write_text('[engines.qwen]\nsize = "14GiB@gpu1"\n')
+    r = _check(tmp_path, cfg)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "engines.qwen.size" in r.stderr and "'14GiB@gpu1'" in r.stderr, r.stderr
+    assert "size = \"14GiB\"" in r.stderr and "card = \"gpu1\"" in r.stderr, r.stderr

@@ -59,3 +59,25 @@ def test_parking_a_held_engine_says_it_overrides_the_hold(berthd, runs):
     assert "this park overrides the hold" in d.log.read_text()
     wait_for(lambda: d.state_of("A") == "parked", what="A parked")
     assert d.lease_of("A")["held"] is True
+
+
+def test_releasing_a_hold_that_is_not_there_says_so(berthd, runs):
+    """``berth release-hold A`` of an A never held answered ``A no longer held``, twice in a
+    row alike (a new user's find): it read as if a hold had been there and was now gone. As a
+    park of a parked engine, the answer says the wish already holds; a second ``berth hold``
+    says A is already held."""
+    d = berthd()
+    runs.append(berth_run(d, "A", "--size", "4GiB", weights="3GiB"))
+    wait_for(lambda: d.state_of("A") == "active", what="A active")
+
+    def op(*argv):
+        r = subprocess.run([BERTH, *argv, "A"], env=d.env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r
+        return r.stdout
+
+    assert "A is not held; nothing to release" in op("release-hold")
+    assert "A held by the operator" in op("hold")
+    assert "A is already held; nothing to hold" in op("hold")
+    assert "A no longer held" in op("release-hold")
+    assert "A is not held; nothing to release" in op("release-hold")

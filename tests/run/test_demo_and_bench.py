@@ -162,3 +162,48 @@ def test_a_signal_to_berth_demo_mid_request_stops_it_without_a_traceback(isolate
     assert "Traceback" not in out and "Unclosed" not in out, out
     assert f"berth demo: stopped by {said}" in out and "OK: every chat" not in out, out
     assert ours(Path(isolated["TMPDIR"])) == [], out
+
+
+def test_berth_demo_stay_says_how_berths_commands_and_a_chat_reach_what_stays_up(isolated):
+    """``berth demo --stay`` keeps berthd and both engines up, but printed only the board's
+    address (a new user's find): ``berth status`` in a second terminal then read the default
+    socket and said berthd was not reachable, and nothing named A's front for a chat. The lines
+    after the demo give the environment berth's commands need and each front's address; the
+    commands printed work as written, and Ctrl-C still stops it all."""
+    from tests.helpers import ours
+    p = subprocess.Popen([BERTH, "demo", "--stay"], env={**isolated, "PYTHONUNBUFFERED": "1"},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, preexec_fn=_as_a_terminal)
+    timer = threading.Timer(150, lambda: os.killpg(p.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        out = ""
+        for line in p.stdout:
+            out += line
+            if line.startswith("berthd, the engines and the board stay up"):
+                break
+        said = "".join(p.stdout.readline() for _ in range(5))
+        out += said
+        env_line = re.search(r"^\s*export (BERTH_CONFIG=\S+)$", said, re.M)
+        assert env_line, out
+        key, value = env_line.group(1).split("=", 1)
+        status = subprocess.run([BERTH, "status"], env={**isolated, key: value},
+                                capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0, status.stderr
+        assert re.search(r"^\s+A\s", status.stdout, re.M), status.stdout
+        chat = re.search(r"^\s*curl .*-d '([^']+)' (http://127\.0\.0\.1:\d+/v1/chat/completions)$",
+                         said, re.M)
+        assert chat, out
+        req = urllib.request.Request(chat.group(2), data=chat.group(1).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200 and b"choices" in r.read()
+        os.killpg(p.pid, signal.SIGINT)
+        out += p.stdout.read()
+        rc = p.wait(30)
+    finally:
+        timer.cancel()
+    # Ctrl-C is how --stay ends once the demo has passed: its exit is the demo's verdict.
+    assert rc == 0, out
+    assert "Traceback" not in out, out
+    assert ours(Path(isolated["TMPDIR"])) == [], out

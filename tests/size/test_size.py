@@ -128,3 +128,20 @@ def test_a_bad_cuda_context_names_the_field_once():
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.count("--cuda-context") == 1 and "got 'abc'" in last, last
+
+
+def test_a_file_of_another_format_says_so_not_the_readers_internals(tmp_path):
+    """A safetensors or text file given as the model (a new user's find) was refused with
+    the GGUF reader's own words: "When changing to a larger dtype, its size must be a divisor
+    of the total size in bytes of the last axis of the array". The line names the file and
+    what its first bytes are not, and the format `berth size` reads."""
+    st = tmp_path / "model.safetensors"
+    st.write_bytes((16).to_bytes(8, "little") + b'{"__metadata__":{}}' + bytes(64))
+    text = tmp_path / "notes.gguf"
+    text.write_text("hi\n")
+    for path in (st, text):
+        r = _size(str(path), "--ctx", "512")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.startswith(f"berth size: {path}: not a GGUF file"), r.stderr
+        assert "does not start with 'GGUF'" in r.stderr, r.stderr
+        assert "dtype" not in r.stderr and "Sorry" not in r.stderr, r.stderr

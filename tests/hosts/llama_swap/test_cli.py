@@ -113,3 +113,20 @@ def test_models_the_berth_toml_has_no_entry_for_are_warned_about(tmp_path, monke
     monkeypatch.setenv("BERTH_CONFIG", str(tmp_path / "none.toml"))
     assert main(["llama-swap", "wrap", str(cfg), "-q"]) == 0
     assert f"there is no {tmp_path / 'none.toml'}" in capsys.readouterr().err
+
+
+def test_wrap_onto_its_own_source_is_refused_and_the_source_kept(tmp_path, capsys):
+    """``-o config.yaml`` for ``config.yaml`` (a new user's find) replaced the source with the
+    wrapped config, exit 0: its YAML comments were gone, and the header's advice (edit the
+    source and wrap it again) had no source left to follow. It exits 2 naming -o and the path,
+    the source untouched, whichever spelling of the path names it."""
+    src = tmp_path / "config.yaml"
+    text = "# my models\nmodels:\n  a:\n    cmd: llama-server --port ${PORT}  # the 7B\n"
+    src.write_text(text)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(src)
+    for out in (str(src), str(tmp_path / "." / "config.yaml"), str(link)):
+        assert main(["llama-swap", "wrap", str(src), "-o", out]) == 2
+        stdout, err = capsys.readouterr()
+        assert stdout == "" and f"-o {out}" in err and "config.berth.yaml" in err, err
+        assert src.read_text() == text
