@@ -10,7 +10,8 @@ where ``berth`` and ``berthd`` are beside this Python and torch is importable):
    14 GiB) and asks its front; then engine B, the same size, and asks B's front: berthd must make
    room by parking A (cuda-checkpoint to host RAM);
 4. asks A's front again: berthd parks B and wakes A, and A's memory must hold the same bytes;
-5. writes ``DIR/live.json`` (the figures: seconds to each answer, NVML's reads, the states) and
+5. starts a process that holds 2 GiB outside any lease: the board must name it a stowaway;
+6. writes ``DIR/live.json`` (the figures: seconds to each answer, NVML's reads, the states) and
    copies berthd's and each run's log into ``DIR``.
 
 Every wait has a ceiling; a step that fails is named in ``live.json`` with its error, and the
@@ -163,6 +164,29 @@ def main() -> int:
             got["card_after_park"] = _card(driver, card.pci)
         return got
 
+    def stowaway():
+        code = ("import sys, torch; x = torch.empty(2 << 30, dtype=torch.uint8, device='cuda'); "
+                "torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()")
+        p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "CUDA_VISIBLE_DEVICES": card.uuid})
+        procs.append(p)
+        try:
+            assert p.stdout.readline().strip() == "ready", "the stowaway did not allocate"
+
+            def named():
+                st = api(sock, "GET", "/v1/status", timeout=10)[1]
+                c = next(c for c in st["cards"] if c["pci"] == card.pci)
+                return next((s for s in c["stowaways"] if s["pid"] == p.pid), None)
+            seen = _until(named, 30, "the stowaway named on the board",
+                          lambda: api(sock, "GET", "/v1/status", timeout=10)[1]["cards"])
+            text = subprocess.run([BERTH, "status"], env=env, capture_output=True, text=True,
+                                  timeout=30).stdout
+            return {"stowaway": seen, "status_text": text}
+        finally:
+            p.kill()
+            p.wait(30)
+
     ok = step("berthd on NVML", start_berthd)
     if ok:
         run("A", 18101)
@@ -172,6 +196,8 @@ def main() -> int:
         ok = step("B's answer, making room by parking A", lambda: ask("B", 18102, "A"))
     if ok:
         ok = step("A's answer: wake A, park B, the same bytes", lambda: ask("A", 18101, "B"))
+    if ok:
+        ok = step("a stowaway: memory held outside any lease is named", lambda: stowaway())
     if ok:
         step("timeline", lambda: {"timeline": api(sock, "GET", "/v1/timeline", timeout=10)[1]
                                   .get("entries", [])[-40:]})
