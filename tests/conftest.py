@@ -49,6 +49,12 @@ from tests.helpers import RUN_ENV, slowness, sweep_run
 # the bytecode beside the checkout (git-ignored), the rest read it.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# aiohttp makes two TLS contexts when imported, each loading the system's CA bundle: 0.037 CPU-s
+# of a process's 0.2-0.5 (measured: `from aiohttp import web`, 0.226 s against 0.189 s), paid
+# by each of the ~1,000 berthds, runs, engines and gateways the suite starts. Nothing the suite
+# starts speaks TLS to anything that needs a CA (every peer is on loopback, in plain HTTP), so
+# its processes read an empty bundle; a user's own SSL_CERT_FILE is kept.
+os.environ.setdefault("SSL_CERT_FILE", os.devnull)
 
 settings.register_profile("ci", max_examples=150, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -185,18 +191,42 @@ def _early_s(item: pytest.Item) -> float:
     return float(mark.args[0]) if mark.args else 60.0
 
 
+#: How many xdist workers at most run the tests marked ``early`` (see :func:`_lanes`).
+EARLY_LANES = 4
+
+
+def _lanes(items: list[pytest.Item]) -> None:
+    """Put the tests marked ``early`` (and in no xdist group of their own) in
+    :data:`EARLY_LANES` groups, ``early-1``…, balanced by their seconds, longest first: each
+    group runs on one worker, one test after another. Those tests replay workloads at their own
+    pace and mostly wait; when every worker started on one (there are about twenty), the two
+    cores stood half idle for the suite's first two minutes (vmstat: 50-86 % idle) while the
+    tests that need the CPU queued behind them. A group takes its place in the queue at its
+    first test, so the lanes still start first."""
+    load = [0.0] * EARLY_LANES
+    for item in items:
+        seconds = _early_s(item)
+        if seconds < 0 or item.get_closest_marker("xdist_group"):
+            continue
+        lane = load.index(min(load))
+        load[lane] += seconds
+        item.add_marker(pytest.mark.xdist_group(f"early-{lane + 1}"))
+
+
+@pytest.hookimpl(tryfirst=True)     # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Long forms are chosen, never skipped: without ``BERTH_RELIABILITY=long`` they are
     deselected, so a default run reports what it ran and skips nothing. Tests marked ``early``
     go first, the longest first (a stable sort: every xdist worker collects the same order, and
-    ``--no-loadscope-reorder`` keeps it, where xdist would put the largest groups first)."""
+    ``--no-loadscope-reorder`` keeps it, where xdist would put the largest groups first), in
+    a few lanes (:func:`_lanes`)."""
     items.sort(key=_early_s, reverse=True)
-    if os.environ.get(LONG_ENV) == "long":
-        return
-    long_ = [it for it in items if it.get_closest_marker(LONG_MARK)]
-    if long_:
-        config.hook.pytest_deselected(items=long_)
-        items[:] = [it for it in items if not it.get_closest_marker(LONG_MARK)]
+    if os.environ.get(LONG_ENV) != "long":
+        long_ = [it for it in items if it.get_closest_marker(LONG_MARK)]
+        if long_:
+            config.hook.pytest_deselected(items=long_)
+            items[:] = [it for it in items if not it.get_closest_marker(LONG_MARK)]
+    _lanes(items)
 
 
 def _timeout_s(item: pytest.Item) -> float:
