@@ -3,8 +3,9 @@
 Source: DESIGN.md "Config"; issue 4; issue 11 ("checks on the typed models"). Checked: simulated
 cards declared with ``driver.kind = 'sim'`` and only then, no name or PCI address twice, a
 ``[cards.X]`` naming a declared card (once), a card's reserve, claims and baselines against its
-total and leaving memory to grant, an engine's need within its size, its ``card`` a declared
-card, its size what that card (or some card) can ever grant.
+total and leaving memory to grant, an engine's need within its size, its ``lend_max`` only with
+``lend = true``, its ``card`` a declared card, its size what that card (or some card) can ever
+grant.
 
 :func:`problems` runs in :class:`berth.config.models.Config`'s after-validator. When some value
 is wrong on its own, :func:`berth.config.loading.parse` validates a second time without the
@@ -212,7 +213,8 @@ _ENGINE_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,200}$")
 
 def _engines(cfg, v: _View, sims: list[_Card], all_known: bool, declared: str
              ) -> list[Problem]:
-    """Engines: need within size; on simulated cards, a card that exists and a size that fits."""
+    """Engines: need within size; lend_max only with lend; on simulated cards, a card that
+    exists and a size that fits."""
     out: list[Problem] = []
     by_key: dict[str, _Card] = {}
     for c in sims:
@@ -232,6 +234,13 @@ def _engines(cfg, v: _View, sims: list[_Card], all_known: bool, declared: str
             out.append(((*at, "need"), f"need {v.written((*at, 'need'), need)} is more than the "
                                        f"engine's size {v.written((*at, 'size'), size)}: the need "
                                        f"is what it uses of its size", need))
+        if (e.lend_max is not None and not e.lend and v.known(*at, "lend_max")
+                and v.known(*at, "lend")):
+            # A cap on lending with no lending means nothing; taken, it hid the missing lend.
+            out.append(((*at, "lend_max"), f"lend_max {v.written((*at, 'lend_max'), e.lend_max)}"
+                                           f" is set but the engine does not lend (lend is "
+                                           f"false): set lend = true, or remove lend_max",
+                        e.lend_max))
         if all_known and v.known(*at, "card"):
             out += _engine_on_sim_cards(at, e, v, sims, by_key, declared, need)
     return out

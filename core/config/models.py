@@ -161,6 +161,8 @@ class EngineConfig(_Strict):
 
     ``park = "checkpoint"`` is refused here: checkpoint needs a run's own front, so it goes on a
     ``berth run --front`` line (seed 002). ``park``/``lend`` need a ``front`` (rule 3).
+    ``lend_max`` needs ``lend = true`` (checked across values, :mod:`berth.config.cross`, to be
+    named at its own key).
     ``supervisor`` names a supervisord program (issue 7), with ``mode`` observe or gate.
     ``card`` is a card's short name or PCI address (kept normalised, as berthd keys cards).
     ``max_job`` bounds how long the ladder waits for this engine's requests in flight before it

@@ -75,13 +75,13 @@ from berth.daemon.api_bodies import (
     OperatorBody,
     ReleaseBody,
     ReportBody,
-    ShareBody,
     WakeBody,
     error,
     errors,
     known_query,
     parse_body,
     query_number,
+    with_entry,
 )
 from berth.daemon.api_claims import (
     auth,
@@ -134,37 +134,15 @@ def _cards_json(broker: Broker, cards: dict[str, int]) -> list[dict]:
             for p, b in cards.items()]
 
 
-def _with_entry(broker: Broker, body: LeaseBody) -> LeaseBody:
-    """Fill what the request left out from the ``[engines.<engine>]`` entry of berth.toml (a
-    ``berth run`` line's own flags win). Raises 400 when no size is given anywhere."""
-    entry = broker.cfg.engines.get(body.engine)
-    if entry is None:
-        if not body.shares:
-            raise web.HTTPBadRequest(reason=f"shares: engine {body.engine!r} has no "
-                                            f"[engines.{body.engine}] entry in berth.toml; give "
-                                            f"--size SIZE[@CARD]")
-        return body
-    given = body.model_fields_set
-    upd: dict = {}
-    if not body.shares:
-        upd["shares"] = [ShareBody(card=entry.card, size=entry.size, need=entry.need)]
-    for name, value in (("priority", entry.priority), ("bound", entry.bound),
-                        ("growth_allowance", entry.growth_allowance), ("lend", entry.lend),
-                        ("lend_max", entry.lend_max), ("front", entry.front),
-                        ("park", entry.park), ("keep_warm", entry.keep_warm)):
-        if name not in given:
-            upd[name] = value
-    return body.model_copy(update=upd)
-
-
 # -- handlers ----------------------------------------------------------------------------------
 async def request_lease(request: web.Request) -> web.Response:
     """``POST /v1/leases``. The checks that need no lease state run here (the caller's priority
-    cap, a front for park and lend, the claim of an adopted process, the owner); the card of
-    each share is chosen inside the single writer (:meth:`Broker.request`)."""
+    cap, a front for park and lend, the claim of an adopted process, the owner; what berth.toml
+    fills and its checks: :func:`with_entry`); the card of each share is chosen inside the
+    single writer (:meth:`Broker.request`)."""
     broker = request.app[BROKER]
     body: LeaseBody = await parse_body(request, LeaseBody)
-    body = _with_entry(broker, body)
+    body = with_entry(broker.cfg.engines, body)
     refused = owners.names_refused(broker, request, body.engine, [body.engine, *body.aliases],
                                    body.front, request.app[ALIASES], request.app[CALLERS])
     if refused is not None:

@@ -1,5 +1,6 @@
-"""The control API's requests and answers: request bodies as pydantic models, query numbers,
-and the one JSON error shape every answer takes.
+"""The control API's requests and answers: request bodies as pydantic models (a lease request
+filled from its engine's berth.toml entry: :func:`with_entry`), query numbers, and the one JSON
+error shape every answer takes.
 
 Source: issue 4 "The control API". A malformed call gets a 4xx JSON error naming the field and
 value (``{"error": {"type", "code", "message"}, "src": "berthd"}``), never a crash.
@@ -10,20 +11,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import reprlib
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Mapping
 
 from aiohttp import web
 from berth.config.errors import in_words, said_once
 from berth.config.words import is_secret
 from berth.daemon.broker import LeaseGone
 from berth.decide.model import DEFAULT_KEEP_WARM_S, MAX_ALIASES, Bound, Op, ParkMechanism
-from berth.decide.units import parse_size
+from berth.decide.units import format_size, parse_size
 from berth.process import peer_credentials
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
+if TYPE_CHECKING:
+    from berth.config.models import EngineConfig
+
 __all__ = ["AttachBody", "JobsBody", "LeaseBody", "NoteBody", "OperatorBody", "ReleaseBody",
            "ReportBody", "ShareBody", "WakeBody", "ClientKey", "BODY_WAIT_S", "error", "errors",
-           "known_query", "parse_body", "query_number", "read_json"]
+           "known_query", "parse_body", "query_number", "read_json", "with_entry"]
 
 log = logging.getLogger("berth.daemon.api")
 
@@ -106,6 +110,36 @@ class LeaseBody(_Body):
     # run asks again for a request its front holds, as a wake does (issue 34).
     client: ClientKey | None = None
     client_age_s: float | None = Field(None, ge=0.0, le=366 * 86400.0)
+
+
+def with_entry(engines: Mapping[str, EngineConfig], body: LeaseBody) -> LeaseBody:
+    """``body`` with what it left out filled from its engine's ``[engines.<engine>]`` entry of
+    berth.toml (``engines``: the config's entries by name; a field the body has is the run
+    line's own word and wins). Raises ``HTTPBadRequest`` (400) when no size is given anywhere,
+    or for a ``lend_max`` where neither the body nor the entry lends."""
+    entry = engines.get(body.engine)
+    if entry is None and not body.shares:
+        raise web.HTTPBadRequest(reason=f"shares: engine {body.engine!r} has no "
+                                        f"[engines.{body.engine}] entry in berth.toml; give "
+                                        f"--size SIZE[@CARD]")
+    if entry is not None:
+        given = body.model_fields_set
+        upd: dict = {}
+        if not body.shares:
+            upd["shares"] = [ShareBody(card=entry.card, size=entry.size, need=entry.need)]
+        for name, value in (("priority", entry.priority), ("bound", entry.bound),
+                            ("growth_allowance", entry.growth_allowance), ("lend", entry.lend),
+                            ("lend_max", entry.lend_max), ("front", entry.front),
+                            ("park", entry.park), ("keep_warm", entry.keep_warm)):
+            if name not in given:
+                upd[name] = value
+        body = body.model_copy(update=upd)
+    if body.lend_max is not None and not body.lend:
+        # A cap on lending with no lending: taken, it meant nothing and hid the missing --lend.
+        raise web.HTTPBadRequest(reason=f"lend_max: {format_size(body.lend_max)} given but "
+                                        f"engine {body.engine!r} does not lend; give --lend, or "
+                                        f"set lend = true in [engines.{body.engine}]")
+    return body
 
 
 class AttachBody(_Body):

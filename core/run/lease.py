@@ -74,8 +74,14 @@ def request_body(o: RunOptions, restore_across: bool = False, makes_room: bool =
     for a drained run with no front asking for its card again (no holder makes room for it).
     ``asker``: the client key of the oldest request its front holds and that request's age in
     seconds, as a wake says them: a drained run asks again for a held request, and a holder
-    whose last answer went to that client yields at once (issue 34)."""
-    body: dict = {"engine": o.engine, "owner_pid": os.getpid(), "lend": o.lend}
+    whose last answer went to that client yields at once (issue 34).
+
+    ``lend`` is sent only with --lend: a field the body has is the run line's word and berthd
+    does not fill it from the entry, so a ``"lend": false`` always sent hid ``lend = true`` in
+    berth.toml."""
+    body: dict = {"engine": o.engine, "owner_pid": os.getpid()}
+    if o.lend:
+        body["lend"] = True
     if asker[0] is not None and asker[1] is not None:
         body["client"], body["client_age_s"] = asker[0], round(max(0.0, asker[1]), 3)
     if restore_across:
@@ -135,7 +141,7 @@ def in_flags(message: str, o: RunOptions) -> str:
         if alias is not None and int(alias) < len(o.aliases):
             return f"--alias {o.aliases[int(alias)]}"
         mine = {"priority": o.priority is not None, "park": bool(o.park),
-                "bound": bool(o.bound), "lend_max": bool(o.lend_max)}
+                "bound": bool(o.bound), "lend": o.lend, "lend_max": bool(o.lend_max)}
         if field in _FLAG and mine.get(field, True):
             return _FLAG[field]
         return f"{entry} {field}"                # berthd filled it from berth.toml

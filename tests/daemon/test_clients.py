@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
-from tests.berthd import BERTH, Berthd, api, berth_run, sim_config
-from tests.helpers import wait_for
+from tests.berthd import BERTH, Berthd, GiB, api, berth_run, sim_config
+from tests.helpers import free_port, wait_for
 
 CKPT = str(BERTH) + "-sim-cuda-checkpoint"
 
@@ -231,11 +231,48 @@ def test_what_the_run_line_left_to_berth_toml_is_named_as_the_entry():
     assert in_flags("shares.0.size: 99.0GiB is larger than every card's capacity; priority: 5 "
                     "is more than the 0 berth.toml allows; lend: x", o) == (
         "[engines.big] size: 99.0GiB is larger than every card's capacity; [engines.big] "
-        "priority: 5 is more than the 0 berth.toml allows; --lend: x")
+        "priority: 5 is more than the 0 berth.toml allows; [engines.big] lend: x")
     o = RunOptions(cmd=["serve"], engine="big", sizes=[(None, "1GiB"), ("gpu1", "2GiB")],
-                   priority=3, bound="growth", lend_max="1GiB", park="hook")
-    assert in_flags("shares.1.need: a; bound: b; lend_max: c; park: d; priority: e", o) == (
-        "--size 2GiB@gpu1: a; --bound: b; --lend-max: c; --park: d; --priority: e")
+                   priority=3, bound="growth", lend=True, lend_max="1GiB", park="hook")
+    assert in_flags("shares.1.need: a; bound: b; lend_max: c; park: d; priority: e; lend: f",
+                    o) == ("--size 2GiB@gpu1: a; --bound: b; --lend-max: c; --park: d; "
+                           "--priority: e; --lend: f")
+
+
+def test_lend_true_in_the_engines_entry_lends_when_the_run_line_says_nothing(berthd, runs):
+    """``berth run`` sent ``"lend": false`` in every lease request when the run line had no
+    --lend, so berthd took it as the run's own word and never filled it from the entry:
+    ``lend = true`` in berth.toml was silently ignored. The entry's word now holds, and a
+    --lend-max on the run line caps that lending (it is refused only where nothing lends)."""
+    port = free_port()
+    d = berthd(extra=f'[engines.e]\nsize = "2GiB"\nfront = "127.0.0.1:{port}"\nlend = true\n')
+    runs.append(berth_run(d, "e", "--front", f"127.0.0.1:{port}", "--lend-max", "1GiB"))
+    lease = wait_for(lambda: d.state_of("e") == "active" and d.lease_of("e"), what="e granted")
+    caps = lease["capabilities"]
+    assert caps["lend"] is True and caps["lend_max_bytes"] == GiB, caps
+
+
+def test_lend_max_without_lending_is_refused_naming_the_flag(berthd, tmp_path):
+    """``--lend-max 2GiB`` with neither --lend nor ``lend = true`` in the entry was taken and
+    meant nothing. berthd refuses the lease; the run says so on one line naming --lend-max and
+    its value and how to lend, exit 1, and the engine never starts."""
+    d = berthd()
+    port = free_port()
+    marker = tmp_path / "engine-started"
+    out = subprocess.run([BERTH, "run", "--engine", "x", "--size", "1GiB", "--lend-max", "2GiB",
+                          "--front", f"127.0.0.1:{port}", "--",
+                          "sh", "-c", f"touch {marker}; exec sleep 60", "{port}"],
+                         env=d.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+    # One error line; the front's own log line of its stop may follow it.
+    errors = [ln for ln in out.stderr.splitlines() if " ERROR: " in ln]
+    assert len(errors) == 1, out.stderr
+    said = errors[0]
+    assert "berthd refused the lease: --lend-max: 2.0GiB given" in said, said
+    assert "--lend" in said.split("--lend-max", 1)[1] and "lend = true in [engines.x]" in said, said
+    assert not marker.exists()
+    assert d.status()["leases"] == []
 
 
 def test_berthd_not_reachable_says_where_why_and_how_to_start_it(tmp_path):

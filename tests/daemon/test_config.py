@@ -163,6 +163,21 @@ def test_an_engine_need_must_not_exceed_its_size():
     _one({"engines": {"e": {"size": "8GiB", "need": "9GiB"}}}, "engines.e.need", "'9GiB'", "'8GiB'")
 
 
+def test_lend_max_without_lend_is_refused_naming_the_key(tmp_path):
+    """``lend_max`` on an entry that does not lend was taken and meant nothing (the missing
+    ``lend = true`` went unnoticed): refused at its key, with the value and how to fix it."""
+    for entry in ({"size": "4GiB", "lend_max": "2GiB"},
+                  {"size": "4GiB", "front": "127.0.0.1:1", "lend": False, "lend_max": "2GiB"}):
+        _one({"engines": {"e": entry}}, "engines.e.lend_max", "'2GiB'", "lend = true")
+    parse({"engines": {"e": {"front": "127.0.0.1:1", "lend": True, "lend_max": "2GiB"}}})
+    f = tmp_path / "berth.toml"
+    f.write_text('[engines.e]\nsize = "4GiB"\nlend_max = "2GiB"\n')
+    out = subprocess.run([BERTH, "config", "check", str(f)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "engines.e.lend_max" in out.stderr, out
+    assert "'2GiB'" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("bad", [True, 1.5, "3"])
 def test_priority_is_a_whole_number_not_a_boolean(bad):
     _one({"engines": {"e": {"priority": bad}}}, "engines.e.priority", repr(bad), "whole number")
