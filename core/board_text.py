@@ -273,6 +273,9 @@ def _seconds(text: str) -> float:
 
 def _operator(args) -> int:
     r = client_sync.call("POST", f"/v1/operator/{args.command}", {"target": args.target})
+    if r.get("lease") is None and r.get("drained"):    # berth wake of a drained run (issue 35)
+        print(f"{args.command} {r['engine']} (drained): " + "; ".join(r.get("notes", [])))
+        return 0
     print(f"{args.command} {r['engine']} ({r['lease']})" +
           ("".join(f"\n  {n}" for n in r.get("notes", []))))
     return 0

@@ -32,6 +32,8 @@ Routes (all JSON; sizes may be strings like ``"14GiB"`` or integers of bytes):
                                            confirms the memory free)
 ``GET  /v1/leases/{id}``                   one lease
 ``POST /v1/operator/{op}``                 ``{"target"}``: park, wake, drain, hold, release-hold
+                                           (wake on a drained run: it asks for its card
+                                           again; the others a 409, :mod:`.drained`)
 ``GET  /v1/status``                        the board (``berth status --json``)
 ``GET  /v1/timeline?after=SEQ&timeout=S``  timeline entries (long-poll)
 ``GET  /metrics``                          Prometheus text
@@ -98,7 +100,7 @@ from berth.daemon.api_drained import add_routes as add_drained_routes
 from berth.daemon.api_extend import add_routes as add_extend_routes
 from berth.daemon.api_scrape import SCRAPE, Scrape, metrics
 from berth.daemon.broker import Broker, LeaseGone
-from berth.daemon.drained import DrainedRuns, find_target
+from berth.daemon.drained import DrainedRuns, find_target, wake_drained
 from berth.decide.model import Capabilities, Lease, ParkMechanism
 from berth.decide.placement import Ask, PlacementError
 from berth.decide.units import format_size
@@ -481,11 +483,15 @@ async def operator(request: web.Request) -> web.Response:
         return error(403, f"operator action {op!r} refused: uid {peer[1]} is not an operator "
                           f"(root, berthd's user, or a member of [api] operator_group)",
                      "forbidden")
-    lease = find_target(broker, body.target)
+    who = f"pid {peer[0]} uid {peer[1]}" if peer else f"{request.remote} with the TCP key"
+    woken = wake_drained(broker, body.target) if op == "wake" else None
+    if woken is not None:           # a drained run: it asks for its card again (issue 35)
+        log.info("operator wake %s (drained) by %s: %s", body.target, who, woken["notes"][0])
+        return web.json_response(woken)
+    lease = find_target(broker, body.target, op)
     fx = await broker.submit(lambda now: broker.sched.operator(op, lease.id, now))
-    peer = peer_of(request)         # every operator action is logged with who did it (issue 15)
-    log.info("operator %s %s by %s%s", op, lease.engine,
-             f"pid {peer[0]} uid {peer[1]}" if peer else f"{request.remote} with the TCP key",
+    # every operator action is logged with who did it (issue 15)
+    log.info("operator %s %s by %s%s", op, lease.engine, who,
              ", overriding its hold" if any(getattr(e, "kind", "") == "hold.override"
                                             for e in fx) else "")
     return web.json_response({"lease": lease.id, "engine": lease.engine, "op": op,

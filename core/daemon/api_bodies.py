@@ -305,6 +305,7 @@ QUERY = {
     ("GET", "/v1/leases/{id}/instructions"): {"after", "timeout", "wait_version"},
     ("POST", "/v1/leases/{id}/release"): {"wait"},
     ("GET", "/v1/timeline"): {"after", "timeout"},
+    ("GET", "/v1/drained/{engine}/wake"): {"timeout"},
 }
 #: Sequence numbers (``after``): whole, not a number of any kind.
 WHOLE = {"after", "wait_version"}

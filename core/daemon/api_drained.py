@@ -4,9 +4,13 @@ front waits (issue 35; the registry is :mod:`berth.daemon.drained`).
 =========================================  =================================================
 ``PUT /v1/drained/{engine}``               ``{"front"?, "holding", "why"?, "owner_pid"?,
                                            "asking"?, "aliases"?, "since"?}``: the engine is drained and its run
-                                           waits → ``{"engine", "since"}``; sent again when
+                                           waits → ``{"engine", "since", "wake"}``; sent again when
                                            ``holding`` changes and every few seconds (a
                                            restarted berthd learns it again)
+``GET /v1/drained/{engine}/wake``          long-poll ``?timeout=S`` (default 25): ``{"engine",
+                                           "wake"}``, answered at once when an operator's
+                                           ``berth wake`` asks the run to ask for its card
+                                           again (``wake`` true), else after S seconds
 ``DELETE /v1/drained/{engine}``            the engine serves again, or the run ends →
                                            ``{"engine", "removed"}``
 =========================================  =================================================
@@ -22,7 +26,7 @@ import re
 from typing import Annotated
 
 from aiohttp import web
-from berth.daemon.api_bodies import _Body, error, parse_body
+from berth.daemon.api_bodies import _Body, error, parse_body, query_number
 from berth.daemon.api_claims import (
     caller_of_request,
     is_operator,
@@ -97,8 +101,8 @@ def _refused(runs: DrainedRuns, cfg, request: web.Request, engine: str) -> web.R
 
 
 def add_routes(app: web.Application, runs: DrainedRuns, cfg) -> None:
-    """``PUT`` and ``DELETE /v1/drained/{engine}`` over ``runs`` (``cfg``: berthd's config, for
-    who is an operator)."""
+    """``PUT``, ``DELETE /v1/drained/{engine}`` and ``GET .../wake`` over ``runs`` (``cfg``:
+    berthd's config, for who is an operator)."""
 
     async def put(request: web.Request) -> web.Response:
         engine = _engine(request)
@@ -112,7 +116,15 @@ def add_routes(app: web.Application, runs: DrainedRuns, cfg) -> None:
         if new:
             log.info("%s is drained; its run waits%s (%s)", engine,
                      f" behind {run.front}" if run.front else "", run.why)
-        return web.json_response({"engine": engine, "since": run.since})
+        return web.json_response({"engine": engine, "since": run.since, "wake": run.wake_asked})
+
+    async def wake(request: web.Request) -> web.Response:
+        engine = _engine(request)
+        timeout = query_number(request, "timeout", 25.0, 0.0, 600.0)
+        refused = _refused(runs, cfg, request, engine)
+        if refused is not None:
+            return refused
+        return web.json_response({"engine": engine, "wake": await runs.wait_wake(engine, timeout)})
 
     async def delete(request: web.Request) -> web.Response:
         engine = _engine(request)
@@ -123,3 +135,4 @@ def add_routes(app: web.Application, runs: DrainedRuns, cfg) -> None:
 
     app.router.add_put("/v1/drained/{engine}", put)
     app.router.add_delete("/v1/drained/{engine}", delete)
+    app.router.add_get("/v1/drained/{engine}/wake", wake)

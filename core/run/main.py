@@ -124,16 +124,29 @@ def _drained_note(run: "EngineRun"):
     """berthd's entry for ``run``, just drained, started."""
     from berth.run.drained import DrainedNote
     note = DrainedNote(run.o.engine, run.front, run.actions.drained, run.actions.move_to,
-                       _ran_on(run.lease), run.o.aliases)
+                       _ran_on(run.lease), run.o.aliases, on_wake=lambda: _woken(run))
     note.start()
     return note
 
 
+def _woken(run: "EngineRun") -> bool:
+    """An operator's ``berth wake`` for drained ``run``: it asks for its card again now, as a
+    write would make it, and keeps asking with no request held (its engine starts when
+    granted). False when the run is not waiting behind its front (it asks already)."""
+    again = run._again
+    if again is None or again.is_set():
+        return False
+    run._operator_wake = True
+    again.set()
+    return True
+
+
 async def _ask_again(run: "EngineRun") -> None:
-    """A write came for drained ``run`` (or it moves): the next round's lease, which asks
-    for a new grant."""
+    """A write came for drained ``run`` (or it moves, or an operator woke it): the next round's
+    lease, which asks for a new grant."""
     run._note.asking()
-    run._moving = bool(run.actions.move_to)
+    run._moving = bool(run.actions.move_to) or run._operator_wake
+    run._operator_wake = False      # heard: the next drain waits for a write again
     await run.lease.close()
     run._new_lease()
     run._wire()
@@ -176,7 +189,8 @@ class EngineRun:
         # set: a write came for a drained engine (or it moves); it stays, set, until the
         # engine serves again, so a write meanwhile asks for nothing more (issue 35)
         self._again: asyncio.Event | None = None
-        self._moving = False    # the run asks for a card again for a move, not for a write
+        self._moving = False    # it asks for a card again for a move or a wake, not a write
+        self._operator_wake = False     # ``berth wake`` asked this drained run to start again
         self.slots = Slots(opts)                 # what the front forwards at once (issue 34)
         self._note = None                        # berthd's entry while drained (DrainedNote)
 

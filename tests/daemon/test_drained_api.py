@@ -46,20 +46,40 @@ def test_drained_entries_are_checked_listed_and_dropped_with_their_run(tmp_path)
 def test_an_operator_action_on_a_drained_engine_says_it_is_drained(tmp_path):
     """``berth park B`` on an engine whose run is drained (no lease, its front waiting) said
     ``no lease or engine named 'B'`` while ``berth status`` listed B as drained: the answer is a
-    409 that says B is drained and what starts it again."""
+    409 that says B is drained and what starts it again. ``berth wake B`` asks B's run to ask
+    for its card again: its long-poll of ``GET /v1/drained/B/wake`` answers ``wake`` until the
+    run says it asks."""
     d = Berthd(tmp_path, sim_config(tmp_path, [("gpu0", "24GiB")])).start()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    entry = {"front": "127.0.0.1:5801", "holding": 0, "why": "room for W",
+             "owner_pid": child.pid}
     try:
-        code, body = d.call("PUT", "/v1/drained/B", {"front": "127.0.0.1:5801", "holding": 0,
-                                                     "why": "room for W", "owner_pid": child.pid})
-        assert code == 200, body
-        for op in ("park", "wake", "drain", "hold", "release-hold"):
+        code, body = d.call("PUT", "/v1/drained/B", entry)
+        assert code == 200 and body["wake"] is False, body
+        for op in ("park", "drain", "hold", "release-hold"):
             code, body = d.call("POST", f"/v1/operator/{op}", {"target": "B"})
             text = body["error"]["message"]
             assert code == 409 and "B is drained" in text and "127.0.0.1:5801" in text, body
-            assert "next request" in text, body
+            assert "next request" in text and "berth wake B" in text and op in text, body
         code, body = d.call("POST", "/v1/operator/park", {"target": "nosuch"})
         assert code == 404 and body["error"]["message"] == "no lease or engine named 'nosuch'"
+        code, body = d.call("POST", "/v1/operator/wake", {"target": "nosuch"})
+        assert code == 404, body
+
+        assert d.call("GET", "/v1/drained/B/wake?timeout=0")[1] == {"engine": "B", "wake": False}
+        code, body = d.call("POST", "/v1/operator/wake", {"target": "B"})
+        assert code == 200 and body["lease"] is None and body["drained"] is True, body
+        assert body["notes"] == ["its run asks for its card again; it starts when granted"]
+        # Answered at once (a long timeout would not be waited for), and again until heard.
+        for _ in range(2):
+            assert d.call("GET", "/v1/drained/B/wake?timeout=600")[1]["wake"] is True
+        assert d.call("PUT", "/v1/drained/B", entry)[1]["wake"] is True
+        assert d.call("PUT", "/v1/drained/B", {**entry, "asking": True})[1]["wake"] is False
+        assert d.call("GET", "/v1/drained/B/wake?timeout=0")[1]["wake"] is False
+        code, body = d.call("POST", "/v1/operator/wake", {"target": "B"})
+        assert code == 200 and "already" in body["notes"][0], body
+        code, body = d.call("GET", "/v1/drained/B/wake?timeout=-1")
+        assert code == 400 and "timeout" in body["error"]["message"], body
     finally:
         child.kill()
         child.wait()

@@ -68,9 +68,13 @@ class BrokerSource:
         return await self.broker.wait_timeline(after, timeout_s)
 
     async def operator(self, op: str, target: str) -> dict:
-        from berth.daemon.drained import find_target  # berthd's parts load in berthd only
+        # berthd's parts load in berthd only
+        from berth.daemon.drained import find_target, wake_drained
         b = self.broker
-        lease = find_target(b, target)
+        woken = wake_drained(b, target) if op == "wake" else None
+        if woken is not None:
+            return woken
+        lease = find_target(b, target, op)
         fx = await b.submit(lambda now: b.sched.operator(op, lease.id, now))
         return {"lease": lease.id, "engine": lease.engine, "op": op,
                 "notes": [e.text for e in fx if hasattr(e, "text")]}
