@@ -115,7 +115,7 @@ def test_two_thousand_slow_clients_do_not_stop_the_gateway_answering(tmp_path):
         try:
             slow = asyncio.ensure_future(slow_heads(gw_port, n=2000, every_s=2.0,
                                                     give_up_s=25.0))
-            answered = 0
+            answered = retried = 0
             loop = asyncio.get_running_loop()
             # 5 s an answer, scaled by the machine's slowness (issue 38: 9.6 s on a loaded
             # machine); a gateway stalled by the slow heads takes their 25 s.
@@ -123,9 +123,19 @@ def test_two_thousand_slow_clients_do_not_stop_the_gateway_answering(tmp_path):
             end = time.monotonic() + 15
             while time.monotonic() < end:         # normal requests while they pile up
                 t0 = time.monotonic()
-                code, doc, _ = await loop.run_in_executor(None, lambda: http(
-                    gw_port, "POST", "/v1/chat/completions", {"model": "m"}, timeout=2 * bound))
-                assert code == 200 and doc["size"] > 0, (code, doc)
+                while True:
+                    code, doc, _ = await loop.run_in_executor(None, lambda: http(
+                        gw_port, "POST", "/v1/chat/completions", {"model": "m"},
+                        timeout=2 * bound))
+                    # While the flood's first thousand are all under a second old (on a loaded
+                    # machine, its first seconds), none gives its place and a new connection
+                    # is told to try again: a client that does must be answered in the bound.
+                    if code != 503 or doc.get("reason") != "too_many_connections" or \
+                            time.monotonic() - t0 >= bound:
+                        break
+                    retried += 1
+                    await asyncio.sleep(0.1)
+                assert code == 200 and doc["size"] > 0, (code, doc, retried)
                 assert time.monotonic() - t0 < bound
                 answered += 1
             code, st, _ = await loop.run_in_executor(None, lambda: http(
