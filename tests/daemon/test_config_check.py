@@ -14,6 +14,16 @@ def _check(tmp_path, path) -> subprocess.CompletedProcess:
                           timeout=30, cwd=tmp_path)
 
 
+def _refused(tmp_path, text: str) -> str:
+    """``berth config check`` of a berth.toml holding ``text``: exit 2 without a traceback.
+    Returns its stderr."""
+    cfg = tmp_path / "berth.toml"
+    cfg.write_text(text)
+    r = _check(tmp_path, cfg)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    return r.stderr
+
+
 def test_config_check_of_a_directory_or_bad_bytes_is_an_error_not_a_traceback(tmp_path):
     """Main: ``berth config check DIR`` and a berth.toml that is not UTF-8 ended in
     tracebacks."""
@@ -82,13 +92,10 @@ def test_a_size_in_bits_is_refused_by_name(tmp_path):
     """``size = "14Gb"`` read as 14 GB (13.0GiB) without a word, and ``berth run --size 14Gb``
     alike: ``Gb`` is gigabits. It is refused with the field, the value and the units meant;
     ``GB`` and ``gb`` stay decimal bytes and ``GiB`` binary."""
-    cfg = tmp_path / "berth.toml"
-    cfg.write_text('[engines.qwen]\nsize = "14Gb"\n[engines.coder]\nsize = "14gb"\n')
-    r = _check(tmp_path, cfg)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "engines.qwen.size" in r.stderr and "'14Gb'" in r.stderr, r.stderr
-    assert "bits" in r.stderr and "GiB" in r.stderr, r.stderr
-    assert "engines.coder" not in r.stderr, r.stderr
+    said = _refused(tmp_path, '[engines.qwen]\nsize = "14Gb"\n[engines.coder]\nsize = "14gb"\n')
+    assert "engines.qwen.size" in said and "'14Gb'" in said, said
+    assert "bits" in said and "GiB" in said, said
+    assert "engines.coder" not in said, said
     run = subprocess.run([BERTH, "run", "--engine", "x", "--size", "2Mb", "--", "true"],
                          capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert run.returncode == 2 and "--size" in run.stderr and "'2Mb'" in run.stderr, run.stderr
@@ -109,9 +116,6 @@ def test_a_size_with_a_card_in_berth_toml_says_card_is_its_own_key(tmp_path):
     copied into berth.toml (a new user's find), said only ``expected a size like '24GiB' or
     '512MiB'``: nothing said where the card goes. The line names the field, the value and the
     entry's own ``card`` key, with the two values split."""
-    cfg = tmp_path / "berth.toml"
-    cfg.write_text('[engines.qwen]\nsize = "14GiB@gpu1"\n')
-    r = _check(tmp_path, cfg)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert "engines.qwen.size" in r.stderr and "'14GiB@gpu1'" in r.stderr, r.stderr
-    assert "size = \"14GiB\"" in r.stderr and "card = \"gpu1\"" in r.stderr, r.stderr
+    said = _refused(tmp_path, '[engines.qwen]\nsize = "14GiB@gpu1"\n')
+    assert "engines.qwen.size" in said and "'14GiB@gpu1'" in said, said
+    assert "size = \"14GiB\"" in said and "card = \"gpu1\"" in said, said
