@@ -22,6 +22,9 @@ Park (the reference's steps 3–5; steps 1, 2 and 6 are the caller's):
    gone) unlocks what it locked and raises :class:`CalledOff` (issue 37); once a checkpoint has
    begun it runs to its end.
 
+A step that exits 0 has led to its state; the state is read (``--get-state``) only after a
+step that fails, to decide the undo: a park is three calls a process, a wake three.
+
 Wake (the unpark's steps 2–3): refused unless ``ctx.room_confirmed`` (the broker read room on the
 cards: a restore without room leaves the process stuck). Per PID: ``running`` is skipped;
 ``--action restore`` expecting ``locked``; ``--action unlock`` expecting ``running``. With
@@ -67,6 +70,8 @@ from .hookspecs import ActionContext, CalledOff, MechanismError, hookimpl
 NAME = "checkpoint"
 RUNNING, LOCKED, CHECKPOINTED, FAILED = "running", "locked", "checkpointed", "failed"
 _STATES = (RUNNING, LOCKED, CHECKPOINTED, FAILED)
+#: The state each action leads to (the reference's cycle).
+_LEADS_TO = {"lock": LOCKED, "checkpoint": CHECKPOINTED, "restore": LOCKED, "unlock": RUNNING}
 #: Host RAM kept free beyond the copy: a fraction of it plus a fixed amount (bytes).
 RAM_MARGIN_FRACTION, RAM_MARGIN_BYTES = 0.10, 1 << 30
 #: The lock's own ``--timeout`` (seconds) unless ``options["lock_timeout_s"]`` says otherwise;
@@ -188,11 +193,16 @@ class _Tool:
 
     async def act(self, action: str, pid: int, timeout_ms: int | None = None,
                   more: tuple[str, ...] = ()) -> tuple[int, str, str | None]:
-        """``--action ACTION --pid PID [MORE]``; returns (exit status, stderr, state read
-        after)."""
+        """``--action ACTION --pid PID [MORE]``; returns (exit status, stderr, state after).
+        The state after is the one the action leads to when it exits 0, and is read with
+        ``--get-state`` only after a failure (what to undo, and whether the engine is dead)."""
         extra = ("--timeout", str(timeout_ms)) if timeout_ms is not None else ()
         status, _, err = await self.run("--action", action, "--pid", str(pid), *extra, *more)
-        after, _ = await self.state(pid)
+        # Exit 0 is the tool's word that the step is done, so no --get-state follows it: each
+        # call starts a process that opens the driver (seconds on a loaded machine: modal PR
+        # #3603), and a read after every step made a park or wake five calls a process, not
+        # three. The broker still confirms a park's memory left the card with a driver read.
+        after = _LEADS_TO[action] if status == 0 else (await self.state(pid))[0]
         return status, err.strip()[:_QUOTE_CHARS], after
 
     def dead(self, pid: int, what: str, status: int | None = None) -> MechanismError:

@@ -54,7 +54,7 @@ def test_a_job_in_flight_finishes_before_a_drain(berthd, runs):
 def test_a_park_waits_for_the_job_not_the_release_grace(berthd, runs):
     # A 24 s job against a 10 s release grace (B's start, up to several seconds on a loaded
     # machine, comes out of the job's time first). The grace also bounds the checkpoint once the
-    # job has ended: the stand-in cuda-checkpoint makes about five calls, each a Python process
+    # job has ended: the stand-in cuda-checkpoint makes three calls, each a Python process
     # that took up to 1 s on a loaded 2-core machine, so a 4 s grace fell back to a drain there
     # ("`cuda-checkpoint --get-state ...` did not finish within 0.6 s") though the job was waited.
     d = _race(berthd(policy={"release_grace": "10s", "ram_budget": "64GiB"}), runs, park=True,

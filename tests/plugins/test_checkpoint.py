@@ -147,3 +147,24 @@ def test_a_park_called_off_before_its_checkpoint_unlocks_and_the_engine_runs_on(
     assert kit.state(eng.pid) == "running"
     assert kit.driver.read(PCI).processes == {eng.pid: held}
     assert eng.healthy()
+
+
+def test_a_park_and_a_wake_are_three_tool_calls_each_with_no_state_read_after_a_step(
+        kit, pm, tmp_path):
+    """A step that exits 0 has led to its state: no ``--get-state`` after it (each call starts a
+    process that opens the driver). A park is get-state, lock, checkpoint; a wake get-state,
+    restore, unlock; and a failed step is still followed by a read (test above: unlocked again)."""
+    log = tmp_path / "calls"
+    tool = tmp_path / "cuda-checkpoint"
+    tool.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\nexec {' '.join(TOOL)} \"$@\"\n")
+    tool.chmod(0o755)
+    eng = kit.start(weights="1GiB")
+    held = 1 * GiB + CONTEXT
+    opts = {"checkpoint_path": str(tool)}
+    act(pm, "berth_park", cp_ctx([eng.pid], held, options=opts))
+    act(pm, "berth_wake", cp_ctx([eng.pid], held, options=opts, room_confirmed=True))
+    calls = [line.split(" --pid")[0] for line in log.read_text().splitlines()]
+    assert calls == ["--get-state", "--action lock", "--action checkpoint",
+                     "--get-state", "--action restore", "--action unlock"]
+    assert kit.state(eng.pid) == "running"
+    assert eng.healthy()
