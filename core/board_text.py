@@ -11,7 +11,7 @@ import time
 
 from berth import client_sync
 from berth.client_sync import ApiError, BerthdUnavailable, ConfigUnusable
-from berth.decide.measures import REJECTED_WITH_FREE_WORDS
+from berth.decide.kinds import REJECTED_WITH_FREE_WORDS
 from berth.decide.units import format_duration, format_size
 
 __all__ = ["status_arguments", "operator_arguments", "render"]

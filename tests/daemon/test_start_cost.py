@@ -49,3 +49,5 @@ def test_the_one_call_commands_import_no_aiohttp(berthd):
         found = _imported(p.stderr)
         assert "berth.cli" in found                     # the reading is not vacuous
         assert not {m for m in found if m.split(".")[0] in ("aiohttp", "asyncio")}, argv
+        if argv[0] == "status":     # it reads berth.toml, not the decision model's dataclasses
+            assert "berth.config.models" in found and "berth.decide.model" not in found, found
