@@ -2,7 +2,7 @@
 
 A Berth process loads a few hundred modules as it starts (asyncio, aiohttp, pydantic, its own),
 and CPython's collector, run at every 700 allocations more than frees, walks the growing heap
-again and again meanwhile (berthd: about 120 collections, a seventh of its start-up CPU), for
+again and again meanwhile (berthd: about 125 collections, an eighth of its start-up CPU), for
 almost no garbage: what loads lives as long as the process. The ``berth`` and ``berthd``
 commands (:func:`berth.cli.main`) therefore :func:`pause` it as they start, and resume it with
 :func:`started` before the command runs, unless its parser said :func:`keep_paused`: such a
@@ -11,9 +11,9 @@ past its load, the stub engine listening), or exits first (``berth status``: one
 
 :func:`started` freezes what is there (:func:`gc.freeze`) before the collector runs again:
 later collections, and the one at exit, skip the start's objects, which live as long as the
-process anyway (the first collection after the pause walked them all: 30 ms in berthd). A
-cycle among them that becomes garbage later is not freed: at most what the start allocated.
-Only a process's own start pauses (:func:`berth.cli.main` called as the console command, not by
+process anyway (the first collection after the pause walked them all, 30 ms in berthd, and the
+one at exit another 25 ms). A cycle among them that becomes garbage later is not freed: at most
+what the start allocated. Only a process's own start pauses (:func:`berth.cli.main` called as the console command, not by
 a caller in its own process); :func:`started` does nothing in a process that did not pause.
 """
 
