@@ -14,6 +14,8 @@ from ``os.wait4``) it spends from exec until it is doing its work:
 - ``checkpoint_get_state``: ``berth-sim-cuda-checkpoint --get-state --pid P`` on a simulated
   engine, to its exit;
 - ``sim_engine``: ``berth sim engine --port P --weights 1GiB`` until it listens, then SIGTERM;
+- ``watchdog``: ``python -m berth.run.watchdog PGID START`` with its stdin closed, for an engine
+  group already gone (as at the end of every ``berth run``), to its exit;
 - ``python``: the reference, ``python -c pass``.
 
 Cases alternate (one of each per round), so the machine's other load falls on each alike; a
@@ -118,6 +120,9 @@ def _setup(tmp: Path) -> tuple[dict, list[str]]:
     # would measure the compiler.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("BERTH_") and k != "PYTHONDONTWRITEBYTECODE"}
+    # As the tests' processes (tests/conftest.py): aiohttp's import-time SSL context reads an
+    # empty bundle, not the system's (else each start measures the CA bundle's parsing).
+    env.setdefault("SSL_CERT_FILE", os.devnull)
     env.update(BERTH_STATE_DIR=str(tmp / "state"), BERTH_SOCKET=str(tmp / "state" / "berthd.sock"),
                BERTH_SIM_DIR=str(tmp / "sim"), BERTH_CONFIG=str(tmp / "berth.toml"))
     (tmp / "berth.toml").write_text(
@@ -129,6 +134,9 @@ def _setup(tmp: Path) -> tuple[dict, list[str]]:
 
 def _cases(env: dict, daemon: list[str], sock: Path, held_pid: int) -> dict:
     berth = _script("berth")
+    # An engine group that is gone: the pid of an exited, reaped process.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
 
     def berthd() -> float:
         # A second berthd on the same state dir would be refused: this one has its own.
@@ -154,6 +162,8 @@ def _cases(env: dict, daemon: list[str], sock: Path, held_pid: int) -> dict:
         "checkpoint_get_state": lambda: _to_exit(
             [_script("berth-sim-cuda-checkpoint"), "--get-state", "--pid", str(held_pid)], env),
         "sim_engine": sim_engine,
+        "watchdog": lambda: _to_exit(
+            [sys.executable, "-m", "berth.run.watchdog", str(gone.pid), "1.0"], env),
         "python": lambda: _to_exit([sys.executable, "-c", "pass"], env),
     }
 

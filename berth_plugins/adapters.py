@@ -27,16 +27,21 @@ OWN_DISTRIBUTION = "berth-gpu"
 PROTOCOL = "protocol"
 
 
-def entry_points(own_only: bool = False) -> list[importlib.metadata.EntryPoint]:
+def entry_points(own_only: bool = False, found: importlib.metadata.EntryPoints | None = None
+                 ) -> list[importlib.metadata.EntryPoint]:
     """The installed adapters' entry points, by name (``own_only``: Berth's own only). Two
-    distributions may declare one name: both are returned (the manager refuses the pair)."""
+    distributions may declare one name: both are returned (the manager refuses the pair).
+    ``found``: every group's entry points, read once by a caller that reads other groups too
+    (each read parses every installed distribution's entry_points.txt)."""
     if own_only:
         try:
             found = importlib.metadata.distribution(OWN_DISTRIBUTION).entry_points
         except importlib.metadata.PackageNotFoundError:
             return []
         return sorted(found.select(group=GROUP), key=lambda ep: ep.name)
-    return sorted(importlib.metadata.entry_points(group=GROUP), key=lambda ep: ep.name)
+    if found is None:
+        found = importlib.metadata.entry_points(group=GROUP)
+    return sorted(found.select(group=GROUP), key=lambda ep: ep.name)
 
 
 def names() -> list[str]:

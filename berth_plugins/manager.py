@@ -152,9 +152,11 @@ def _origin(ep: importlib.metadata.EntryPoint) -> str:
         f" of {dist.metadata['Name']} {dist.version}" if dist is not None else "")
 
 
-def _load_entry_points(pm: pluggy.PluginManager) -> set[str]:
-    """Register every plugin of the ``berth`` group; returns the entry-point names seen."""
-    eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+def _load_entry_points(pm: pluggy.PluginManager, found: importlib.metadata.EntryPoints
+                       ) -> set[str]:
+    """Register every plugin of the ``berth`` group (of ``found``, every group's entry points);
+    returns the entry-point names seen."""
+    eps = list(found.select(group=ENTRY_POINT_GROUP))
     names: set[str] = set()
     for ep in eps:
         if ep.name in names:
@@ -178,12 +180,14 @@ def _load_entry_points(pm: pluggy.PluginManager) -> set[str]:
     return names
 
 
-def _load_adapters(pm: pluggy.PluginManager, own_only: bool) -> dict[str, str]:
-    """Register the adapters of the group ``berth.adapters`` (``own_only``: Berth's own), each
-    under its adapter's name, unless blocked by that name or by its module. Returns every
-    adapter entry point seen, name -> value (``"module"``), blocked ones too."""
+def _load_adapters(pm: pluggy.PluginManager, own_only: bool,
+                   found: importlib.metadata.EntryPoints | None) -> dict[str, str]:
+    """Register the adapters of the group ``berth.adapters`` (``own_only``: Berth's own, else
+    those of ``found``, every group's entry points), each under its adapter's name, unless
+    blocked by that name or by its module. Returns every adapter entry point seen, name ->
+    value (``"module"``), blocked ones too."""
     seen: dict[str, str] = {}
-    for ep in registry.entry_points(own_only):
+    for ep in registry.entry_points(own_only, found):
         if ep.name in seen:
             raise PluginRefused(ep.name, None, f"{_origin(ep)}: another adapter has this name")
         seen[ep.name] = ep.value
@@ -252,11 +256,14 @@ def make_plugin_manager(block: Iterable[str] = (), load_entry_points: bool = Tru
     for modname in BUILTINS:
         if not pm.is_blocked(modname):
             _register(pm, importlib.import_module(modname), modname)
-    seen = _load_adapters(pm, own_only=not load_entry_points)
+    # Every group's entry points read once, for the adapters' group and the plugins' (a read
+    # parses every installed distribution's metadata).
+    found = importlib.metadata.entry_points() if load_entry_points else None
+    seen = _load_adapters(pm, not load_entry_points, found)
     pm.adapter_names = sorted(n for n in seen if pm.has_plugin(n))
     known = set(BUILTINS) | set(short) | set(seen) | set(seen.values())
     if load_entry_points:
-        others = _load_entry_points(pm)
+        others = _load_entry_points(pm, found)
         known |= others
         unknown = [n for n in blocked if n not in known]
         if unknown:

@@ -9,9 +9,9 @@ import json
 import sys
 import time
 
-from berth import client_sync
+from berth import client_sync, startup
 from berth.client_sync import ApiError, BerthdUnavailable, ConfigUnusable
-from berth.decide.measures import REJECTED_WITH_FREE_WORDS
+from berth.decide.kinds import REJECTED_WITH_FREE_WORDS
 from berth.decide.units import format_duration, format_size
 
 __all__ = ["status_arguments", "operator_arguments", "render"]
@@ -223,6 +223,7 @@ def _status(args) -> int:
         print(json.dumps(st, indent=2) if args.json else render(st), flush=True)
         return 0
     import asyncio
+    startup.started()                   # a watch goes on: collect again
     return asyncio.run(_watch(args))
 
 
@@ -304,6 +305,7 @@ def status_arguments(p) -> None:
     p.add_argument("--watch", nargs="?", const=2.0, type=_seconds, metavar="SECONDS",
                    help="print the board again every SECONDS (default 2) until Ctrl-C")
     p.set_defaults(func=_run(_status))
+    startup.keep_paused(p)          # one call, then it exits; a watch says started()
 
 
 def operator_arguments(p) -> None:
@@ -311,3 +313,4 @@ def operator_arguments(p) -> None:
     the operator action; :data:`berth.cli.COMMANDS`)."""
     p.add_argument("target", metavar="LEASE_OR_ENGINE")
     p.set_defaults(func=_run(_operator))
+    startup.keep_paused(p)          # one call, then it exits

@@ -17,6 +17,8 @@ import os
 import sys
 from typing import NamedTuple
 
+from berth import startup
+
 __all__ = ["COMMANDS", "Command", "main", "daemon_main", "build_parser"]
 
 
@@ -159,9 +161,26 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    return _main(sys.argv[1:] if argv is None else list(argv), entry=argv is None)
+
+
+def _main(argv: list[str], entry: bool) -> int:
+    """``berth ARGV``; ``entry``: as the process's own command (its start pauses the garbage
+    collector, :mod:`berth.startup`), not called by a caller in its own process."""
+    if entry:
+        startup.pause()
+    try:
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+        if not startup.kept(args):
+            startup.started()
+        return _run(parser, args)
+    finally:
+        startup.started()       # a command that exits before it said so (one call, a refusal)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run the parsed command: its exit status."""
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -183,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def daemon_main(argv: list[str] | None = None) -> int:
     """``berthd`` is ``berth daemon``."""
-    return main(["daemon", *(sys.argv[1:] if argv is None else argv)])
+    return _main(["daemon", *(sys.argv[1:] if argv is None else argv)], entry=argv is None)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,8 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 __all__ = ["state_dir", "socket_path", "sim_dir", "config_path", "find_config", "CONFIG_PLACES",
            "client_socket", "default_sockets", "find_socket",

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from berth.decide.model import names_card
+from berth.decide.kinds import names_card
 from berth.decide.units import format_size
 
 from .values import DEFAULT_RESERVE_BYTES

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from berth import paths
-from berth.decide.model import names_card
+from berth.decide.kinds import names_card
 from pydantic import ValidationError
 
 from .cross import RAW, RULES_OFF, UNKNOWN

@@ -7,10 +7,11 @@ run by :class:`Config`'s after-validator on the typed models.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from berth.decide.admission import Policy, QueuePolicy
-from berth.decide.model import DEFAULT_KEEP_WARM_S, Bound, names_card
+# The model's kinds, not the model: `berth status` and the other commands that only read
+# berth.toml build none of the decision model's dataclasses (.policy() loads admission).
+from berth.decide.kinds import DEFAULT_KEEP_WARM_S, Bound, QueuePolicy, names_card
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -45,6 +46,9 @@ from .values import (
     Total,
     Whole,
 )
+
+if TYPE_CHECKING:
+    from berth.decide.admission import Policy
 
 #: The error type of a problem between values (its message needs no "(got ...)").
 CROSS = "berth_config"
@@ -145,6 +149,7 @@ class PolicyConfig(_Strict):
     demand_trust: float = Field(0.0, ge=0.0, le=1.0)
 
     def policy(self) -> Policy:
+        from berth.decide.admission import Policy
         return Policy(queue=self.queue, scan_max_skips=self.scan_max_skips,
                       scan_max_wait_s=self.scan_max_wait, release_grace_s=self.release_grace,
                       wake_limit_s=self.wake_limit, wait_limit_s=self.wait_limit,

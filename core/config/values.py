@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from berth.decide.model import normalize_pci
+from berth.decide.pci import normalize_pci
 from berth.decide.units import parse_duration, parse_size
 from pydantic import BeforeValidator
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psutil
-from berth import paths
+from berth import paths, startup
 from berth.config import Config, ConfigError, load, load_config, plugin_problems, summary
 from berth.driver.base import Driver, DriverError
 
@@ -250,6 +250,7 @@ async def main_async(cfg: Config, ready: asyncio.Event | None = None) -> int:
     try:
         async with contextlib.AsyncExitStack() as stack:
             await _start(stack, cfg)
+            startup.started()                   # its modules are loaded: collect again
             stop = asyncio.Event()
             got: list[signal.Signals] = []
             loop = asyncio.get_running_loop()
@@ -393,6 +394,7 @@ def daemon_arguments(p) -> None:
                 "another berthd answers on the socket or holds the state directory, or the "
                 "socket cannot be bound")
     p.set_defaults(func=_cmd_daemon)
+    startup.keep_paused(p)          # berthd says started() once ready (main_async)
 
 
 def config_arguments(c) -> None:
@@ -404,3 +406,4 @@ def config_arguments(c) -> None:
     chk.add_argument("path", nargs="?", metavar="PATH",
                      help=f"the file (default: the one berthd reads: {paths.CONFIG_PLACES})")
     chk.set_defaults(func=_cmd_config_check)
+    startup.keep_paused(chk)        # one check, then it exits

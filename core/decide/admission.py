@@ -25,6 +25,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
+# QueuePolicy's home is .kinds, which the config schema reads without this module.
+from .kinds import QueuePolicy
 from .ledger import Ledger
 from .model import Bound, Lease, ShareState
 from .units import format_size
@@ -33,11 +35,6 @@ __all__ = ["QueuePolicy", "Policy", "Fit", "WaitKind", "Waiter", "Queue", "reser
            "verdict", "waiter_need", "grant", "admission_pass", "PassResult"]
 
 S = ShareState
-
-
-class QueuePolicy(enum.StrEnum):
-    STRICT = "strict"
-    SCAN = "scan"
 
 
 @dataclass(frozen=True)

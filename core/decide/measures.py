@@ -20,15 +20,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+# REJECTED_WITH_FREE_WORDS's home is .kinds, which `berth status` reads without this module.
+from .kinds import REJECTED_WITH_FREE_WORDS
 from .ledger import Ledger
 
 __all__ = ["Counters", "GrowthMeter", "REJECTED_WITH_FREE_WORDS", "reserve_fraction",
            "suggested_reserve"]
-
-#: ``admissions_rejected_with_free`` in words, wherever a user reads it (``berth status``, the
-#: board, the metric's help): what it counts. "refused while memory was free" read as berthd
-#: turning requests away from an empty card; the metric's name is kept for dashboards.
-REJECTED_WITH_FREE_WORDS = "waited with some memory free, not enough"
 
 
 @dataclass

@@ -21,6 +21,9 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+# Bound, names_card and DEFAULT_KEEP_WARM_S live in .kinds, which the config schema reads
+# without this module's dataclasses.
+from .kinds import DEFAULT_KEEP_WARM_S, Bound, names_card
 from .pci import normalize_pci
 
 __all__ = [
@@ -130,14 +133,6 @@ class Op(enum.StrEnum):
 OPS: frozenset[str] = frozenset(Op)
 
 
-class Bound(enum.StrEnum):
-    """Admission bounds of seed 000 "Admission bounds and their honesty"."""
-
-    DECLARED = "declared"   # reserve the declared maximum: the only guarantee
-    CURRENT = "current"     # reserve the measured need only
-    GROWTH = "growth"       # measured need + an allowance; extended when use passes it
-
-
 class ParkMechanism(enum.StrEnum):
     """How an engine's memory moves to RAM and back (seed 002 "Capabilities")."""
 
@@ -156,19 +151,6 @@ class IllegalTransition(ValueError):
         allowed = ", ".join(sorted(TRANSITIONS[src])) or "none"
         super().__init__(f"share on {share.card}: illegal transition {src} -> {dst} "
                          f"(allowed from {src}: {allowed})")
-
-
-def names_card(key: str, pci: str, name: str) -> bool:
-    """Whether ``key`` names the card whose normalised PCI address is ``pci`` and whose short
-    name is ``name``: its name, or any spelling of its PCI address (:func:`normalize_pci`).
-    The one rule for every place a user names a card: a ``[cards.X]`` key, an engine's
-    ``card``, ``--size SIZE@CARD``."""
-    if key == name:
-        return True
-    try:
-        return normalize_pci(key) == pci
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -315,10 +297,6 @@ class Demand:
     pending: tuple[float, float] | None = None
     unsettled: bool = False
 
-
-#: How long a priority protects an idle holder after its last request by default (seconds):
-#: Ollama's keep_alive default, so an engine marked important stays as warm as there.
-DEFAULT_KEEP_WARM_S = 300.0
 
 #: The most model IDs a lease names besides its engine's (``aliases``): berthd's lease body
 #: refuses more, and ``berth run`` refuses more ``--alias`` values before anything starts.

@@ -7,7 +7,9 @@ error numbers (issue 38).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+# Not typing's TYPE_CHECKING: nothing else the stand-in cuda-checkpoint loads imports typing,
+# whose import was a tenth of its start (type checkers take a constant of this name as true).
+TYPE_CHECKING = False
 
 __all__ = ["UNKNOWN", "BytesBack", "CardInfo", "Driver", "DriverError", "PidsGone", "Reading",
            "UseAtMost", "confirm"]
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
     )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from berth.driver import base

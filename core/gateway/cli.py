@@ -7,6 +7,8 @@ import logging
 import signal
 import sys
 
+from berth import startup
+
 __all__ = ["arguments"]
 
 DEFAULT_LISTEN = "127.0.0.1:7880"
@@ -25,6 +27,7 @@ def arguments(p) -> None:
                 "that cannot listen (another process listens on the port of --listen or "
                 "--comfyui-listen), as berth run's --front")
     p.set_defaults(func=_main)
+    startup.keep_paused(p)          # the gateway says started() once it listens
 
 
 def _main(args) -> int:
@@ -103,6 +106,7 @@ async def _serve(gw) -> int:
         print(f"berth gateway: {e if isinstance(e, CannotListen) else e.strerror or e}",
               file=sys.stderr)
         return 2
+    startup.started()                   # its modules are loaded: collect again
     print(start_line(gw), flush=True)
     _warn_exposed(gw)
     try:

@@ -23,6 +23,8 @@ import os
 import signal
 import sys
 
+from berth import startup
+
 from .claims import BERTH_DRIVER, GPU_DRIVERS, engine_name
 
 __all__ = ["arguments"]
@@ -47,6 +49,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--plan", action="store_true",
                    help="print the leases against berthd's cards and make none")
     q.set_defaults(func=_lease)
+    startup.keep_paused(q)          # its run says started() once its modules are loaded
     s = sub.add_parser("slices", help="print the ResourceSlice Berth would publish for "
                                       "this node's cards")
     s.add_argument("--node", help="the node's name (default: this host's name)")
@@ -54,6 +57,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--json", action="store_true", help="JSON instead of YAML")
     s.add_argument("--config", help="berth.toml (default: the one berthd reads)")
     s.set_defaults(func=_slices)
+    startup.keep_paused(s)          # one print, then it exits
 
 
 def _fail(message: str, code: int) -> int:
@@ -81,6 +85,7 @@ async def _lease_async(args, loaded) -> int:
 
     from .claims import plan
     from .objects import K8sInputError
+    startup.started()                   # its modules are loaded: collect again
     drivers = tuple(args.driver) if args.driver else GPU_DRIVERS
     async with Client() as client:
         try:

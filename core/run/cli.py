@@ -16,6 +16,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 
+from berth import startup
 from berth.decide.model import MAX_ALIASES, Bound, ParkMechanism
 from berth.decide.units import parse_duration, parse_size
 
@@ -336,3 +337,4 @@ def _path_arguments(p) -> None:
                    help="a mechanism option (e.g. model=ID for llama.cpp's router)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD")
     p.set_defaults(func=_cmd_run)
+    startup.keep_paused(p)          # the run says started() past its load (EngineRun.main)

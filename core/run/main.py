@@ -55,7 +55,7 @@ import logging
 import signal
 from typing import TYPE_CHECKING, Coroutine
 
-from berth import paths
+from berth import paths, startup
 from berth.config.errors import ConfigError
 from berth.decide.model import Op
 from berth.front import Front, FrontState
@@ -219,6 +219,7 @@ class EngineRun:
                 if self.front is not None:
                     self.front.stopped(f"berth run cannot start: {e}")
                 return 2
+            startup.started()                   # its modules are loaded: collect again
             code = await self._serve(stack)
         return signal_code(self.signum) if self.signalled else code
 

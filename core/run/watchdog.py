@@ -17,8 +17,6 @@ import select
 import signal
 import sys
 
-from berth.process import ProcessId, SignalRefused, signal_group
-
 
 def _group_alive(pgid: int) -> bool:
     try:
@@ -35,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m berth.run.watchdog PGID START_TIME", file=sys.stderr)
         return 2
-    leader = ProcessId(int(args[0]), float(args[1]))
+    pgid, start_time = int(args[0]), float(args[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fd = sys.stdin.fileno()
@@ -45,8 +43,16 @@ def main(argv: list[str] | None = None) -> int:
             if os.read(fd, 4096):
                 continue
             break                                   # EOF: berth run is gone
-        if not _group_alive(leader.pid):
+        if not _group_alive(pgid):
             return 0                                # the engine ended; nothing to guard
+    if not _group_alive(pgid):
+        # The run stopped its engine first (let_watchdog_go, the usual end): no member is left
+        # to kill, as signal_group would find by walking every process of the machine.
+        return 0
+    # Imported here, only for a group that is still there: psutil costs this process, started
+    # once per engine start, more than the rest of its start.
+    from berth.process import ProcessId, SignalRefused, signal_group
+    leader = ProcessId(pgid, start_time)
     try:
         signal_group(leader, signal.SIGKILL)
         print(f"berth watchdog: berth run is gone; killed engine group {leader.pid}",

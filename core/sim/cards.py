@@ -37,7 +37,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from berth import paths
 from berth.decide.pci import normalize_pci
@@ -128,7 +127,7 @@ class CardSpec:
         return cls(pci=pci, name=name, uuid=uuid, total_bytes=total_bytes,
                    baseline_bytes=baseline_bytes, model=model)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"pci": self.pci, "name": self.name, "uuid": self.uuid,
                 "total_bytes": self.total_bytes, "baseline_bytes": self.baseline_bytes,
                 "model": self.model}

@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 
+from berth import startup
 from berth.decide.units import format_duration, format_size, parse_duration, parse_size
 from berth.sim.cards import CHECKPOINTED, CardSpec, SimCards, SimError
 
@@ -210,6 +211,7 @@ def arguments(sim: argparse.ArgumentParser) -> None:
     p = sub.add_parser("engine", help="a stub OpenAI-style engine on a simulated card")
     engine_arguments(p)
     p.set_defaults(func=_engine)
+    startup.keep_paused(p)          # the engine says started() once it listens
 
     sub.add_parser("charge", help="run a real engine whose memory shows on the simulated "
                                   "cards while it lives (its children's too)")

@@ -54,6 +54,7 @@ import uuid as uuidlib
 from typing import AsyncIterator
 
 from aiohttp import web
+from berth import startup
 from berth.decide.pci import normalize_pci
 from berth.decide.units import format_size, parse_duration, parse_size
 from berth.sim.cards import RUNNING, SimBusy, SimCards, SimError, SimOOM
@@ -557,6 +558,7 @@ async def _serve(eng: StubEngine, host: str, port: int, protocol: bool,
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+    startup.started()                   # its modules are loaded: collect again
     print(f"berth sim engine: pid {eng.pid} serving {eng.model} on http://{host}:{port} "
           f"(card {', '.join(eng.pcis)})", file=sys.stderr, flush=True)
     rc = 0

@@ -14,8 +14,8 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from berth.paths import UnsafePath, open_shared, write_atomic
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import os
 import socket
-import xmlrpc.client
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    import xmlrpc.client
 
 __all__ = ["STATES", "RUNNING_STATES", "STOPPED_STATES", "FAULTS", "Endpoint", "ProcessInfo",
            "Supervisor", "SupervisorError", "SupervisorUnavailable"]
@@ -152,6 +154,10 @@ class Supervisor:
         self.timeout_s = timeout_s
 
     def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        # Imported here, at the first call: berthd and every `berth run` load this host's
+        # plugin, most never call a supervisord, and xmlrpc.client (http.client, expat) costs
+        # each of their starts a few ms.
+        import xmlrpc.client
         proxy = xmlrpc.client.ServerProxy(
             "http://127.0.0.1", transport=_transport(self.endpoint, timeout_s or self.timeout_s))
         call = f"supervisor.{method}({', '.join(map(repr, args))})"

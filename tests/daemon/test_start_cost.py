@@ -1,6 +1,7 @@
 """berthd loads prometheus_client at the first scrape of ``/metrics``, not at its start (issue 38:
 the suite starts berthd hundreds of times, and most are never scraped), and the front's own
-modules (``berth run``'s proxy) not at all: berthd reads only the listener's limits."""
+modules (``berth run``'s proxy) not at all: berthd reads only the listener's limits. Nor does it
+load xmlrpc.client for the supervisord host's plugin until a call to supervisord."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_prometheus_loads_at_the_first_scrape(berthd):
     found = _imported(d.log.read_text())
     assert "berth.daemon.api" in found                  # the reading is not vacuous
     early = sorted(m for m in found if m.startswith(("prometheus_client", "berth.front.front",
-                                                     "berth.daemon.api_metrics")))
+                                                     "berth.daemon.api_metrics", "xmlrpc")))
     assert not early, early
     code, out = api(d.sock, "GET", "/metrics")
     assert code == 200 and "berth_card_total_bytes" in out["raw"], out
@@ -48,3 +49,5 @@ def test_the_one_call_commands_import_no_aiohttp(berthd):
         found = _imported(p.stderr)
         assert "berth.cli" in found                     # the reading is not vacuous
         assert not {m for m in found if m.split(".")[0] in ("aiohttp", "asyncio")}, argv
+        if argv[0] == "status":     # it reads berth.toml, not the decision model's dataclasses
+            assert "berth.config.models" in found and "berth.decide.model" not in found, found
