@@ -13,8 +13,9 @@ past its load, the stub engine listening), or exits first (``berth status``: one
 later collections, and the one at exit, skip the start's objects, which live as long as the
 process anyway (the first collection after the pause walked them all, 30 ms in berthd, and the
 one at exit another 25 ms). A cycle among them that becomes garbage later is not freed: at most
-what the start allocated. Only a process's own start pauses (:func:`berth.cli.main` called as the console command, not by
-a caller in its own process); :func:`started` does nothing in a process that did not pause.
+what the start allocated. Only a process's own start pauses (:func:`berth.cli.main` called as
+the console command, not by a caller in its own process); :func:`started` does nothing in a
+process that did not pause.
 """
 
 from __future__ import annotations
