@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("SSL_CERT_FILE", os.devnull)      # as tests/conftest.py: no CA bundle
 
 from berth.decide.units import parse_duration  # noqa: E402
+
 from tests.berthd import Berthd, berth_run, sim_config, stop_proc, wait_for  # noqa: E402
 
 

@@ -49,18 +49,19 @@ class Txn:
         self.dirty = False
 
 
-def start_time(pid: int) -> float | None:
+def start_time(pid: int, boot: float | None = None) -> float | None:
     """The process's start time (``psutil``'s create time, seconds since the epoch), or ``None``
     when it is gone or a zombie (a zombie has released its memory already).
 
     Read from ``/proc/PID/stat`` with psutil's own arithmetic (start ticks / clock ticks + boot
     time), so the value is psutil's to the bit: the stand-in cuda-checkpoint runs once per park
     and wake step and psutil's import was a third of its start (issue 38). psutil answers where
-    ``/proc`` does not read."""
+    ``/proc`` does not read. ``boot``: the boot time (:func:`boot_time`) where the caller
+    read it already, for many processes at once."""
     try:
         data = Path(f"/proc/{int(pid)}/stat").read_bytes()
-        with open("/proc/stat", "rb") as f:
-            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime"))
+        if boot is None:
+            boot = boot_time()
     except (FileNotFoundError, ProcessLookupError):
         return None
     except (OSError, StopIteration, ValueError):
@@ -72,6 +73,13 @@ def start_time(pid: int) -> float | None:
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def boot_time() -> float:
+    """The boot time (seconds since the epoch) as ``/proc/stat`` says it now, psutil's base
+    for start times. Raises ``OSError``, ``StopIteration``, ``ValueError``."""
+    with open("/proc/stat", "rb") as f:
+        return next(float(line.split()[1]) for line in f if line.startswith(b"btime"))
 
 
 def _psutil_start_time(pid: int) -> float | None:
@@ -94,10 +102,16 @@ def _gc(st: "Txn") -> None:
     """Free the memory of processes gone for ``free_delay_s`` since a reader first saw it."""
     now = time.monotonic()
     delay = st.data["free_delay_s"]
+    # One read of the boot time for the pass, not one a process: each pass (every driver
+    # read) checks every process in the store.
+    try:
+        boot: float | None = boot_time()
+    except (OSError, StopIteration, ValueError):
+        boot = None
     for key, p in list(st.data["procs"].items()):
         seen = p["gone_seen_at"]
         if seen is None:
-            start = start_time(p["pid"])
+            start = start_time(p["pid"], boot)
             if start is not None and abs(start - p["start_time"]) < 0.01:
                 continue
             p["gone_seen_at"] = seen = now
