@@ -82,7 +82,9 @@ class Liveness:
     becomes readable when it exits, and a pidfd names one process, never a later one that
     reuses its PID. The first ask of an identity, and every ask where pidfds are missing
     (Linux before 5.3, a seccomp filter), is :func:`alive` itself. :meth:`sweep` closes what
-    was not asked since the sweep before."""
+    was not asked since the sweep before. Where the two part: a process whose main thread
+    ended while other threads run reads as a zombie to :func:`alive` (dead), and lives for
+    the pidfd until its last thread ends."""
 
     def __init__(self) -> None:
         self._fds: dict[ProcessId, int] = {}
@@ -95,7 +97,9 @@ class Liveness:
             return False
         fd = self._fds.get(pid_id)
         if fd is not None:
-            if not select.select([fd], [], [], 0)[0]:
+            poll = select.poll()            # not select(): a descriptor may be over 1023
+            poll.register(fd, select.POLLIN)
+            if not poll.poll(0):
                 return True
             # Exited (a zombie included): an identity never lives again.
             os.close(self._fds.pop(pid_id))

@@ -42,6 +42,10 @@ class Reads:
         self.escapees: dict[str, dict[str, dict[int, int]]] = {}
         self._live = Liveness()
 
+    def close(self) -> None:
+        """Close what the reads hold open (a pidfd for each live holder and owner)."""
+        self._live.close()
+
     def _who(self, pids: dict[int, int]) -> dict[int, tuple[str, str]]:
         """``(program, user)`` for each of ``pids`` (stowaways) as the process table names
         them, remembered while the PID stays a stowaway (a read every interval would otherwise
