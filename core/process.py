@@ -9,13 +9,14 @@ time differs) is never signalled.
 from __future__ import annotations
 
 import os
+import select
 import signal as _signal
 from dataclasses import dataclass
 
 import psutil
 
 __all__ = ["ProcessId", "identify", "alive", "program_and_user", "signal_process", "signal_group", "tree_pids",
-           "peer_credentials", "SignalRefused"]
+           "peer_credentials", "SignalRefused", "Liveness", "Ancestry"]
 
 #: Start times from psutil are floats; two reads of one process agree to well under this.
 _TOLERANCE_S = 0.05
@@ -73,6 +74,116 @@ def alive(pid_id: ProcessId) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return False
+
+
+class Liveness:
+    """:func:`alive` for the processes berthd's reader asks about at every read (each lease's
+    holder and owner), at the cost of a ``poll`` once a process was found alive: a pidfd on it
+    becomes readable when it exits, and a pidfd names one process, never a later one that
+    reuses its PID. The first ask of an identity, and every ask where pidfds are missing
+    (Linux before 5.3, a seccomp filter), is :func:`alive` itself. :meth:`sweep` closes what
+    was not asked since the sweep before. Where the two part: a process whose main thread
+    ended while other threads run reads as a zombie to :func:`alive` (dead), and lives for
+    the pidfd until its last thread ends."""
+
+    def __init__(self) -> None:
+        self._fds: dict[ProcessId, int] = {}
+        self._dead: set[ProcessId] = set()
+        self._asked: set[ProcessId] = set()
+
+    def alive(self, pid_id: ProcessId) -> bool:
+        self._asked.add(pid_id)
+        if pid_id in self._dead:
+            return False
+        fd = self._fds.get(pid_id)
+        if fd is not None:
+            poll = select.poll()            # not select(): a descriptor may be over 1023
+            poll.register(fd, select.POLLIN)
+            if not poll.poll(0):
+                return True
+            # Exited (a zombie included): an identity never lives again.
+            os.close(self._fds.pop(pid_id))
+            self._dead.add(pid_id)
+            return False
+        fd = _pidfd(pid_id.pid)     # before the check: the check then vouches for its process
+        ok = alive(pid_id)
+        if ok and fd is not None:
+            self._fds[pid_id] = fd
+        elif fd is not None:
+            os.close(fd)
+        return ok
+
+    def sweep(self) -> None:
+        """Forget every identity not asked about since the last sweep (a lease that ended)."""
+        for pid_id in [p for p in self._fds if p not in self._asked]:
+            os.close(self._fds.pop(pid_id))
+        self._dead &= self._asked
+        self._asked = set()
+
+    def close(self) -> None:
+        self._asked = set()
+        self.sweep()
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+
+
+class Ancestry:
+    """Which of some processes are a root or descend from it, as :func:`tree_pids` would
+    find them, for one pass of berthd's reader: asked only about the few processes that
+    matter (those on the cards), it walks *up* from each through the parent named in
+    ``/proc/PID/stat``, one read a process per pass however many roots are asked about, where
+    :func:`tree_pids` reads a file for every thread of every process of each root's tree (an
+    engine runs dozens of threads). Make a new one for each pass: it remembers the parents
+    it read."""
+
+    def __init__(self) -> None:
+        self._up: dict[int, tuple[int, ...]] = {}
+
+    def within(self, pids, root: int) -> set[int]:
+        """Those of ``pids`` that are ``root`` or below it now."""
+        return {p for p in pids if root in self._chain(p)}
+
+    def _chain(self, pid: int) -> tuple[int, ...]:
+        """``pid`` and its ancestors, nearest first; empty when ``pid`` is gone."""
+        path: list[int] = []
+        cur = pid
+        while cur > 0 and cur not in self._up:
+            parent = _parent(cur)
+            if parent is None or cur in path:   # gone; or a PID reused mid-walk made a loop
+                self._up[cur] = ()
+                break
+            path.append(cur)
+            cur = parent
+        tail = self._up.get(cur, ())
+        for i in range(len(path) - 1, -1, -1):
+            tail = self._up[path[i]] = (path[i], *tail)
+        return self._up.get(pid, ())
+
+
+def _parent(pid: int) -> int | None:
+    """The parent's PID from ``/proc/PID/stat`` (0 above the topmost), or ``None`` when
+    ``pid`` is gone."""
+    try:
+        # Not open(): a file object costs four more system calls (fstat, ioctl, lseek, a
+        # second read), and the reader asks this of each process on the cards at every read.
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 4096)            # some 300 bytes: one read holds it
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return int(data[data.rfind(b")") + 2:].split(None, 2)[1])
+    except (IndexError, ValueError):
+        return None
 
 
 def signal_process(pid_id: ProcessId, sig: int = _signal.SIGTERM) -> None:

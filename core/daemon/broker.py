@@ -156,6 +156,7 @@ class Broker(ReadLoops):
             t.cancel()
         await asyncio.gather(*self._tasks, *self._watches, return_exceptions=True)
         self._tasks.clear()
+        self.reads.close()
         self._persist()
 
     def _card_name(self, info, i: int) -> str:

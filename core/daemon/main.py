@@ -196,7 +196,7 @@ async def _serve(stack: contextlib.AsyncExitStack, cfg: Config, broker: "Broker"
     ``[api] tcp``."""
     from berth.daemon import board_web as board
     from berth.daemon.api_serve import serve
-    hub = board.Hub(board.BrokerSource(broker))
+    hub = board.Hub(board.BrokerSource(broker), pages=bool(cfg.board.listen))
     from berth.exposed import CannotListen
     try:
         runner = await serve(broker, sock, cfg.api.tcp, cfg.api.key, waits=hub.waits)

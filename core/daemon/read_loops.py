@@ -30,7 +30,10 @@ class ReadLoops:
         interval = self.cfg.policy.read_interval
         while True:
             try:
-                await asyncio.wait_for(self._kick.wait(), _until_due(self, interval))
+                # Not wait_for: that wraps the wait in a task of its own and cancels it at
+                # every timeout, twice the event loop's turns of a whole idle read.
+                async with asyncio.timeout(_until_due(self, interval)):
+                    await self._kick.wait()
             except TimeoutError:
                 pass
             self._kick.clear()

@@ -16,7 +16,7 @@ from berth.decide.ledger import Ledger
 from berth.decide.model import LIVE_STATES, Lease
 from berth.decide.units import format_size
 from berth.driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost
-from berth.process import ProcessId, alive, program_and_user, tree_pids
+from berth.process import Ancestry, Liveness, ProcessId, program_and_user, tree_pids
 
 __all__ = ["Reads"]
 
@@ -40,6 +40,11 @@ class Reads:
         #: lease id -> pci -> {pid: bytes}: processes counted for a lease (seen in its tree
         #: before) that are outside its tree now, as the last read found them: its escapees.
         self.escapees: dict[str, dict[str, dict[int, int]]] = {}
+        self._live = Liveness()
+
+    def close(self) -> None:
+        """Close what the reads hold open (a pidfd for each live holder and owner)."""
+        self._live.close()
 
     def _who(self, pids: dict[int, int]) -> dict[int, tuple[str, str]]:
         """``(program, user)`` for each of ``pids`` (stowaways) as the process table names
@@ -64,37 +69,45 @@ class Reads:
         """Read every card: ``({pci: CardRead}, [ids of leases whose holder died])``."""
         led = self.ledger
         leases = list(led.leases.values())
+        readings = {pci: self.read(pci) for pci in led.cards}
+        # Of each lease's process tree only the processes on a card and those it was seen with
+        # decide anything (_map): those are asked about, not whole trees walked.
+        on_cards = set().union(*(r.processes for r in readings.values()))
+        anc = Ancestry()
         trees: dict[str, set[int]] = {}
         dead: list[str] = []
         for le in leases:
             # A death is news once: a released share then only waits for the driver's read.
             ending = le.is_waiting() or any(sh.state in LIVE_STATES for sh in le.shares.values())
+            asked = on_cards.union(*self.lease_pids.get(le.id, {}).values())
             if le.pid is not None:
-                if le.start_time is not None and not alive(ProcessId(le.pid, le.start_time)):
+                if le.start_time is not None and not self._live.alive(
+                        ProcessId(le.pid, le.start_time)):
                     if ending:
                         dead.append(le.id)
                     trees[le.id] = set()
                 else:
-                    trees[le.id] = tree_pids(le.pid)
+                    trees[le.id] = anc.within(asked, le.pid)
             elif le.owner_pid is not None and le.owner_start_time is not None \
-                    and not alive(ProcessId(le.owner_pid, le.owner_start_time)) and ending:
+                    and not self._live.alive(ProcessId(le.owner_pid, le.owner_start_time)) \
+                    and ending:
                 dead.append(le.id)
             if le.reaper:
                 # Every descendant of the owner but itself is the engine's, from its first
                 # byte, before the engine attaches and after it double-forks out of the
                 # engine's tree (issue 36).
-                trees[le.id] = trees.get(le.id, set()) | self._reaped(le)
-        reads: dict[str, CardRead] = {}
-        for pci in led.cards:
-            reads[pci] = self._map(pci, self.read(pci), leases, trees)
+                trees[le.id] = trees.get(le.id, set()) | self._reaped(le, anc, asked)
+        self._live.sweep()
+        reads = {pci: self._map(pci, r, leases, trees) for pci, r in readings.items()}
         return reads, dead
 
-    def _reaped(self, le: Lease) -> set[int]:
-        """The descendants of ``le``'s owner but itself, while the owner lives (a reaper's)."""
+    def _reaped(self, le: Lease, anc: Ancestry, asked: set[int]) -> set[int]:
+        """Those of ``asked`` below ``le``'s owner (not the owner), while the owner lives (a
+        reaper's)."""
         if le.owner_pid is None or le.owner_start_time is None \
-                or not alive(ProcessId(le.owner_pid, le.owner_start_time)):
+                or not self._live.alive(ProcessId(le.owner_pid, le.owner_start_time)):
             return set()
-        return tree_pids(le.owner_pid) - {le.owner_pid}
+        return anc.within(asked, le.owner_pid) - {le.owner_pid}
 
     def _map(self, pci: str, r: Reading, leases: list[Lease],
              trees: dict[str, set[int]]) -> CardRead:

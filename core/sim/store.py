@@ -49,18 +49,19 @@ class Txn:
         self.dirty = False
 
 
-def start_time(pid: int) -> float | None:
+def start_time(pid: int, boot: float | None = None) -> float | None:
     """The process's start time (``psutil``'s create time, seconds since the epoch), or ``None``
     when it is gone or a zombie (a zombie has released its memory already).
 
     Read from ``/proc/PID/stat`` with psutil's own arithmetic (start ticks / clock ticks + boot
     time), so the value is psutil's to the bit: the stand-in cuda-checkpoint runs once per park
     and wake step and psutil's import was a third of its start (issue 38). psutil answers where
-    ``/proc`` does not read."""
+    ``/proc`` does not read. ``boot``: the boot time (:func:`boot_time`) where the caller
+    read it already, for many processes at once."""
     try:
-        data = Path(f"/proc/{int(pid)}/stat").read_bytes()
-        with open("/proc/stat", "rb") as f:
-            boot = next(float(line.split()[1]) for line in f if line.startswith(b"btime"))
+        data = _read(f"/proc/{int(pid)}/stat")
+        if boot is None:
+            boot = boot_time()
     except (FileNotFoundError, ProcessLookupError):
         return None
     except (OSError, StopIteration, ValueError):
@@ -72,6 +73,32 @@ def start_time(pid: int) -> float | None:
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def boot_time() -> float:
+    """The boot time (seconds since the epoch) as ``/proc/stat`` says it now, psutil's base
+    for start times. Raises ``OSError``, ``ValueError``."""
+    data = _read("/proc/stat")
+    at = data.index(b"\nbtime ") + 7
+    return float(data[at:data.index(b"\n", at)])
+
+
+def _read(path: str) -> bytes:
+    """The whole of a small file under /proc. Not open(): a file object costs four more
+    system calls (fstat, ioctl, lseek, a read more), and every pass over the store reads one
+    such file for each process in it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _read_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _psutil_start_time(pid: int) -> float | None:
@@ -94,10 +121,16 @@ def _gc(st: "Txn") -> None:
     """Free the memory of processes gone for ``free_delay_s`` since a reader first saw it."""
     now = time.monotonic()
     delay = st.data["free_delay_s"]
+    # One read of the boot time for the pass, not one a process: each pass (every driver
+    # read) checks every process in the store.
+    try:
+        boot: float | None = boot_time()
+    except (OSError, ValueError):
+        boot = None
     for key, p in list(st.data["procs"].items()):
         seen = p["gone_seen_at"]
         if seen is None:
-            start = start_time(p["pid"])
+            start = start_time(p["pid"], boot)
             if start is not None and abs(start - p["start_time"]) < 0.01:
                 continue
             p["gone_seen_at"] = seen = now
@@ -119,8 +152,10 @@ def load(directory: Path) -> dict:
         raise SimError(_NOT_DECLARED.format(dir=directory)) from None
     except UnsafePath as e:
         raise SimError(str(e)) from None
-    with os.fdopen(fd, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        text = _read_fd(fd).decode("utf-8")
+    finally:
+        os.close(fd)
     try:
         data = json.loads(text)
         if data.get("version") != _VERSION:

@@ -176,13 +176,21 @@ class WaitTimes:
         return round(self.sums[kind] / n, 3) if n else None
 
 
+#: How long a hub without pages waits on the timeline at a time (seconds): a new note ends the
+#: wait at once, so only the number of wake-ups when nothing happens depends on it.
+_NO_PAGES_WAIT_S = 60.0
+
+
 class Hub:
     """The board's shared state. ``snapshot`` is what a page draws; ``version`` grows with each
-    change; :meth:`changed` waits for the next. ``window_s``/``sample_s`` bound the history."""
+    change; :meth:`changed` waits for the next. ``window_s``/``sample_s`` bound the history.
+    ``pages=False``: no page will read it (berthd's ``[board] listen = "off"``): it follows the
+    timeline for :attr:`waits` (the metrics') and re-reads no board."""
 
     def __init__(self, source: Source, *, window_s: float = 3600.0, sample_s: float = 5.0,
-                 tick_s: float = 1.0, events: int = 60):
+                 tick_s: float = 1.0, events: int = 60, pages: bool = True):
         self.source = source
+        self.pages = pages
         self.window_s, self.sample_s, self.tick_s = window_s, sample_s, tick_s
         self.history: collections.deque[dict] = collections.deque(
             maxlen=max(2, int(window_s / sample_s) + 1))
@@ -231,6 +239,12 @@ class Hub:
     async def _run(self) -> None:
         while not self.closing:
             try:
+                if not self.pages:
+                    # A board no page reads, re-read every tick, was a tenth of an idle
+                    # berthd's CPU: only the timeline's notes count (the wait times).
+                    for e in await self.source.timeline(self._seq, _NO_PAGES_WAIT_S):
+                        self._take(e)
+                    continue
                 entries = await self.source.timeline(self._seq, self.tick_s if self.up else 0)
                 for e in entries:
                     self._take(e)
