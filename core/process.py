@@ -165,6 +165,21 @@ class Ancestry:
         return self._up.get(pid, ())
 
 
+def process_name(pid: int) -> str | None:
+    """The process's name (``/proc/PID/comm``: its program's base name, 15 characters at most;
+    an exec changes it), or ``None`` when ``pid`` is gone."""
+    try:
+        fd = os.open(f"/proc/{pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 64).decode(errors="replace").rstrip("\n")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def _parent(pid: int) -> int | None:
     """The parent's PID from ``/proc/PID/stat`` (0 above the topmost), or ``None`` when
     ``pid`` is gone."""

@@ -16,7 +16,14 @@ from berth.decide.ledger import Ledger
 from berth.decide.model import LIVE_STATES, Lease
 from berth.decide.units import format_size
 from berth.driver.base import Driver, DriverError, PidsGone, Reading, UseAtMost
-from berth.process import Ancestry, Liveness, ProcessId, program_and_user, tree_pids
+from berth.process import (
+    Ancestry,
+    Liveness,
+    ProcessId,
+    process_name,
+    program_and_user,
+    tree_pids,
+)
 
 __all__ = ["Reads"]
 
@@ -36,7 +43,7 @@ class Reads:
         self.last_reads: dict[str, Reading] = {}
         self.lease_pids: dict[str, dict[str, set[int]]] = {}
         self.baseline_pids: dict[str, set[int]] = {}
-        self._named: dict[int, tuple[str, str]] = {}
+        self._named: dict[int, tuple[str, tuple[str, str]]] = {}
         #: lease id -> pci -> {pid: bytes}: processes counted for a lease (seen in its tree
         #: before) that are outside its tree now, as the last read found them: its escapees.
         self.escapees: dict[str, dict[str, dict[int, int]]] = {}
@@ -48,16 +55,22 @@ class Reads:
 
     def _who(self, pids: dict[int, int]) -> dict[int, tuple[str, str]]:
         """``(program, user)`` for each of ``pids`` (stowaways) as the process table names
-        them, remembered while the PID stays a stowaway (a read every interval would otherwise
-        walk /proc for each); a process that cannot be read is left out (issue 37)."""
+        them, remembered while the PID stays a stowaway and its program the same (a read every
+        interval would otherwise walk /proc for each); a process that cannot be read is left
+        out (issue 37)."""
         for pid in [p for p in self._named if p not in pids]:
             del self._named[pid]
         for pid in pids:
-            if pid not in self._named:
+            # A launcher that allocates and then execs its program (berth-sim-charge, a
+            # wrapper script) keeps its PID: its name, which exec changes, says when to ask again.
+            name = process_name(pid)
+            if name is None:
+                self._named.pop(pid, None)
+            elif self._named.get(pid, (None,))[0] != name:
                 who = program_and_user(pid)
                 if who is not None:
-                    self._named[pid] = who
-        return {p: self._named[p] for p in pids if p in self._named}
+                    self._named[pid] = (name, who)
+        return {p: self._named[p][1] for p in pids if p in self._named}
 
     def read(self, pci: str) -> Reading:
         """One driver read of ``pci``, kept as its last read."""

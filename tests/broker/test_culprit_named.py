@@ -22,7 +22,8 @@ def test_a_stowaway_is_named_by_pid_program_and_user(berthd, runs):
     stow = subprocess.Popen([CHARGE, "--size", "20GiB", "--", "sleep", "600"], env=env,
                             start_new_session=True)
     runs.append(stow)
-    wait_for(lambda: any(s["pid"] == stow.pid and s.get("program")
+    # berth-sim-charge allocates, then execs sleep: a read between the two sees the charge.
+    wait_for(lambda: any(s["pid"] == stow.pid and s.get("program") == "sleep 600"
                          for s in d.status()["cards"][0]["stowaways"]), 30,
              "the stowaway on the board with its program")
     st = d.status()["cards"][0]["stowaways"][0]
@@ -46,6 +47,24 @@ def test_a_stowaway_is_named_by_pid_program_and_user(berthd, runs):
     assert f"pid {stow.pid} sleep 600 (user {getpass.getuser()}) 20.0GiB" in board.stdout, \
         board.stdout
     os.killpg(stow.pid, 9)
+
+
+def test_a_stowaway_that_execs_another_program_is_named_by_the_new_one(berthd, runs):
+    """A launcher that allocates and then execs its program keeps its PID (a wrapper script,
+    berth-sim-charge): the board names the program it runs now, not the launcher it saw first."""
+    d = berthd()
+    env = {k: v for k, v in d.env.items() if k != "CUDA_VISIBLE_DEVICES"}
+    stow = subprocess.Popen([CHARGE, "--size", "4GiB", "--", "sh", "-c", "read go; exec sleep 600"],
+                            env=env, stdin=subprocess.PIPE, start_new_session=True)
+    runs.append(stow)
+
+    def program() -> str | None:
+        found = [s for s in d.status()["cards"][0]["stowaways"] if s["pid"] == stow.pid]
+        return found[0].get("program") if found else None
+    wait_for(lambda: (program() or "").startswith("sh -c"), 30, "the launcher on the board")
+    stow.stdin.write(b"go\n")
+    stow.stdin.close()
+    wait_for(lambda: program() == "sleep 600", 30, "the board naming the program it execs")
 
 
 def test_a_holder_is_named_by_engine_and_lease(berthd, runs):
