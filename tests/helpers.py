@@ -61,13 +61,21 @@ def ceiling(seconds: float) -> float:
     return seconds * slowness()
 
 
+#: After this many seconds a wait polls every :data:`_SLOW_POLL_S` at most: most long waits are
+#: for an engine to load or a park to end (seconds), and each poll of berthd's board costs it
+#: and the test together about a millisecond of CPU, which the suite's other tests lack.
+_FAST_POLL_FOR_S, _SLOW_POLL_S = 1.0, 0.2
+
+
 def wait_for(check, timeout_s: float = 60.0, what: str = "condition", every_s: float = 0.05):
-    """Call ``check()`` every ``every_s`` seconds until it returns something truthy, and return
-    that. Raises ``AssertionError`` once ``timeout_s`` seconds scaled by the machine's
-    :func:`slowness` (measured when ``timeout_s`` has passed) have passed, naming ``what`` and
-    the last value. The deadline bounds a failure, it does not measure speed: a passing wait
-    returns as soon as its condition holds. Most checks ask berthd for its whole board, so the
-    poll is not faster than 20 a second: the suite runs several tests at once."""
+    """Call ``check()`` every ``every_s`` seconds (every :data:`_SLOW_POLL_S` once it has waited
+    :data:`_FAST_POLL_FOR_S`, unless ``every_s`` is longer) until it returns something truthy,
+    and return that. Raises ``AssertionError`` once ``timeout_s`` seconds scaled by the
+    machine's :func:`slowness` (measured when ``timeout_s`` has passed) have passed, naming
+    ``what`` and the last value. The deadline bounds a failure, it does not measure speed: a
+    passing wait returns as soon as its condition holds (within a poll). Most checks ask berthd
+    for its whole board, so the poll is not faster than 20 a second: the suite runs several
+    tests at once."""
     start = time.monotonic()
     limit = timeout_s
     while True:
@@ -81,7 +89,7 @@ def wait_for(check, timeout_s: float = 60.0, what: str = "condition", every_s: f
                 raise AssertionError(f"timed out after {waited:.1f}s ({timeout_s:g}s scaled "
                                      f"by the machine's slowness) waiting for {what} "
                                      f"(last: {last!r})")
-        time.sleep(every_s)
+        time.sleep(every_s if waited < _FAST_POLL_FOR_S else max(every_s, _SLOW_POLL_S))
 
 
 def ours(tmp: Path) -> list[psutil.Process]:
