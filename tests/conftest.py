@@ -166,10 +166,23 @@ def pytest_configure(config: pytest.Config) -> None:
         # A worker: what it starts carries the controller's token and the worker's id.
         os.environ[RUN_ENV] = f"{os.environ[RUN_ENV]}/{worker}"
     _stop_on_sigterm()
+    if _is_controller(config):
+        _warm(config)
     fd, path = tempfile.mkstemp(prefix="berth-sim-registry-", suffix=".txt")
     os.close(fd)
     os.environ["BERTH_SIM_REGISTRY"] = path
     config.stash[_CHECK] = _OomCheck(Path(path))
+
+
+def _warm(config: pytest.Config) -> None:
+    """Before the workers start: the bytecode they would each write at once (tests/warm.py)."""
+    import berth
+    import berth_hosts
+
+    import berth_plugins
+    from tests.warm import warm
+    warm(config, [Path(m.__file__).parent for m in (berth, berth_hosts, berth_plugins)]
+         + [Path(__file__).parent])
 
 
 def _is_controller(config: pytest.Config) -> bool:
