@@ -165,36 +165,35 @@ class Ancestry:
         return self._up.get(pid, ())
 
 
-def process_name(pid: int) -> str | None:
-    """The process's name (``/proc/PID/comm``: its program's base name, 15 characters at most;
-    an exec changes it), or ``None`` when ``pid`` is gone."""
+def _proc_file(pid: int, name: str) -> bytes | None:
+    """``/proc/PID/NAME`` (a file of a few hundred bytes at most), or ``None`` when ``pid`` is
+    gone. Not open(): a file object costs four more system calls (fstat, ioctl, lseek, a second
+    read), and berthd's reader asks this of each process on the cards at every read."""
     try:
-        fd = os.open(f"/proc/{pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        return os.read(fd, 64).decode(errors="replace").rstrip("\n")
+        return os.read(fd, 4096)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def process_name(pid: int) -> str | None:
+    """The process's name (``/proc/PID/comm``: its program's base name, 15 characters at most;
+    an exec changes it), or ``None`` when ``pid`` is gone."""
+    data = _proc_file(pid, "comm")
+    return None if data is None else data.decode(errors="replace").rstrip("\n")
 
 
 def _parent(pid: int) -> int | None:
     """The parent's PID from ``/proc/PID/stat`` (0 above the topmost), or ``None`` when
     ``pid`` is gone."""
-    try:
-        # Not open(): a file object costs four more system calls (fstat, ioctl, lseek, a
-        # second read), and the reader asks this of each process on the cards at every read.
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    data = _proc_file(pid, "stat")
+    if data is None:
         return None
-    try:
-        data = os.read(fd, 4096)            # some 300 bytes: one read holds it
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     try:
         return int(data[data.rfind(b")") + 2:].split(None, 2)[1])
     except (IndexError, ValueError):
