@@ -223,7 +223,9 @@ def jobs(st: State, lease_id: str, in_flight: int, now: float, oldest_at: float 
     elif in_flight and client is not None:
         lease.demand.asked_client = client      # the oldest request now may be another
     moved = served is not None and served != lease.served and served > 0
-    fx = _first_request(st, lease, now) if (in_flight or moved) and len(st.queue) else []
+    # Every turn's first request is noted, a waiter queued or not: a waiter that asks later
+    # reads from the timeline that the hold for it ended (and a drain, that it came after).
+    fx = _first_request(st, lease, now) if in_flight or moved else []
     if in_flight and not lease.in_flight:
         lease.busy_since = now
     elif not in_flight:
@@ -285,7 +287,8 @@ def contender(st: State, lease: Lease) -> Lease | None:
 
 def _first_request(st: State, lease: Lease, now: float) -> list[Effect]:
     """A note when this request is the first of the holder's turn: the card it kept for it
-    (``first_request_s``, a manager's health poll) is kept no longer (issue 24)."""
+    (``first_request_s``, a manager's health poll) is kept no longer (issue 24). Noted with
+    no waiter queued too: the timeline then says when each turn's first request came."""
     start, said = turn_start(lease, st.policy)
     if not said or now < start or (lease.last_job_at is not None and lease.last_job_at >= start):
         return []

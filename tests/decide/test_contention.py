@@ -180,6 +180,23 @@ class TestFirstRequest:
         assert state(w, "a") is S.DRAINING        # its rent (a 0 s start) is over at once
         assert [e.kind for e in w.effects if isinstance(e, Note)].count("first_request") == 1
 
+    def test_a_first_request_is_noted_with_no_waiter_queued(self):
+        """The timeline says when each turn's first request came, a waiter queued or not: a
+        waiter that asks after it reads that the hold for one is over (seen with the real
+        llama-swap: the holder served its request before the other model's run asked, no
+        note was written, and its drain could not be told from one before its request)."""
+        w = World([24 * GiB], turns())
+        w.request("a", "A", {G0: 14 * GiB})
+        jobs(w, "a", 0)
+        w.advance(0.5)
+        jobs(w, "a", 1)
+        jobs(w, "a", 0)
+        notes = [e for e in w.effects if isinstance(e, Note) and e.kind == "first_request"]
+        assert len(notes) == 1 and "500ms after it said it serves" in notes[0].text, notes
+        w.advance(0.5)
+        jobs(w, "a", 1)                         # a second request of the same turn: no note
+        assert [e.kind for e in w.effects if isinstance(e, Note)].count("first_request") == 1
+
     def test_a_request_served_unseen_ends_the_keep_against_an_older_waiter(self):
         """A request served between two in-flight samples (the front's served count moved) is
         the end of an idle spell like any other: the waiter's request is older than the next
