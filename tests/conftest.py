@@ -2,7 +2,8 @@
 
 ``BERTH_HYPOTHESIS=deep`` runs the property tests much longer.
 
-The fixtures every folder uses (``berthd``, ``runs``) live in :mod:`tests.fixtures`.
+The fixtures every folder uses (``berthd``, ``shared_berthd``, ``runs``) live in
+:mod:`tests.fixtures`.
 
 Stop on SIGTERM: every process the suite starts inherits ``BERTH_TEST_RUN`` (a token made once
 per run; an xdist worker's children get ``TOKEN/WORKER``), so a pytest stopped by SIGTERM
@@ -39,7 +40,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.fixtures import berthd, runs  # noqa: F401  (the suite's fixtures, for every folder)
+from tests.fixtures import berthd, runs, shared_berthd  # noqa: F401  (the suite's fixtures)
 from tests.helpers import RUN_ENV, slowness, sweep_run
 
 # CI's image sets PYTHONDONTWRITEBYTECODE, so each of the thousands of Python processes the

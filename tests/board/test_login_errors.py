@@ -15,11 +15,15 @@ from tests.helpers import free_port
 
 KEY = "board-key-for-login-tests-0123"
 
+# One worker runs the module: its tests share one berthd (issue 38); none leaves anything the
+# others read (a sign-in's session is not sent by any other).
+pytestmark = pytest.mark.xdist_group("login_errors")
 
-@pytest.fixture
-def board(berthd) -> int:
+
+@pytest.fixture(scope="module")
+def board(shared_berthd) -> int:
     port = free_port()
-    berthd(extra=f'[board]\nlisten = "127.0.0.1:{port}"\nkey = "{KEY}"\n')
+    shared_berthd(extra=f'[board]\nlisten = "127.0.0.1:{port}"\nkey = "{KEY}"\n')
     return port
 
 

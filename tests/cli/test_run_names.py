@@ -11,6 +11,9 @@ import pytest
 from tests.berthd import BERTH
 
 
+# The cases share one berthd (issue 38), on one worker: each is refused before it asks for a
+# lease, and checks that none was made.
+@pytest.mark.xdist_group("run_names")
 @pytest.mark.parametrize("name,args", [
     ("bad name!", ["--engine", "bad name!"]),
     ("my engine", []),                   # the default name: the command's file name
@@ -19,8 +22,8 @@ from tests.berthd import BERTH
     # an empty --engine (an unset variable in a manager's line) ran as the command's name
     ("", ["--engine", ""]),
 ])
-def test_an_engine_name_with_a_space_is_one_line_naming_it(berthd, tmp_path, name, args):
-    d = berthd()
+def test_an_engine_name_with_a_space_is_one_line_naming_it(shared_berthd, tmp_path, name, args):
+    d = shared_berthd()
     cmd = str(tmp_path / "my engine")
     p = subprocess.run([BERTH, "run", *args, "--size", "1GiB", "--", cmd], capture_output=True,
                        text=True, env=d.env, timeout=60)

@@ -16,6 +16,9 @@ from tests.berthd import BERTH, Berthd, GiB, api, berth_run, sim_config
 from tests.helpers import free_port, wait_for
 
 CKPT = str(BERTH) + "-sim-cuda-checkpoint"
+# The tests that read berthd's board or are refused by it, leaving no lease, share one berthd
+# (issue 38), on one worker; those that make a lease or stop berthd start their own.
+SHARED = pytest.mark.xdist_group("clients")
 
 
 def _port() -> int:
@@ -33,8 +36,9 @@ def test_a_second_berthd_on_the_same_state_directory_is_refused(berthd):
     assert d.status()["cards"]                      # the first one still answers
 
 
-def test_clients_find_the_socket_from_the_configs_state_dir(berthd, tmp_path):
-    d = berthd()
+@SHARED
+def test_clients_find_the_socket_from_the_configs_state_dir(shared_berthd):
+    d = shared_berthd()
     env = {k: v for k, v in d.env.items() if k not in ("BERTH_SOCKET", "BERTH_STATE_DIR")}
     out = subprocess.run([BERTH, "status", "--json"], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr          # found via BERTH_CONFIG's state_dir
@@ -105,8 +109,9 @@ def test_nobody_but_the_owner_releases_a_lease(berthd, runs):
     assert d.state_of("J") == "active"
 
 
-def test_a_lease_cannot_be_owned_by_a_process_the_caller_did_not_start(berthd):
-    d = berthd()
+@SHARED
+def test_a_lease_cannot_be_owned_by_a_process_the_caller_did_not_start(shared_berthd):
+    d = shared_berthd()
     for owner in (999_999_999, 1):
         code, r = d.call("POST", "/v1/leases", {"engine": "q", "owner_pid": owner,
                                                 "shares": [{"card": "gpu0", "size": "1GiB"}]})
@@ -193,10 +198,11 @@ def _post(port: int, headers: dict | None = None) -> tuple[int, dict]:
 
 
 
-def test_two_sizes_without_a_card_on_one_card_are_refused_saying_why(berthd):
+@SHARED
+def test_two_sizes_without_a_card_on_one_card_are_refused_saying_why(shared_berthd):
     """Two shares naming no card want two cards (issue 25 places each on its own card); on a
     machine with one, the refusal names the field and what to change."""
-    d = berthd()
+    d = shared_berthd()
     out = subprocess.run([BERTH, "run", "--size", "1GiB", "--size", "2GiB", "--", "true"],
                          env=d.env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 1, out.stderr
@@ -205,6 +211,7 @@ def test_two_sizes_without_a_card_on_one_card_are_refused_saying_why(berthd):
     assert "Traceback" not in out.stderr
 
 
+@SHARED
 @pytest.mark.parametrize("args,said", [
     (["--size", "100GiB"], "--size 100GiB: 100.0GiB is larger than every card's capacity"),
     (["--size", "1GiB", "--size", "1GiB@gpu7"], "--size 1GiB@gpu7: card 'gpu7': no such card"),
@@ -213,10 +220,10 @@ def test_two_sizes_without_a_card_on_one_card_are_refused_saying_why(berthd):
     # tests/run/test_cli_checks.py
     ([], "--size: engine 'x' has no [engines.x] entry in berth.toml; give --size"),
 ])
-def test_berthds_refusal_names_the_flag_the_user_gave(berthd, args, said):
+def test_berthds_refusal_names_the_flag_the_user_gave(shared_berthd, args, said):
     """berthd names lease fields ("shares.0.size"); the run line the user typed has flags
     ("--size 100GiB"), or, for what it left to berth.toml, the engine's entry."""
-    d = berthd()
+    d = shared_berthd()
     out = subprocess.run([BERTH, "run", "--engine", "x", *args, "--", "true"], env=d.env,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 1, out.stderr
@@ -252,11 +259,12 @@ def test_lend_true_in_the_engines_entry_lends_when_the_run_line_says_nothing(ber
     assert caps["lend"] is True and caps["lend_max_bytes"] == GiB, caps
 
 
-def test_lend_max_without_lending_is_refused_naming_the_flag(berthd, tmp_path):
+@SHARED
+def test_lend_max_without_lending_is_refused_naming_the_flag(shared_berthd, tmp_path):
     """``--lend-max 2GiB`` with neither --lend nor ``lend = true`` in the entry was taken and
     meant nothing. berthd refuses the lease; the run says so on one line naming --lend-max and
     its value and how to lend, exit 1, and the engine never starts."""
-    d = berthd()
+    d = shared_berthd()
     port = free_port()
     marker = tmp_path / "engine-started"
     out = subprocess.run([BERTH, "run", "--engine", "x", "--size", "1GiB", "--lend-max", "2GiB",

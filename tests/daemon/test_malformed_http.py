@@ -22,6 +22,11 @@ BAD = {
 }
 
 
+# The tests of the module-scoped berthd run on one worker (issue 38): spread over the workers,
+# each started its own.
+SHARED = pytest.mark.xdist_group("malformed_http")
+
+
 @pytest.fixture(scope="module")
 def berthd(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("malformed")
@@ -42,6 +47,7 @@ def raw(sock, data: bytes) -> bytes:
         return out
 
 
+@SHARED
 @pytest.mark.parametrize("name", list(BAD))
 def test_malformed_request_is_one_line_and_a_json_400(berthd, name):
     before = berthd.log.read_text()
@@ -60,6 +66,7 @@ def test_malformed_request_is_one_line_and_a_json_400(berthd, name):
     assert berthd.status()["leases"] == []
 
 
+@SHARED
 @pytest.mark.parametrize("path, name, value", [
     ("/v1/timeline?since=abc", "since", "abc"),          # the report: the parameter is after
     ("/v1/timeline?after=1&timout=5", "timout", "5"),
@@ -73,6 +80,7 @@ def test_a_query_parameter_berthd_does_not_take_is_a_400_naming_it(berthd, path,
     assert name in msg and repr(value) in msg, msg
 
 
+@SHARED
 def test_the_query_parameters_berthd_takes_still_pass(berthd):
     code, body = berthd.call("GET", "/v1/timeline?after=0&timeout=0")
     assert code == 200 and "entries" in body, body

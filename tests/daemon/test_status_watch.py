@@ -232,12 +232,14 @@ def test_a_drained_runs_line_separates_its_front():
         "ago, 1 request(s) waiting, front 127.0.0.1:5800")
 
 
+# The cases share one idle berthd (issue 38), on one worker: the signal goes to the watch alone.
+@pytest.mark.xdist_group("status_watch_signals")
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
                          ids=["SIGINT", "SIGTERM", "SIGHUP"])
-def test_sighup_ends_the_watch_as_ctrl_c_and_sigterm_do(berthd, sig):
+def test_sighup_ends_the_watch_as_ctrl_c_and_sigterm_do(shared_berthd, sig):
     """The watch's terminal closed (SIGHUP): it died of it (the default action), exit -1. It
     ends as on Ctrl-C or SIGTERM: exit 0, no traceback."""
     code, _seen, err = _watch_twice(
-        berthd(), sig, lambda line: line.startswith("--- "),
+        shared_berthd(), sig, lambda line: line.startswith("--- "),
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     assert code == 0 and "Traceback" not in err, (code, err)

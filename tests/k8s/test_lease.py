@@ -126,16 +126,17 @@ BAD = [
 ]
 
 
-@pytest.fixture(scope="module")
-def one_berthd(tmp_path_factory):
-    from tests.berthd import Berthd, sim_config
-    from tests.helpers import stop_all
-    tmp = tmp_path_factory.mktemp("k8s")
-    d = Berthd(tmp, sim_config(tmp, list(TWO_CARDS))).start()
-    yield d
-    stop_all([d.proc], tmp)
+# The tests that make no lease share one berthd (issue 38), on one worker: spread over the
+# workers, each started its own.
+SHARED = pytest.mark.xdist_group("k8s_lease")
 
 
+@pytest.fixture
+def one_berthd(shared_berthd):
+    return shared_berthd(cards=TWO_CARDS)
+
+
+@SHARED
 @pytest.mark.parametrize("spoil,words", BAD, ids=[f.__name__.strip("_") for f, _ in BAD])
 def test_bad_claims_are_refused_in_one_line_naming_the_field(one_berthd, tmp_path, spoil, words):
     doc = copy.deepcopy(_fixture())
@@ -149,6 +150,7 @@ def test_bad_claims_are_refused_in_one_line_naming_the_field(one_berthd, tmp_pat
     assert not one_berthd.status()["leases"]
 
 
+@SHARED
 def test_claims_of_another_node_are_left_alone(one_berthd, tmp_path):
     r = _k8s(one_berthd, "lease", str(SHARES), "--node", "node-b")
     assert r.returncode == 2, r.stderr
@@ -175,6 +177,7 @@ def test_claims_of_another_node_are_left_alone(one_berthd, tmp_path):
     assert "llm/embed-0-gpu-q9m4d: gpu1" in r.stdout, r.stdout
 
 
+@SHARED
 def test_a_device_whose_slice_is_another_nodes_is_refused(one_berthd, tmp_path):
     doc = _fixture()
     doc["items"][2]["spec"]["nodeName"] = "node-b"
@@ -183,6 +186,7 @@ def test_a_device_whose_slice_is_another_nodes_is_refused(one_berthd, tmp_path):
     assert "node 'node-b''s, this is 'node-a'" in r.stderr, r.stderr
 
 
+@SHARED
 def test_plan_reads_stdin_and_makes_no_lease(one_berthd):
     r = subprocess.run([BERTH, "k8s", "lease", "-", "--plan"], env=one_berthd.env,
                        input=SHARES.read_text(), capture_output=True, text=True, timeout=60)
@@ -201,6 +205,7 @@ def test_berthd_down_is_said_in_one_line(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@SHARED
 def test_the_apis_own_lists_whose_items_carry_no_kind(one_berthd, tmp_path):
     """``GET /apis/resource.k8s.io/v1/resourceclaims`` serves a ResourceClaimList whose items
     have no ``kind`` or ``apiVersion``: they are the list's."""

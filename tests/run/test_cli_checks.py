@@ -11,6 +11,10 @@ from berth.decide.model import MAX_ALIASES
 from tests.berthd import BERTH
 from tests.helpers import free_port
 
+# The tests that ask berthd share one (issue 38), on one worker: each is refused before it asks
+# for anything, and checks that nothing reached berthd.
+SHARED = pytest.mark.xdist_group("cli_checks")
+
 
 def test_lend_without_a_front_is_refused_before_asking_berthd(tmp_path):
     """``--park`` without ``--front`` was refused at once, ``--lend`` without it only by berthd
@@ -26,14 +30,16 @@ def test_lend_without_a_front_is_refused_before_asking_berthd(tmp_path):
     assert "--lend needs --front" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@SHARED
 @pytest.mark.parametrize("alias", ["a b", "tab\there", "line\n", "", "x" * 201])
-def test_an_alias_berthd_cannot_take_is_refused_before_anything_starts(berthd, tmp_path, alias):
+def test_an_alias_berthd_cannot_take_is_refused_before_anything_starts(shared_berthd, tmp_path,
+                                                                        alias):
     """``--alias "a b"`` went to berthd in the lease request: the run's front listened, berthd
     refused the lease in its pattern's words, and the run exited 1 (berthd down, it ran with an
     alias no gateway could route). A model ID has no whitespace or control characters, as an
     engine's name: the run says so itself, exit 2, naming --alias and the value, and nothing
     starts (no lease asked for, no engine)."""
-    d = berthd()
+    d = shared_berthd()
     port = free_port()
     marker = tmp_path / "engine-started"
     r = subprocess.run([BERTH, "run", "--engine", "A", "--alias", "ok-alias", "--alias", alias,
@@ -48,11 +54,13 @@ def test_an_alias_berthd_cannot_take_is_refused_before_anything_starts(berthd, t
     assert not any("A" in e["text"] for e in d.timeline()), d.timeline()
 
 
-def test_more_aliases_than_berthd_takes_are_refused_before_anything_starts(berthd, tmp_path):
+@SHARED
+def test_more_aliases_than_berthd_takes_are_refused_before_anything_starts(shared_berthd,
+                                                                           tmp_path):
     """33 ``--alias`` values went to berthd in the lease request: the run's front listened,
     berthd refused the lease (at most 32), and the run exited 1. The run says so itself, exit 2,
     naming --alias and the limit, and nothing starts."""
-    d = berthd()
+    d = shared_berthd()
     port = free_port()
     marker = tmp_path / "engine-started"
     aliases = [a for i in range(MAX_ALIASES + 1) for a in ("--alias", f"m{i}")]
