@@ -22,7 +22,26 @@ from pathlib import Path
 import psutil
 
 __all__ = ["wait_for", "slowness", "ceiling", "ours", "sweep", "stop_group", "stop_all",
-           "sweep_run", "run_marks", "RUN_ENV"]
+           "sweep_run", "run_marks", "RUN_ENV", "Lazy", "openai", "playwright"]
+
+class Lazy:
+    """A module imported at the first use of one of its attributes: every xdist worker
+    collects every test module, so a test module's own imports are paid ten times over (the
+    openai SDK's, with its hundreds of pydantic models, cost a worker about 0.4 CPU-s); one
+    imported lazily is paid by the workers that run a test using it."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)
+
+
+#: ``openai``, imported at first use (:class:`Lazy`).
+openai = Lazy("openai")
+#: ``playwright.sync_api``, imported at first use (:class:`Lazy`).
+playwright = Lazy("playwright.sync_api")
 
 #: The environment variable naming one pytest run (its value: a random token).
 RUN_ENV = "BERTH_TEST_RUN"

@@ -17,10 +17,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 from tests.berthd import BERTH, Berthd, api, berth_run, sim_config, wait_for
-from tests.helpers import stop_all
+from tests.helpers import playwright, stop_all
 
 # One worker runs the module in order: its tests share one berthd and one browser, and a later
 # test reads what an earlier one did (alpha's switch costs).
@@ -96,7 +95,7 @@ def world(tmp_path_factory):
 def browser():
     # No skip: a machine without the browser fails here (issue 15: "the test never skips").
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
-    with sync_playwright() as p:
+    with playwright.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         yield b
         b.close()

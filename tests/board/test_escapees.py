@@ -10,11 +10,10 @@ import re
 import subprocess
 
 import psutil
-from playwright.sync_api import sync_playwright
 
 from tests.berthd import BERTH, Berthd, api, sim_config, wait_for
 from tests.board.test_board import ARGS, CHROMIUM, _port
-from tests.helpers import stop_all
+from tests.helpers import playwright, stop_all
 
 GiB = 1 << 30
 
@@ -48,7 +47,7 @@ def test_an_escapee_is_named_with_its_lease_on_the_board_and_in_status(tmp_path)
         line = next((x for x in text.splitlines() if x.startswith("! esc (")), "")
         assert re.search(rf"pid {engine_pid} \(3\.\dGiB on gpu0\)", line), text
         assert "left its run's process tree" in line and "stop them" in line, text
-        with sync_playwright() as p:
+        with playwright.sync_playwright() as p:
             b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
             try:
                 page = b.new_page()

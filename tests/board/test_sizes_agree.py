@@ -13,11 +13,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 from tests.berthd import BERTH, Berthd, GiB, berth_run, sim_config, wait_for
 from tests.board.test_board import ARGS, CHROMIUM
-from tests.helpers import free_port, stop_all
+from tests.helpers import free_port, playwright, stop_all
 
 
 def _port() -> int:
@@ -55,7 +54,7 @@ def _sample(d, name: str, **labels) -> float | None:
 
 def _board_row(d, engine: str) -> dict:
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install -y chromium"
-    with sync_playwright() as p:
+    with playwright.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
             page = b.new_page()

@@ -13,6 +13,8 @@ from aiohttp import web
 from berth.front import Front
 from yarl import URL
 
+from tests.helpers import openai
+
 from .conftest import Upstream, free_port, front_for, json_handler, run, sse_handler, until
 
 
@@ -224,9 +226,6 @@ async def test_openai_client_streams_through_the_front():
         up.route("POST", "/v1/chat/completions", sse_handler(up, n=6))
 
         def chat() -> str:
-            # Imported here: the SDK's import (about 0.4 CPU-s, its hundreds of pydantic models)
-            # is paid by the worker that runs this test, not by each of the ten that collect it.
-            import openai
             client = openai.OpenAI(base_url=front.url + "/v1", api_key="x", max_retries=0)
             stream = client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}], stream=True)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-import openai
 import pytest
 from aiohttp import web
 from berth.front import EDGES, TRANSITIONS, FrontState, IllegalFrontTransition
+
+from tests.helpers import openai
 
 from .conftest import Upstream, front_for, json_handler, run, sse_handler, until
 

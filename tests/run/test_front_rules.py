@@ -9,10 +9,9 @@ import json
 import os
 import time
 
-import openai
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import openai, wait_for
 from tests.run.llamaswap import UNLOAD_TIMEOUT_S
 from tests.run.world import chat, run_cmd
 

@@ -10,10 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import openai
-
 from tests.berthd import BERTH, BIN, FREE_DELAY, READ_INTERVAL, RELEASE_GRACE, Berthd, api
-from tests.helpers import free_port, wait_for  # noqa: F401  (re-exported)
+from tests.helpers import free_port, openai, wait_for  # noqa: F401  (re-exported)
 from tests.run.llamaswap import LlamaSwapModel
 
 CHECKPOINT = str(BIN / "berth-sim-cuda-checkpoint")

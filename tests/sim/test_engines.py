@@ -18,9 +18,8 @@ import urllib.request
 import pytest
 from berth.driver import PidsGone, UseAtMost, confirm
 from berth.sim.cards import sim_uuid
-from openai import OpenAI
 
-from tests.helpers import wait_for
+from tests.helpers import openai, wait_for
 
 from .conftest import FREE_DELAY_S, PCI, GiB, MiB, http
 
@@ -105,7 +104,7 @@ def test_confirm_sees_killed_engine_free_only_after_exit_delay(kit):
 
 def test_streaming_chat_with_openai_client(kit):
     eng = kit.start("--model", "stub-7b", weights="2GiB")
-    client = OpenAI(base_url=eng.url + "/v1", api_key="unused", max_retries=0, timeout=10)
+    client = openai.OpenAI(base_url=eng.url + "/v1", api_key="unused", max_retries=0, timeout=10)
     assert [m.id for m in client.models.list()] == ["stub-7b"]
     stream = client.chat.completions.create(
         model="stub-7b", messages=[{"role": "user", "content": "say something"}],
@@ -264,7 +263,7 @@ def test_token_hold_test_knob_holds_a_request_after_its_first_token(kit, tmp_pat
     hold = tmp_path / "hold"
     hold.touch()
     eng = kit.start("--token-hold", str(hold), weights="1GiB")
-    client = OpenAI(base_url=eng.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+    client = openai.OpenAI(base_url=eng.url + "/v1", api_key="unused", max_retries=0, timeout=30)
     got: list[list[str]] = [[], []]
     finish: list[str | None] = [None, None]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from berth.config import load
-from supervisor.options import ServerOptions
 
 HERE = Path(__file__).resolve().parents[3] / "hosts" / "supervisor"
 CONF = HERE / "examples" / "supervisord.conf"
@@ -22,6 +21,7 @@ def _supervisord_config(tmp_path):
         "/run/", str(tmp_path / "run") + "/")
     conf = tmp_path / "supervisord.conf"
     conf.write_text(text)
+    from supervisor.options import ServerOptions  # at use: each worker collects this module
     opts = ServerOptions()
     opts.configfile = str(conf)
     opts.process_config(do_usage=False)
