@@ -250,17 +250,24 @@ def names_refused(broker, request: web.Request, engine: str, names: list[str],
 
 def second_run(broker, engine: str, owner_pid: int | None) -> web.Response | None:
     """Rule 4: a 409 when a live process other than ``owner_pid`` (the asking run) holds a
-    lease of ``engine`` or is its drained run, else ``None``. The message starts with the
+    lease of ``engine`` or is its drained run, else ``None``. A lease whose run (its owner)
+    has died holds no name, whatever its engine still does. The message starts with the
     field (``engine: ...``), as ``berth run`` says it in its flags (``--engine ...``)."""
+    from berth.process import ProcessId, alive
     for le in broker.sched.ledger.leases.values():
         if le.engine != engine or owner_pid is not None and le.owner_pid == owner_pid:
+            continue
+        if le.owner_pid is not None and le.owner_start_time is not None and not alive(
+                ProcessId(le.owner_pid, le.owner_start_time)):
+            # Its run died: the name is free at once, not at berthd's next read (up to
+            # read_interval later, when the lease goes). Its engine, which the run's watchdog
+            # is stopping, was named as the holder: a run restarted at once was refused.
             continue
         pid = caller_of(le)[0]
         if pid is not None and pid != owner_pid:
             return _second(engine, pid, f"lease {le.id}")
     run = getattr(broker, "drained", None) and broker.drained.runs.get(engine)
     if run and run.owner is not None and run.owner.pid != owner_pid:
-        from berth.process import alive
         if alive(run.owner):
             return _second(engine, run.owner.pid, "its drained run, which waits to start it "
                                                   "again")
