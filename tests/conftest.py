@@ -154,8 +154,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", f"{EARLY_MARK}(seconds): the test runs for thirty seconds or more of real "
                    f"time (a workload replayed at its own pace, an install); those marked start "
                    f"before the others, the longest (``seconds``: its length on a quiet two-core "
-                   f"machine with the suite beside it) first, so the suite's wall time is not a "
-                   f"tail of such tests started last")
+                   f"machine with the suite beside it) first, in lanes balanced by those seconds, "
+                   f"so the suite's wall time is not a tail of such tests started last (a run's "
+                   f"summary names the marks far from what their tests took)")
     config.addinivalue_line(
         "markers", f"{EXPECT_OOM}: the test makes a simulated card run out of memory on purpose; "
                    f"without it, any simulated OOM counted while the test runs fails it")
@@ -318,7 +319,43 @@ def pytest_testnodedown(node, error) -> None:
     check.late = check.late or got["late"]
 
 
+#: Per test marked ``early``: its mark's seconds and the seconds it took (setup, call and
+#: teardown), gathered where the reports arrive (the controller under xdist).
+_early_took: dict[str, list[float]] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = yield
+    seconds = _early_s(item)
+    if seconds >= 0:
+        report.user_properties.append((EARLY_MARK, seconds))
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    marked = dict(report.user_properties).get(EARLY_MARK)
+    if marked is not None:
+        took = _early_took.setdefault(report.nodeid, [marked, 0.0])
+        took[1] += report.duration
+
+
+def _early_marks_off() -> list[str]:
+    """The ``early`` marks whose seconds are far from what their test took in this run (the
+    lanes are balanced by the marks: with an install marked 120 s that took 50, one lane ran
+    305 s of tests against another's 190, and the suite waited for it)."""
+    return [f"{node}: marked early({marked:g}), took {took:.0f} s"
+            for node, (marked, took) in sorted(_early_took.items())
+            if took > 1.5 * marked + 5 or took < marked / 1.5 - 5]
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    off = _early_marks_off()
+    # Only from a run of the whole suite (18 marks): a test run alone is faster than beside it.
+    if off and exitstatus == 0 and len(_early_took) >= 15:
+        terminalreporter.write_line(
+            f"{len(off)} early mark(s) to update to what the test takes (the lanes are "
+            f"balanced by them, tests/conftest.py _lanes): " + "; ".join(off))
     check = config.stash.get(_CHECK, None)
     if check is None:
         return

@@ -31,7 +31,7 @@ LONG_TOKENS = 400          # held after its first token until B was told why it 
 BACKLOG = 5
 
 
-@pytest.mark.early(40)
+@pytest.mark.early(15)
 def test_a_park_waits_for_the_running_request_and_the_backlog_stays_held(berthd, runs):
     d = berthd(policy={"release_grace": "10s", "ram_budget": "64GiB"},
                extra="[engines.B]\npriority = 5\n")

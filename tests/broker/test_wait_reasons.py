@@ -84,7 +84,7 @@ def test_a_parked_engine_behind_a_stowaway_answers_at_once(berthd, runs, holders
     assert d.sim_oom() == 0
 
 
-@pytest.mark.early(40)
+@pytest.mark.early(10)
 def test_a_wait_limit_503_names_what_the_request_waited_for(berthd, runs):
     """A request held while something under way could still make room (A's job may end) waits
     the wait limit, and its 503 names the cause. On main it said only "not ready within the

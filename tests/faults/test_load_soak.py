@@ -43,7 +43,7 @@ def _holds(res: dict, *, engine_faults: bool) -> None:
     assert res["answered"] > 0 and res["berthd_rss_growth_mib"] <= 10, res
 
 
-@pytest.mark.early(40)
+@pytest.mark.early(25)
 @pytest.mark.timeout(300)
 def test_soak_short_form():
     res = _soak("--minutes", "0.3", "--fault-every", "5", "--faults-at-least", "2",

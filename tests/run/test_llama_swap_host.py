@@ -35,7 +35,7 @@ def _first(entries: list[dict], engine: str, kind: str, text: str = "") -> dict:
     return found[0]
 
 
-@pytest.mark.early(50)
+@pytest.mark.early(30)
 def test_two_models_alternate_on_one_card_every_chat_answered_idle_one_parked(world):
     d = world.start_berthd()
     a = world.model("A", run_cmd("A"))

@@ -30,7 +30,7 @@ from tests.run.shapes import Live, agree_per_request, shortened, simulate, workl
 RUN_S = 60.0
 
 
-@pytest.mark.early(110)
+@pytest.mark.early(105)
 @pytest.mark.timeout(500)
 def test_two_busy_clients_are_served_in_turns_not_one_switch_per_request(tmp_path):
     file_wl = workload("e-ping-pong")

@@ -94,7 +94,7 @@ def _report(lv: Live, sim) -> str:
     return f"live {lv.outcome()}, sim {sim}{cut}; requests {rows}; timeline {tl}"
 
 
-@pytest.mark.early(75)
+@pytest.mark.early(85)
 @pytest.mark.timeout(400)
 def test_priority_is_kept_at_grant(live):
     """L (0) serves a long job; M (5) asks; H (10) asks 5 s later while L's park waits for the
@@ -117,7 +117,7 @@ def test_priority_is_kept_at_grant(live):
     assert agree(lv.outcome(), sim), _report(lv, sim)
 
 
-@pytest.mark.early(60)
+@pytest.mark.early(65)
 @pytest.mark.timeout(400)
 def test_a_fresh_engine_keeps_its_card_until_its_managers_poll(live):
     """Two models asked together under llama-swap (its health poll every 1 s), no park. Before:
@@ -214,8 +214,8 @@ def _served(lv: Live) -> dict[str, int]:
 #: it asks for A at 86 s rather than 98 (1 park in 7 either way).
 RUN_S = {"j-alternate-two": 50, "k-alternate-three": 60, "l-think-times": 60,
          "m-busy-beside": 45, "n-comfy-chats": 50, "o-bursty-ping-pong": 45}
-EARLY_S = {"j-alternate-two": 65, "k-alternate-three": 75, "l-think-times": 115,
-           "m-busy-beside": 60, "n-comfy-chats": 80, "o-bursty-ping-pong": 60}
+EARLY_S = {"j-alternate-two": 55, "k-alternate-three": 60, "l-think-times": 115,
+           "m-busy-beside": 55, "n-comfy-chats": 65, "o-bursty-ping-pong": 65}
 #: l's client thinks 0-30 s, and its first six requests, all for B, come 98 s before it first
 #: asks for A, the one switch. A think is capped at 15 s (:func:`thinks_capped`), longer than
 #: B's minimum turn and its rent (a cold start and a park, about 11.4 s in the replay), so the

@@ -41,7 +41,7 @@ def _reasons_named(waiting: list[dict]) -> None:
             w["engine"]}), waiting
 
 
-@pytest.mark.early(55)
+@pytest.mark.early(15)
 def test_five_autostarting_berth_runs_on_a_card_that_fits_three(stack_factory):
     names = [f"p{i}" for i in range(1, 6)]
     s = stack_factory([Prog(n, _run_cmd(n), startsecs=1) for n in names])

@@ -21,7 +21,7 @@ def _same_process(lease: dict, info) -> bool:
     return lease["pid"] == info.pid and abs(lease["start_time"] - info.start) <= START_TOLERANCE_S
 
 
-@pytest.mark.early(60)
+@pytest.mark.early(10)
 def test_observe_drain_gate_restart_over_budget(stack_factory):
     progs = [Prog("vllm-a", engine_cmd(free_port(), "10GiB"), engine="vllm-a"),
              Prog("vllm-b", engine_cmd(free_port(), "10GiB"), engine="vllm-b"),
