@@ -123,7 +123,7 @@ def _tool_s(log: Path, t0: float, t1: float) -> tuple[float, set[str]]:
     return total, what
 
 
-@pytest.mark.early(55)
+@pytest.mark.early(15)
 @pytest.mark.xdist_group("timing")
 @pytest.mark.timeout(LONG_RUN_S + 150)   # two minutes of switches at most, the start, the end
 @pytest.mark.parametrize("run_s", [pytest.param(None, id="six-switches"),
@@ -213,7 +213,7 @@ def _tool_wall_s(log: Path, t0: float, t1: float) -> tuple[float, int]:
     return total, restores
 
 
-@pytest.mark.early(60)
+@pytest.mark.early(35)
 @pytest.mark.xdist_group("timing")
 @pytest.mark.timeout(400)
 def test_one_client_alternating_two_engines_pays_only_the_mechanism(tmp_path):

@@ -26,7 +26,7 @@ def _install(*args: str) -> subprocess.CompletedProcess:
                           timeout=900)
 
 
-@pytest.mark.early(55)
+@pytest.mark.early(75)
 def test_install_into_a_comfyui_with_its_own_venv(tmp_path):
     root = _layout(tmp_path)
     subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=120)
