@@ -207,7 +207,7 @@ def _early_s(item: pytest.Item) -> float:
 
 
 #: How many xdist workers at most run the tests marked ``early`` (see :func:`_lanes`).
-EARLY_LANES = 4
+EARLY_LANES = 5
 
 
 def _lanes(items: list[pytest.Item]) -> None:

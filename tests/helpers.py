@@ -52,7 +52,7 @@ RUN_ENV = "BERTH_TEST_RUN"
 SLOWNESS_MAX = 10.0
 #: CPU seconds :func:`slowness` burns to measure (longer than a scheduler's time slice, so a
 #: busy machine shows in it), and how long one measure stands in a process: each of the ten
-#: workers asks as each test starts, so measured every 10 s they burnt 10 CPU-s of a suite
+#: workers asked as each test started, so measured every 10 s they burnt 10 CPU-s of a suite
 #: run's 620 (1.6 %) for ceilings that only bound failures.
 _PROBE_CPU_S, _PROBE_EVERY_S = 0.03, 30.0
 _probe = {"at": -_PROBE_EVERY_S, "factor": 1.0}

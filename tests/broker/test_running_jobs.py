@@ -51,6 +51,7 @@ def test_a_job_in_flight_finishes_before_a_drain(berthd, runs):
     assert d.status()["counters"]["drains"] == 1
 
 
+@pytest.mark.early(30)
 def test_a_park_waits_for_the_job_not_the_release_grace(berthd, runs):
     # A 24 s job against a 10 s release grace (B's start, up to several seconds on a loaded
     # machine, comes out of the job's time first). The grace also bounds the checkpoint once the
@@ -83,6 +84,7 @@ def test_max_job_bounds_the_wait(berthd, runs):
     assert time.monotonic() - t0 < 40
 
 
+@pytest.mark.early(30)
 def test_a_holder_serves_its_older_queue_before_a_later_waiter(berthd, runs):
     """Issue 16, FIFO turns live: A (one slot, --max-in-flight 1) has one request running and
     three queued at its front when B asks for the card. A keeps the card until the requests that
@@ -142,6 +144,7 @@ def test_a_higher_priority_stops_a_job_only_where_its_entry_allows_it(berthd, ru
     assert d.status()["counters"]["drains"] == 1
 
 
+@pytest.mark.early(40)
 def test_a_waiters_park_waits_for_older_requests_not_for_newer_ones(berthd, runs):
     """Issue 34, the fence, live: A (one slot, a checkpoint park) runs a 20 s request older than
     B's ask; two more of A's requests come after B asked and are held at A's front. A parks as

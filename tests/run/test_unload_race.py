@@ -36,7 +36,7 @@ def _slow_free(world) -> None:
     cfg.write_text("\n".join(lines) + "\n")
 
 
-@pytest.mark.early(30)
+@pytest.mark.early(40)
 def test_a_run_stopped_by_sigterm_frees_only_when_the_driver_shows_it(world):
     _slow_free(world)
     d = world.start_berthd()
