@@ -145,9 +145,9 @@ def serve_front(port: int, upstream: str, profile: str | None) -> None:
 # ---- the load generator --------------------------------------------------------------------------
 
 def free_port() -> int:
-    """A free port below the ephemeral range (:func:`berth.ports.free_ports`): a
+    """A free port below the ephemeral range (:func:`berth.sim.ports.free_ports`): a
     bind(0) port could be an outgoing connection's by the time its server binds it."""
-    from berth.ports import free_ports
+    from berth.sim.ports import free_ports
     return free_ports()
 
 

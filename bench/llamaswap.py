@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from berth.ports import free_ports  # noqa: E402
+from berth.sim.ports import free_ports  # noqa: E402
 
 from bench.realswap import BIN, Model, Swap, Tools, tools_dir  # noqa: E402
 

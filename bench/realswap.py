@@ -159,7 +159,7 @@ def _free_range(n: int, avoid: int | None = None) -> int:
     bound yet), below the kernel's ephemeral range: the servers and fronts bind them seconds
     later, and a port an outgoing connection may get meanwhile made llama-swap's model exit
     "prematurely" on a busy machine. Raises ``RuntimeError`` when none is found."""
-    from berth.ports import free_ports
+    from berth.sim.ports import free_ports
     for _ in range(20):
         base = free_ports(n)
         if avoid is None or not base <= avoid < base + n:

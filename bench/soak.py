@@ -52,7 +52,7 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-from berth.ports import free_ports
+from berth.sim.ports import free_ports
 
 BIN = Path(sys.executable).parent
 BERTH = str(BIN / "berth")

@@ -237,7 +237,7 @@ def free_port() -> int:
     kernel hands out for ``bind(0)`` is also handed to the next outgoing connection of any
     process, so a server started on it seconds later could find it taken (seen under xdist:
     "address already in use"). Random in this xdist worker's stripe (:func:`_stripe`) of
-    :data:`berth.ports.LOW` (20000: the docs' fixed ports lie below it, and their tests run
+    :data:`berth.sim.ports.LOW` (20000: the docs' fixed ports lie below it, and their tests run
     beside these) up to that range, checked by binding it, and never one this process was
     given already (two calls in a row returned the same port about once in 12,000, and two
     workers could draw the same port at once)."""
@@ -264,9 +264,9 @@ _GIVEN: set[int] = set()
 
 
 def _stripe() -> tuple[int, int]:
-    """This process's ports, ``[lo, hi)``: the band from :data:`berth.ports.LOW` to the
+    """This process's ports, ``[lo, hi)``: the band from :data:`berth.sim.ports.LOW` to the
     ephemeral range cut in one stripe per xdist worker (the whole band outside xdist)."""
-    from berth.ports import LOW
+    from berth.sim.ports import LOW
     hi = max(LOW + 1, min(_ephemeral_start(), 32768))
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)

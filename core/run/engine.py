@@ -23,6 +23,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -47,12 +48,10 @@ _HEALTH_NOTE_EVERY_S = 30.0
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nothing is bound to now, below the kernel's ephemeral range
-    (:func:`berth.ports.free_ports`): the engine binds it seconds later, once it has loaded,
-    and a ``bind(0)`` port could be an outgoing connection's by then (the engine then failed
-    "address already in use"). Raises ``RuntimeError`` when none is found."""
-    from berth.ports import free_ports
-    return free_ports(1, host)
+    """A TCP port on ``host`` that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def _child_setup(parent: int) -> None:

@@ -150,21 +150,3 @@ def test_a_port_still_held_after_the_wait_ends_it_naming_the_port(caplog):
         held.release()
     with socket.create_server(("127.0.0.1", port)):
         assert listener_on(port)
-
-
-def test_the_engines_port_is_below_the_ephemeral_range(berthd, runs):
-    """The engine's ``{port}`` is bound by the engine itself, seconds later once it has loaded:
-    ``berth run`` chose it by ``bind(0)``, from the range the kernel also hands every outgoing
-    connection, so it could be some connection's by then (the engine's "address already in use"
-    that the front's own port had, above). Now it is chosen below that range."""
-    from berth.ports import LOW, ephemeral_low
-    d = berthd()
-    said = d.tmp / "port"
-    runs.append(subprocess.Popen(
-        [BERTH, "run", "--engine", "E", "--size", "1GiB", "--health", "none", "--",
-         "sh", "-c", f"echo {{port}} > {said}; exec sleep 600"],
-        env=d.env, stdout=open(d.tmp / "run-E.log", "ab"), stderr=subprocess.STDOUT,
-        start_new_session=True))
-    text = wait_for(lambda: said.exists() and said.read_text().strip(), 60,
-                    "the engine to write its port")
-    assert LOW <= int(text) < ephemeral_low(), text

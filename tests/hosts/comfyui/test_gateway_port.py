@@ -8,7 +8,7 @@ import asyncio
 import subprocess
 
 import aiohttp
-from berth.ports import free_ports
+from berth.sim.ports import free_ports
 
 from tests.berthd import BERTH, wait_for
 

@@ -1,5 +1,4 @@
-"""``berth.ports``: ports for the servers Berth starts (a run's engine, the bench's), free and
-below the ephemeral range (a
+"""``berth.sim.ports``: ports for the bench's servers, free and below the ephemeral range (a
 ``bind(0)`` port could be an outgoing connection's by the time its server binds it)."""
 
 from __future__ import annotations
@@ -7,7 +6,7 @@ from __future__ import annotations
 import itertools
 import socket
 
-from berth.ports import LOW, ephemeral_low, free_ports
+from berth.sim.ports import LOW, ephemeral_low, free_ports
 
 
 def test_free_ports_are_free_consecutive_and_below_the_ephemeral_range():
@@ -33,7 +32,7 @@ def test_the_docs_fixed_ports_lie_below_the_picked_ones():
     use" once its band overlapped)."""
     import re
     from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     ports = {int(p) for page in (root / "docs" / "hosts").glob("*.md")
              for p in re.findall(r"127\.0\.0\.1:(\d{4,5})", page.read_text())}
     assert ports and max(ports) < LOW, sorted(ports)

@@ -1,6 +1,5 @@
-"""TCP ports for servers started in other processes (the engine ``berth run`` starts on its
-``{port}``; the bench's and the demo's servers): free now, and below the kernel's ephemeral
-range.
+"""TCP ports for servers that the simulation kit's users (the bench, the demo) start in other
+processes: free now, and below the kernel's ephemeral range.
 
 A port the kernel hands out for ``bind(0)`` comes from the ephemeral range, which it also hands
 to every outgoing connection of every process: closed, then passed to a server started a moment
