@@ -165,16 +165,16 @@ class Ancestry:
         return self._up.get(pid, ())
 
 
-def _proc_file(pid: int, name: str) -> bytes | None:
-    """``/proc/PID/NAME`` (a file of a few hundred bytes at most), or ``None`` when ``pid`` is
-    gone. Not open(): a file object costs four more system calls (fstat, ioctl, lseek, a second
-    read), and berthd's reader asks this of each process on the cards at every read."""
+def _proc_file(pid: int, name: str, size: int = 4096) -> bytes | None:
+    """``/proc/PID/NAME`` (its first ``size`` bytes), or ``None`` when ``pid`` is gone or not
+    readable. Not open(): a file object costs four more system calls (fstat, ioctl, lseek, a
+    second read), and berthd's reader asks this of each process on the cards at every read."""
     try:
         fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        return os.read(fd, 4096)
+        return os.read(fd, size)
     except OSError:
         return None
     finally:

@@ -118,20 +118,15 @@ def _environ_values(name: str):
     it, read straight from ``/proc/PID/environ``: every test's teardown sweeps the machine's
     few hundred processes, and psutil's objects cost about five times the reads (a process
     that ends meanwhile, or is another user's, is passed over)."""
+    from berth.process import _proc_file
     key, me = b"\0" + name.encode() + b"=", os.getpid()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
-        try:
-            fd = os.open(f"/proc/{entry.name}/environ", os.O_RDONLY)
-        except OSError:
+        env = _proc_file(int(entry.name), "environ", 1 << 20)
+        if env is None:
             continue
-        try:
-            env = b"\0" + os.read(fd, 1 << 20)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
+        env = b"\0" + env
         at = env.find(key)
         if at >= 0:
             end = env.find(b"\0", at + len(key))
